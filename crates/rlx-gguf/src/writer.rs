@@ -42,7 +42,7 @@ impl GgufWriter {
         if key.is_empty() {
             return Err(writer_err("empty metadata key".into()));
         }
-        if !self.keys.insert(key.to_owned()) {
+        if self.keys.contains(key) {
             return Err(writer_err(format!("duplicate metadata key {key:?}")));
         }
         if key == "general.alignment" {
@@ -55,6 +55,7 @@ impl GgufWriter {
                 }
             }
         }
+        self.keys.insert(key.to_owned());
         self.metadata.push((key.to_owned(), value));
         Ok(self)
     }
@@ -79,7 +80,7 @@ impl GgufWriter {
                 dims.len()
             )));
         }
-        if !self.names.insert(name.to_owned()) {
+        if self.names.contains(name) {
             return Err(writer_err(format!("duplicate tensor name {name:?}")));
         }
         let n: Option<u64> = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
@@ -97,6 +98,7 @@ impl GgufWriter {
                 data.len()
             )));
         }
+        self.names.insert(name.to_owned());
         self.tensors.push(PendingTensor {
             name: name.to_owned(),
             ty,

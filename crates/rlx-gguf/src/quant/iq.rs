@@ -2,9 +2,9 @@
 //! NVFP4) and low-bit (Q1_0, Q2_0) ggml block formats.
 //!
 //! Each function turns one block into f32 and matches llama.cpp's `dequantize_row_*`
-//! bit for bit. Keep the float operations in the same order as ggml's: e.g. IQ2
-//! computes `d * (0.5 + s) * 0.25` first and only then multiplies by the grid value, and
-//! reassociating that changes the rounding.
+//! bit for bit. The float operations follow ggml's order (e.g. IQ2 forms
+//! `d * (0.5 + s) * 0.25` before multiplying by the grid value), so results stay
+//! identical wherever a different order could round differently.
 
 use super::iq_grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,

@@ -136,11 +136,11 @@ mod tests {
     #[test]
     fn scale_min_unpacking_uses_the_spare_top_bits() {
         let mut s = [0u8; 12];
-        s[0] = 0b11_000101; // scale0 = 5, high bits of min4 = 3
-        s[4] = 0b01_000111; // min0 = 7, high bits of scale4 = 1
+        s[0] = 0b11_000101; // scale0 = 5, high bits of scale4 = 3
+        s[4] = 0b01_000111; // min0 = 7, high bits of min4 = 1
         s[8] = 0x2A; // scale4 low = 0xA, min4 low = 0x2
         assert_eq!(scale_min_k4(0, &s), (5, 7));
-        assert_eq!(scale_min_k4(4, &s), (0xA | (1 << 4), 0x2 | (3 << 4)));
+        assert_eq!(scale_min_k4(4, &s), (0xA | (3 << 4), 0x2 | (1 << 4)));
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! float operations in the same order as ggml's reference code (which makes
 //! them bit-identical to it, not just close).
 
+mod iq;
+mod iq_grids;
 mod kquants;
 mod legacy;
 
@@ -56,7 +58,21 @@ fn dequant_block_fn(ty: GgmlType) -> Option<DequantBlock> {
         Q5_K => kquants::dequant_q5_k,
         Q6_K => kquants::dequant_q6_k,
         Q8_K => kquants::dequant_q8_k,
-        _ => return None,
+        IQ2_XXS => iq::dequant_block_iq2_xxs,
+        IQ2_XS => iq::dequant_block_iq2_xs,
+        IQ2_S => iq::dequant_block_iq2_s,
+        IQ3_XXS => iq::dequant_block_iq3_xxs,
+        IQ3_S => iq::dequant_block_iq3_s,
+        IQ1_S => iq::dequant_block_iq1_s,
+        IQ1_M => iq::dequant_block_iq1_m,
+        IQ4_NL => iq::dequant_block_iq4_nl,
+        IQ4_XS => iq::dequant_block_iq4_xs,
+        TQ1_0 => iq::dequant_block_tq1_0,
+        TQ2_0 => iq::dequant_block_tq2_0,
+        MXFP4 => iq::dequant_block_mxfp4,
+        NVFP4 => iq::dequant_block_nvfp4,
+        Q1_0 => iq::dequant_block_q1_0,
+        Q2_0 => iq::dequant_block_q2_0,
     })
 }
 
