@@ -69,7 +69,11 @@ pub enum ErrorKind {
     #[error("general.alignment: {reason}")]
     BadAlignment { reason: String },
     #[error("tensor {name:?} (byte offset {offset}): name is {len} bytes, the limit is 64")]
-    TensorNameTooLong { name: String, len: usize, offset: u64 },
+    TensorNameTooLong {
+        name: String,
+        len: usize,
+        offset: u64,
+    },
     #[error("duplicate tensor name {name:?} at byte offset {offset}")]
     DuplicateTensor { name: String, offset: u64 },
     #[error("tensor {name:?}: {n_dims} dimensions, at most 4 are supported")]
@@ -78,16 +82,16 @@ pub enum ErrorKind {
     UnknownTensorType { name: String, id: u32 },
     #[error("tensor {name:?}: element count of shape {dims:?} overflows")]
     ElementCountOverflow { name: String, dims: Vec<u64> },
-    #[error(
-        "tensor {name:?}: row length {ne0} is not a multiple of the {ty} block size {block}"
-    )]
+    #[error("tensor {name:?}: row length {ne0} is not a multiple of the {ty} block size {block}")]
     PartialBlock {
         name: String,
         ty: GgmlType,
         ne0: u64,
         block: usize,
     },
-    #[error("tensor {name:?}: data offset {offset} is not a multiple of the alignment {alignment}")]
+    #[error(
+        "tensor {name:?}: data offset {offset} is not a multiple of the alignment {alignment}"
+    )]
     MisalignedTensor {
         name: String,
         offset: u64,

@@ -90,7 +90,8 @@ impl GgufFile {
     /// views point into the mapping.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| GgufError::from(ErrorKind::Io(e)).with_path(path))?;
+        let file =
+            File::open(path).map_err(|e| GgufError::from(ErrorKind::Io(e)).with_path(path))?;
         // SAFETY: the mapping is read-only and private to this process. If another
         // process truncates the file while it is mapped, reads may fault; that is
         // the accepted contract of every mmap-based model loader (llama.cpp too).
@@ -361,7 +362,7 @@ pub fn parse_header(buf: &[u8]) -> Result<Header> {
             })?;
         let ne0 = dims.first().copied().unwrap_or(1);
         let block = ty.block_elems();
-        if ne0 % block as u64 != 0 {
+        if !ne0.is_multiple_of(block as u64) {
             return Err(ErrorKind::PartialBlock {
                 name,
                 ty,
@@ -609,8 +610,12 @@ impl<'a> Cursor<'a> {
         }
         Ok(match elem {
             ValueType::U8 => Array::U8(self.take(n as u64, key)?.to_vec()),
-            ValueType::I8 => Array::I8(self.take(n as u64, key)?.iter().map(|&b| b as i8).collect()),
-            ValueType::Bool => Array::Bool(self.take(n as u64, key)?.iter().map(|&b| b != 0).collect()),
+            ValueType::I8 => {
+                Array::I8(self.take(n as u64, key)?.iter().map(|&b| b as i8).collect())
+            }
+            ValueType::Bool => {
+                Array::Bool(self.take(n as u64, key)?.iter().map(|&b| b != 0).collect())
+            }
             ValueType::U16 => fixed!(U16, u16),
             ValueType::I16 => fixed!(I16, i16),
             ValueType::U32 => fixed!(U32, u32),

@@ -84,7 +84,7 @@ impl GgufWriter {
             return Err(writer_err(format!("duplicate tensor name {name:?}")));
         }
         let n: Option<u64> = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-        if dims[0] % ty.block_elems() as u64 != 0 {
+        if !dims[0].is_multiple_of(ty.block_elems() as u64) {
             return Err(writer_err(format!(
                 "tensor {name:?}: row length {} is not a multiple of the {ty} block size {}",
                 dims[0],

@@ -16,8 +16,11 @@ fn all_value_kinds(w: &mut GgufWriter) {
     w.add("t.u64", u64::MAX).unwrap();
     w.add("t.i64", i64::MIN).unwrap();
     w.add("t.f64", -1.5e300f64).unwrap();
-    w.add("t.arr_str", vec!["<pad>".to_string(), String::new(), "b".into()])
-        .unwrap();
+    w.add(
+        "t.arr_str",
+        vec!["<pad>".to_string(), String::new(), "b".into()],
+    )
+    .unwrap();
     w.add("t.arr_f32", vec![1.0f32, -2.0, 3.5]).unwrap();
     w.add("t.arr_i32", vec![1i32, -2]).unwrap();
     w.add("t.arr_bool", vec![true, false]).unwrap();
@@ -52,7 +55,10 @@ fn every_metadata_type_round_trips() {
         g.get_array("t.arr_f32").unwrap(),
         &Array::F32(vec![1.0, -2.0, 3.5])
     );
-    assert_eq!(g.get_array("t.arr_i32").unwrap().as_i32s().unwrap(), [1, -2]);
+    assert_eq!(
+        g.get_array("t.arr_i32").unwrap().as_i32s().unwrap(),
+        [1, -2]
+    );
     assert_eq!(
         g.get_array("t.arr_bool").unwrap(),
         &Array::Bool(vec![true, false])
@@ -124,7 +130,8 @@ fn writer_rejects_inconsistent_tensors_and_keys() {
     assert!(w
         .add_tensor("x", GgmlType::Q4_0, &[32], vec![0; 17])
         .is_err());
-    w.add_tensor("x", GgmlType::Q4_0, &[32], vec![0; 18]).unwrap();
+    w.add_tensor("x", GgmlType::Q4_0, &[32], vec![0; 18])
+        .unwrap();
     assert!(w.add_tensor("x", GgmlType::F32, &[1], vec![0; 4]).is_err());
     assert!(w
         .add_tensor(&"n".repeat(65), GgmlType::F32, &[1], vec![0; 4])

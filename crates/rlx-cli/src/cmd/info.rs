@@ -106,11 +106,7 @@ fn value_text(v: &Value) -> String {
             let head: Vec<String> = (0..ARRAY_HEAD)
                 .map(|i| a.get(i).expect("index in range").to_string())
                 .collect();
-            format!(
-                "[{}, ...] ({} items)",
-                head.join(", "),
-                a.len()
-            )
+            format!("[{}, ...] ({} items)", head.join(", "), a.len())
         }
         Value::String(s) if s.chars().count() > 120 => {
             let short: String = s.chars().take(117).collect();
@@ -152,7 +148,12 @@ fn print_text(file: &GgufFile, out: &mut impl Write) -> Result<()> {
     writeln!(out, "tensors:     {}", file.tensors().len())?;
 
     writeln!(out, "\nmetadata:")?;
-    let key_width = file.metadata().iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let key_width = file
+        .metadata()
+        .iter()
+        .map(|(k, _)| k.len())
+        .max()
+        .unwrap_or(0);
     for (k, v) in file.metadata() {
         writeln!(
             out,

@@ -66,7 +66,7 @@ pub(crate) fn dequant_q3_k(b: &[u8], y: &mut [f32]) {
 #[inline]
 fn nibble256(qs: &[u8], e: usize) -> u8 {
     let byte = qs[32 * (e / 64) + e % 32];
-    if (e / 32) % 2 == 0 {
+    if (e / 32).is_multiple_of(2) {
         byte & 0xF
     } else {
         byte >> 4

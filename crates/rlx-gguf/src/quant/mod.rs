@@ -9,6 +9,7 @@ mod iq;
 mod iq_grids;
 mod kquants;
 mod legacy;
+mod quantize;
 
 use crate::GgmlType;
 
@@ -77,8 +78,22 @@ fn dequant_block_fn(ty: GgmlType) -> Option<DequantBlock> {
 }
 
 fn quant_block_fn(ty: GgmlType) -> Option<QuantBlock> {
-    let _ = ty;
-    None
+    use GgmlType::*;
+    Some(match ty {
+        Q8_0 => quantize::quant_block_q8_0,
+        Q8_1 => quantize::quant_block_q8_1,
+        Q4_0 => quantize::quant_block_q4_0,
+        Q4_1 => quantize::quant_block_q4_1,
+        Q5_0 => quantize::quant_block_q5_0,
+        Q5_1 => quantize::quant_block_q5_1,
+        Q8_K => quantize::quant_block_q8_k,
+        Q2_K => quantize::quant_block_q2_k,
+        Q3_K => quantize::quant_block_q3_k,
+        Q4_K => quantize::quant_block_q4_k,
+        Q5_K => quantize::quant_block_q5_k,
+        Q6_K => quantize::quant_block_q6_k,
+        _ => return None,
+    })
 }
 
 /// True if [`dequantize`] supports `ty`.
@@ -93,7 +108,7 @@ pub fn can_quantize(ty: GgmlType) -> bool {
 
 fn check_lengths(ty: GgmlType, elems: usize, bytes: usize) -> Result<usize, QuantError> {
     let block = ty.block_elems();
-    if elems % block != 0 {
+    if !elems.is_multiple_of(block) {
         return Err(QuantError::PartialBlock { ty, elems, block });
     }
     let expected = elems / block * ty.block_bytes();
@@ -154,7 +169,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
 /// Quantizes `src` into a new byte vector.
 pub fn quantize_to_vec(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, QuantError> {
     let block = ty.block_elems();
-    if src.len() % block != 0 {
+    if !src.len().is_multiple_of(block) {
         return Err(QuantError::PartialBlock {
             ty,
             elems: src.len(),

@@ -292,10 +292,10 @@ fn make_qx_quants(
         iscale = -(nmaxf + 0.1 * is as f32) / max;
         sumlx = 0.0;
         suml2 = 0.0;
-        for i in 0..n {
-            let lf = clamp(nearest_int(iscale * x[i])) as f32;
+        for (i, &xi) in x.iter().enumerate() {
+            let lf = clamp(nearest_int(iscale * xi)) as f32;
             let w = weight(i);
-            sumlx += w * x[i] * lf;
+            sumlx += w * xi * lf;
             suml2 += w * lf * lf;
         }
         if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
@@ -476,13 +476,7 @@ fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 /// The part shared by Q4_K and Q5_K: fits eight 32-element sub-blocks,
 /// writes `d`, `dmin` and the 12 scale bytes into `head` (16 bytes), and
 /// returns the final quants in `[0, nmax]`.
-fn quant_k_scale_min(
-    x: &[f32],
-    head: &mut [u8],
-    nmax: i32,
-    rmin: f32,
-    nstep: i32,
-) -> [u8; QK_K] {
+fn quant_k_scale_min(x: &[f32], head: &mut [u8], nmax: i32, rmin: f32, nstep: i32) -> [u8; QK_K] {
     let mut l = [0u8; QK_K];
     let mut scales = [0.0f32; 8];
     let mut mins = [0.0f32; 8];
@@ -519,7 +513,11 @@ fn quant_k_scale_min(
         }
     }
 
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let sc = &mut head[4..16];
     sc.fill(0);
@@ -604,10 +602,10 @@ pub(crate) fn quant_block_q6_k(x: &[f32], b: &mut [u8]) {
     let mut scales = [0.0f32; 16];
     let mut max_scale = 0.0f32;
     let mut max_abs_scale = 0.0f32;
-    for ib in 0..16 {
-        let r = 16 * ib..16 * ib + 16;
-        let scale = make_qx_quants(32, &x[r.clone()], &mut l[r], 1, None);
-        scales[ib] = scale;
+    let groups = x.chunks_exact(16).zip(l.chunks_exact_mut(16));
+    for ((xs, ls), out) in groups.zip(scales.iter_mut()) {
+        let scale = make_qx_quants(32, xs, ls, 1, None);
+        *out = scale;
         if scale.abs() > max_abs_scale {
             max_abs_scale = scale.abs();
             max_scale = scale;
@@ -742,10 +740,10 @@ pub(crate) fn quant_block_q3_k(x: &[f32], b: &mut [u8]) {
     let mut scales = [0.0f32; 16];
     let mut max_scale = 0.0f32;
     let mut amax = 0.0f32;
-    for j in 0..16 {
-        let r = 16 * j..16 * j + 16;
-        let s = make_q3_quants(4, &x[r.clone()], &mut l[r], true);
-        scales[j] = s;
+    let groups = x.chunks_exact(16).zip(l.chunks_exact_mut(16));
+    for ((xs, ls), out) in groups.zip(scales.iter_mut()) {
+        let s = make_q3_quants(4, xs, ls, true);
+        *out = s;
         if s.abs() > amax {
             amax = s.abs();
             max_scale = s;
@@ -862,7 +860,8 @@ mod tests {
     #[test]
     fn all_zero_gives_all_zero() {
         let x = [0.0f32; QK_K];
-        let cases: [(fn(&[f32], &mut [u8]), usize, usize); 12] = [
+        type Quant = fn(&[f32], &mut [u8]);
+        let cases: [(Quant, usize, usize); 12] = [
             (quant_block_q8_0, 32, 34),
             (quant_block_q8_1, 32, 36),
             (quant_block_q4_0, 32, 18),

@@ -1,0 +1,57 @@
+//! Opening the real 270M file maps it rather than reading it: resident memory
+//! grows by the parsed metadata (the 262k-token vocabulary), not by the
+//! 241 MiB of tensor data. One test in this file so no other test's
+//! allocations run in the same process at the same time.
+
+use std::path::PathBuf;
+
+use rlx_gguf::GgufFile;
+
+fn real_model() -> PathBuf {
+    let path = std::env::var_os("RLX_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").expect("HOME is set");
+            PathBuf::from(home).join(".cache/rlx/models/gemma-3-270m-q4_k_m.gguf")
+        });
+    assert!(
+        path.exists(),
+        "{} is missing: run `bash scripts/fetch-model.sh`",
+        path.display()
+    );
+    path
+}
+
+/// Peak resident set size of this process, in KiB (Linux `VmHWM`).
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/self/status")
+}
+
+#[test]
+fn opening_the_real_model_maps_instead_of_copying() {
+    let before = peak_rss_kib();
+    let g = GgufFile::open(real_model()).unwrap();
+    assert!(g.is_mapped());
+    assert_eq!(g.tensors().len(), 236);
+    // Views point into the mapping: no copy per tensor.
+    let file = g.bytes().as_ptr_range();
+    let mut touched = 0u64;
+    for t in g.tensors() {
+        let data = g.tensor_data(t);
+        assert!(file.contains(&data.as_ptr()));
+        assert_eq!(data.len() as u64, t.n_bytes);
+        touched += data.first().copied().unwrap_or(0) as u64;
+    }
+    let grown_kib = peak_rss_kib().saturating_sub(before);
+    let file_kib = g.file_len() / 1024;
+    eprintln!("peak RSS grew by {grown_kib} KiB opening a {file_kib} KiB file ({touched})");
+    assert!(
+        grown_kib < file_kib / 4,
+        "peak RSS grew by {grown_kib} KiB for a {file_kib} KiB file"
+    );
+}
