@@ -1,0 +1,210 @@
+//! The op set. Kept small: every fused op says which simpler ops it stands
+//! for, and the passes only introduce fused ops whose result equals that
+//! composition within float rounding.
+
+use std::fmt;
+
+use crate::shape::Shape;
+
+/// A weight handle: an index into the model's weight store. The graph never
+/// holds weight data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WeightId(pub u32);
+
+/// A KV-cache layer slot (the layer whose K/V are stored there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CacheSlot(pub u32);
+
+/// Which keys a query may see. Positions are absolute token positions.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Mask {
+    /// Key position ≤ query position.
+    Causal,
+    /// Causal, and query − key < window.
+    Sliding { window: usize },
+    /// Every key (encoder style).
+    Full,
+    /// |query − key| ≤ half_width (symmetric local window).
+    Symmetric { half_width: usize },
+}
+
+/// Where attention finds its keys and values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KvSource {
+    /// From inputs 1 and 2: K and V of shape `[n_kv, kv_heads, head_dim]`,
+    /// at positions `0..n_kv`.
+    Inputs,
+    /// From a KV-cache slot; input 1 is the `KvWrite` effect that must run
+    /// first (or any earlier effect on the slot).
+    Cache(CacheSlot),
+}
+
+/// Attention: `softmax(softcap(scale · q·kᵀ) + mask) · v` per query head,
+/// query head `h` reading KV head `h / (q_heads / kv_heads)` (grouped-query
+/// attention without repeating K/V).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpec {
+    pub mask: Mask,
+    pub scale: f32,
+    /// `C · tanh(z / C)` on the scores before the mask, when set.
+    pub softcap: Option<f32>,
+    pub kv: KvSource,
+    /// With a cache source, input 2 is an i32 `[n]` span id per query (the
+    /// cache keeps the ids of its keys); a query and a key with the same
+    /// non-zero span id see each other regardless of the mask (image tokens).
+    pub bidirectional_spans: bool,
+}
+
+/// A rotary embedding frequency table: θ_i = p · freq_scale · base^(−2i/n_rot) / f_i.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeSpec {
+    /// Leading dimensions of each head that rotate (NEOX pairing i ↔ i + n_rot/2).
+    pub n_rot: usize,
+    pub base: f32,
+    pub freq_scale: f32,
+    /// Input 2 is an f32 weight of n_rot/2 per-pair frequency divisors f_i.
+    pub has_freq_factors: bool,
+}
+
+/// Where a narrowed range starts along its axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Start {
+    FromStart(usize),
+    /// Counted from the end: `FromEnd(1)` with len 1 takes the last row.
+    FromEnd(usize),
+}
+
+/// An operation. Inputs are listed per variant.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A value supplied at run time by name.
+    Input { name: String },
+    /// A weight from the store. `shape` is `[rows, row_len]` for matrices
+    /// (GGUF `ne` reversed) or `[len]` for vectors.
+    Weight { id: WeightId, name: String },
+    /// Rows of a weight table, dequantized to f32: inputs `[table, ids]`,
+    /// `ids` i32 `[n]`, result `[n, row_len]`.
+    Gather,
+    /// `x · wᵀ` for each weight: inputs `[x, w₁, …, w_k]` with `x` `[…, K]`
+    /// and each `wᵢ` `[Nᵢ, K]` in any weight type; the result `[…, ΣNᵢ]`
+    /// concatenates the products along the last axis. With `norm` set,
+    /// input 1 is the norm weight and `x` is first normalised:
+    /// `MatMul{norm} = Concat(MatMul(RmsNorm(x, γ), wᵢ)…)`.
+    MatMul { norm: Option<NormSpec> },
+    /// Elementwise `a + b`; `b`'s shape must be a suffix of `a`'s (broadcast).
+    Add,
+    /// Elementwise `a · b`, broadcasting like `Add`.
+    Mul,
+    /// `x · factor`.
+    Scale { factor: f32 },
+    /// `x / sqrt(mean(x²) + eps) · γ` over the last axis; inputs `[x]` or `[x, γ]`.
+    RmsNorm(NormSpec),
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    Gelu,
+    /// `Gelu(gate) · up`: inputs `[gate, up]`.
+    GeGlu,
+    /// `cap · tanh(x / cap)`.
+    Softcap { cap: f32 },
+    /// Rotary embedding of `x` `[n, heads, head_dim]` at positions (i32 `[n]`):
+    /// inputs `[x, positions]` or `[x, positions, freq_factors]`.
+    Rope(RopeSpec),
+    /// Attention of `q` `[n, q_heads, head_dim]`; see [`AttentionSpec`].
+    /// Result `[n, q_heads, v_head_dim]`.
+    Attention(AttentionSpec),
+    /// Appends `k`, `v` `[n, kv_heads, head_dim]` to a cache slot at the
+    /// current positions: inputs `[k, v]`, result an effect.
+    KvWrite { slot: CacheSlot },
+    /// Rows `start .. start+len` along `axis`.
+    Narrow {
+        axis: usize,
+        start: Start,
+        len: usize,
+    },
+    /// Same data, new shape (equal element count).
+    Reshape { shape: Shape },
+    /// Concatenation of all inputs along `axis`.
+    Concat { axis: usize },
+}
+
+/// Parameters of an RMS norm.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NormSpec {
+    pub eps: f32,
+    /// Whether a γ weight input follows `x`.
+    pub has_gamma: bool,
+}
+
+impl Op {
+    /// A short name for dumps and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input { .. } => "input",
+            Op::Weight { .. } => "weight",
+            Op::Gather => "gather",
+            Op::MatMul { norm: None } => "matmul",
+            Op::MatMul { norm: Some(_) } => "norm_matmul",
+            Op::Add => "add",
+            Op::Mul => "mul",
+            Op::Scale { .. } => "scale",
+            Op::RmsNorm(_) => "rms_norm",
+            Op::Gelu => "gelu",
+            Op::GeGlu => "geglu",
+            Op::Softcap { .. } => "softcap",
+            Op::Rope(_) => "rope",
+            Op::Attention(_) => "attention",
+            Op::KvWrite { .. } => "kv_write",
+            Op::Narrow { .. } => "narrow",
+            Op::Reshape { .. } => "reshape",
+            Op::Concat { .. } => "concat",
+        }
+    }
+
+    /// Ops with an effect beyond their result; never removed or merged.
+    pub fn has_effect(&self) -> bool {
+        matches!(self, Op::KvWrite { .. })
+    }
+
+    /// A key equal for ops that compute the same function (used by CSE).
+    pub(crate) fn cse_key(&self) -> Option<String> {
+        match self {
+            Op::Input { .. } | Op::KvWrite { .. } | Op::Attention(_) => None,
+            op => Some(format!("{op:?}")),
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::Input { name } => write!(f, "input {name:?}"),
+            Op::Weight { id, name } => write!(f, "weight #{} {name:?}", id.0),
+            Op::MatMul { norm: Some(n) } => write!(f, "norm_matmul eps={}", n.eps),
+            Op::Scale { factor } => write!(f, "scale {factor}"),
+            Op::RmsNorm(n) => write!(f, "rms_norm eps={} gamma={}", n.eps, n.has_gamma),
+            Op::Softcap { cap } => write!(f, "softcap {cap}"),
+            Op::Rope(r) => write!(
+                f,
+                "rope n_rot={} base={} scale={}{}",
+                r.n_rot,
+                r.base,
+                r.freq_scale,
+                if r.has_freq_factors { " +factors" } else { "" }
+            ),
+            Op::Attention(a) => {
+                write!(f, "attention {:?} scale={}", a.mask, a.scale)?;
+                if let Some(c) = a.softcap {
+                    write!(f, " softcap={c}")?;
+                }
+                match a.kv {
+                    KvSource::Inputs => Ok(()),
+                    KvSource::Cache(s) => write!(f, " cache={}", s.0),
+                }
+            }
+            Op::KvWrite { slot } => write!(f, "kv_write cache={}", slot.0),
+            Op::Narrow { axis, start, len } => write!(f, "narrow axis={axis} {start:?} len={len}"),
+            Op::Reshape { shape } => write!(f, "reshape {shape}"),
+            Op::Concat { axis } => write!(f, "concat axis={axis}"),
+            op => f.write_str(op.name()),
+        }
+    }
+}
