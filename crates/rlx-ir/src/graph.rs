@@ -297,6 +297,18 @@ impl Graph {
         self.push(Op::KvWrite { slot }, vec![k, v])
     }
 
+    /// A KV write that also records each token's bidirectional span id
+    /// (i32 `[n]`, 0 = none) for later span-aware attention.
+    pub fn kv_write_spans(
+        &mut self,
+        slot: CacheSlot,
+        k: NodeId,
+        v: NodeId,
+        spans: NodeId,
+    ) -> Result<NodeId> {
+        self.push(Op::KvWrite { slot }, vec![k, v, spans])
+    }
+
     pub fn narrow(&mut self, x: NodeId, axis: usize, start: Start, len: usize) -> Result<NodeId> {
         self.push(Op::Narrow { axis, start, len }, vec![x])
     }
@@ -527,10 +539,12 @@ impl Graph {
                                 head_dim: *dk,
                                 v_head_dim: *dv,
                             },
-                            _ => return Err(err(format!(
+                            _ => {
+                                return Err(err(format!(
                                 "k {} and v {} must be [m, kv_heads, dim] with equal m and heads",
                                 k.shape, v.shape
-                            ))),
+                            )))
+                            }
                         };
                         layout
                     }
@@ -572,8 +586,13 @@ impl Graph {
                 ))
             }
             Op::KvWrite { .. } => {
-                arity(2)?;
+                if !(2..=3).contains(&inputs.len()) {
+                    return Err(err(format!("takes 2 or 3 inputs, got {}", inputs.len())));
+                }
                 let (k, v) = (f32_in(0)?, f32_in(1)?);
+                if inputs.len() == 3 {
+                    check_positions(node(2)?, k.shape.0[0], &err)?;
+                }
                 match (&k.shape.0[..], &v.shape.0[..]) {
                     ([n1, Dim::Fixed(h1), Dim::Fixed(_)], [n2, Dim::Fixed(h2), Dim::Fixed(_)])
                         if n1 == n2 && h1 == h2 => {}

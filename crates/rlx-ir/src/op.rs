@@ -112,7 +112,8 @@ pub enum Op {
     /// Result `[n, q_heads, v_head_dim]`.
     Attention(AttentionSpec),
     /// Appends `k`, `v` `[n, kv_heads, head_dim]` to a cache slot at the
-    /// current positions: inputs `[k, v]`, result an effect.
+    /// current positions: inputs `[k, v]` or `[k, v, span_ids]`, result an
+    /// effect.
     KvWrite { slot: CacheSlot },
     /// Rows `start .. start+len` along `axis`.
     Narrow {

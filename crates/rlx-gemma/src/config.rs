@@ -1,0 +1,388 @@
+//! Model configuration from GGUF metadata, resolved once into plain
+//! per-layer structs. Builders read these facts; nothing downstream looks at
+//! the architecture name again.
+
+use rlx_gguf::{GgufFile, Value};
+
+/// The Gemma generation a file declares in `general.architecture`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Gemma,
+    Gemma2,
+    Gemma3,
+    Gemma3n,
+    Gemma4,
+}
+
+impl Arch {
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Some(match name {
+            "gemma" => Arch::Gemma,
+            "gemma2" => Arch::Gemma2,
+            "gemma3" => Arch::Gemma3,
+            "gemma3n" => Arch::Gemma3n,
+            "gemma4" => Arch::Gemma4,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Gemma => "gemma",
+            Arch::Gemma2 => "gemma2",
+            Arch::Gemma3 => "gemma3",
+            Arch::Gemma3n => "gemma3n",
+            Arch::Gemma4 => "gemma4",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("general.architecture is {0:?}; supported: gemma, gemma2, gemma3, gemma3n, gemma4")]
+    UnsupportedArch(String),
+    #[error("metadata key {key:?} is missing")]
+    Missing { key: String },
+    #[error("metadata key {key:?}: {msg}")]
+    Invalid { key: String, msg: String },
+    #[error("tensor {name:?}: {msg}")]
+    Tensor { name: String, msg: String },
+    #[error("{arch}: {what} is not supported yet")]
+    Unsupported { arch: &'static str, what: String },
+}
+
+/// Which keys a layer's queries may see.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKind {
+    Global,
+    Sliding { window: usize },
+}
+
+/// Rotary embedding of one layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub n_rot: usize,
+    pub base: f32,
+    pub freq_scale: f32,
+    /// A tensor of per-pair frequency divisors (Gemma 4 proportional RoPE).
+    pub freq_factors: Option<String>,
+}
+
+/// Every fact one layer needs, resolved from the metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerSpec {
+    pub index: usize,
+    pub attention: AttentionKind,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub rope: RopeConfig,
+    /// Multiplier of q·k before the softmax.
+    pub query_scale: f32,
+    /// `C · tanh(z / C)` on attention scores.
+    pub attn_softcap: Option<f32>,
+    /// Weighted RMS norm of each q and k head (Gemma 3 on).
+    pub qk_norm: bool,
+    /// Norms of the attention and FFN outputs before the residual add (Gemma 2 on).
+    pub post_norms: bool,
+    pub n_ff: usize,
+    /// Read K/V of this earlier layer instead of computing them.
+    pub kv_source: Option<usize>,
+}
+
+/// The model as the builders see it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmaConfig {
+    pub arch: Arch,
+    pub n_embd: usize,
+    pub n_vocab: usize,
+    pub context_length: usize,
+    pub rms_eps: f32,
+    /// Token embeddings are multiplied by this (√d in f32, as llama.cpp).
+    pub embed_scale: f32,
+    pub final_softcap: Option<f32>,
+    /// `output.weight` if present, else the tied `token_embd.weight`.
+    pub lm_head: String,
+    pub layers: Vec<LayerSpec>,
+}
+
+/// Typed metadata access with key-naming errors.
+struct Meta<'a> {
+    file: &'a GgufFile,
+    arch: &'static str,
+}
+
+impl Meta<'_> {
+    fn key(&self, suffix: &str) -> String {
+        format!("{}.{suffix}", self.arch)
+    }
+
+    fn get(&self, suffix: &str) -> Option<&Value> {
+        self.file.get(&self.key(suffix))
+    }
+
+    fn usize_opt(&self, suffix: &str) -> Result<Option<usize>, ConfigError> {
+        match self.get(suffix) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| ConfigError::Invalid {
+                key: self.key(suffix),
+                msg: format!("expected an unsigned integer, found {}", v.type_description()),
+            }),
+        }
+    }
+
+    fn usize(&self, suffix: &str) -> Result<usize, ConfigError> {
+        self.usize_opt(suffix)?.ok_or_else(|| ConfigError::Missing {
+            key: self.key(suffix),
+        })
+    }
+
+    fn f32_opt(&self, suffix: &str) -> Result<Option<f32>, ConfigError> {
+        match self.get(suffix) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| ConfigError::Invalid {
+                key: self.key(suffix),
+                msg: format!("expected a number, found {}", v.type_description()),
+            }),
+        }
+    }
+
+    /// A value that is either one integer or one integer per layer.
+    fn per_layer(&self, suffix: &str, n_layers: usize) -> Result<Option<Vec<usize>>, ConfigError> {
+        match self.get(suffix) {
+            None => Ok(None),
+            Some(Value::Array(a)) => {
+                let v = a.to_u64s().ok_or_else(|| ConfigError::Invalid {
+                    key: self.key(suffix),
+                    msg: "expected unsigned integers".into(),
+                })?;
+                if v.len() != n_layers {
+                    return Err(ConfigError::Invalid {
+                        key: self.key(suffix),
+                        msg: format!("{} values for {n_layers} layers", v.len()),
+                    });
+                }
+                Ok(Some(v.into_iter().map(|x| x as usize).collect()))
+            }
+            Some(_) => Ok(self.usize_opt(suffix)?.map(|n| vec![n; n_layers])),
+        }
+    }
+
+    /// Which layers slide: a per-layer bool array, or a period n (a layer is
+    /// local when `l mod n < n − 1`; n = 0 makes every layer local).
+    fn sliding_pattern(&self, n_layers: usize, default_period: usize) -> Result<Vec<bool>, ConfigError> {
+        let key = self.key("attention.sliding_window_pattern");
+        match self.get("attention.sliding_window_pattern") {
+            Some(Value::Array(rlx_gguf::Array::Bool(b))) => {
+                if b.len() != n_layers {
+                    return Err(ConfigError::Invalid {
+                        key,
+                        msg: format!("{} values for {n_layers} layers", b.len()),
+                    });
+                }
+                Ok(b.clone())
+            }
+            Some(v) => {
+                let n = v.as_u64().ok_or_else(|| ConfigError::Invalid {
+                    key,
+                    msg: format!("expected a period or a bool array, found {}", v.type_description()),
+                })? as usize;
+                Ok(period_pattern(n, n_layers))
+            }
+            None => Ok(period_pattern(default_period, n_layers)),
+        }
+    }
+}
+
+fn period_pattern(n: usize, n_layers: usize) -> Vec<bool> {
+    (0..n_layers)
+        .map(|l| n == 0 || (n > 1 && l % n < n - 1))
+        .collect()
+}
+
+impl GemmaConfig {
+    /// Resolves the configuration of a Gemma GGUF.
+    pub fn from_gguf(file: &GgufFile) -> Result<Self, ConfigError> {
+        let arch_name = file
+            .get("general.architecture")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ConfigError::Missing {
+                key: "general.architecture".into(),
+            })?;
+        let arch = Arch::from_name(arch_name)
+            .ok_or_else(|| ConfigError::UnsupportedArch(arch_name.to_owned()))?;
+        let m = Meta {
+            file,
+            arch: arch.name(),
+        };
+        let n_embd = m.usize("embedding_length")?;
+        let n_layers = m.usize("block_count")?;
+        let context_length = m.usize("context_length")?;
+        let rms_eps = m.f32_opt("attention.layer_norm_rms_epsilon")?.ok_or_else(|| ConfigError::Missing {
+            key: m.key("attention.layer_norm_rms_epsilon"),
+        })?;
+        let n_head = m.per_layer("attention.head_count", n_layers)?.ok_or_else(|| ConfigError::Missing {
+            key: m.key("attention.head_count"),
+        })?;
+        let n_head_kv = m
+            .per_layer("attention.head_count_kv", n_layers)?
+            .unwrap_or_else(|| n_head.clone());
+        let n_ff = m.per_layer("feed_forward_length", n_layers)?.ok_or_else(|| ConfigError::Missing {
+            key: m.key("feed_forward_length"),
+        })?;
+        let head_dim = match m.usize_opt("attention.key_length")? {
+            Some(k) => k,
+            None => n_embd / n_head[0].max(1),
+        };
+        if let Some(v) = m.usize_opt("attention.value_length")? {
+            if v != head_dim {
+                return Err(ConfigError::Invalid {
+                    key: m.key("attention.value_length"),
+                    msg: format!("{v} differs from key_length {head_dim}"),
+                });
+            }
+        }
+        let embd = file.tensor("token_embd.weight").ok_or_else(|| ConfigError::Tensor {
+            name: "token_embd.weight".into(),
+            msg: "missing".into(),
+        })?;
+        if embd.dims.len() != 2 || embd.dims[0] as usize != n_embd {
+            return Err(ConfigError::Tensor {
+                name: "token_embd.weight".into(),
+                msg: format!("shape {:?} does not match embedding_length {n_embd}", embd.dims),
+            });
+        }
+        let n_vocab = embd.dims[1] as usize;
+        let lm_head = if matches!(arch, Arch::Gemma3 | Arch::Gemma3n | Arch::Gemma4)
+            && file.tensor("output.weight").is_some()
+        {
+            "output.weight".to_owned()
+        } else {
+            "token_embd.weight".to_owned()
+        };
+
+        let freq_base = m.f32_opt("rope.freq_base")?.unwrap_or(10000.0);
+        let n_rot = m.usize_opt("rope.dimension_count")?.unwrap_or(head_dim);
+        let linear_scale = match m.get("rope.scaling.type").and_then(Value::as_str) {
+            None | Some("none") => m.f32_opt("rope.scale_linear")?.map_or(1.0, |f| 1.0 / f),
+            Some("linear") => {
+                let f = m.f32_opt("rope.scaling.factor")?.ok_or_else(|| ConfigError::Missing {
+                    key: m.key("rope.scaling.factor"),
+                })?;
+                1.0 / f
+            }
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    key: m.key("rope.scaling.type"),
+                    msg: format!("{other:?} scaling is not supported (only linear)"),
+                })
+            }
+        };
+
+        let (sliding, window, base_swa, attn_softcap, final_softcap, qk_norm, post_norms) = match arch {
+            Arch::Gemma => (vec![false; n_layers], 0, freq_base, None, None, false, false),
+            Arch::Gemma2 => {
+                let window = m.usize_opt("attention.sliding_window")?.unwrap_or(4096);
+                (
+                    m.sliding_pattern(n_layers, 2)?,
+                    window,
+                    m.f32_opt("rope.freq_base_swa")?.unwrap_or(freq_base),
+                    Some(m.f32_opt("attn_logit_softcapping")?.unwrap_or(50.0)),
+                    Some(m.f32_opt("final_logit_softcapping")?.unwrap_or(30.0)),
+                    false,
+                    true,
+                )
+            }
+            Arch::Gemma3 => {
+                let window = m.usize_opt("attention.sliding_window")?.unwrap_or(0);
+                let pattern = if window == 0 {
+                    vec![false; n_layers]
+                } else {
+                    m.sliding_pattern(n_layers, 6)?
+                };
+                let cap = m.f32_opt("final_logit_softcapping")?.filter(|&c| c > 0.0);
+                (
+                    pattern,
+                    window,
+                    m.f32_opt("rope.freq_base_swa")?.unwrap_or(10000.0),
+                    None,
+                    cap,
+                    true,
+                    true,
+                )
+            }
+            Arch::Gemma3n | Arch::Gemma4 => {
+                return Err(ConfigError::Unsupported {
+                    arch: arch.name(),
+                    what: "this architecture's layer features (AltUp, per-layer embeddings, KV sharing)".into(),
+                })
+            }
+        };
+
+        // Query scale: 1/√hd, except the 27B models, which llama.cpp
+        // recognises by layer count and scales by 1/√(d/H).
+        let big_27b = matches!((arch, n_layers), (Arch::Gemma2, 46) | (Arch::Gemma3, 62));
+        let layers = (0..n_layers)
+            .map(|l| {
+                let is_sliding = sliding[l];
+                let query_scale = if big_27b {
+                    1.0 / ((n_embd / n_head[l]) as f32).sqrt()
+                } else {
+                    1.0 / (head_dim as f32).sqrt()
+                };
+                LayerSpec {
+                    index: l,
+                    attention: if is_sliding {
+                        AttentionKind::Sliding { window }
+                    } else {
+                        AttentionKind::Global
+                    },
+                    n_head: n_head[l],
+                    n_head_kv: n_head_kv[l],
+                    head_dim,
+                    rope: RopeConfig {
+                        n_rot,
+                        base: if is_sliding { base_swa } else { freq_base },
+                        // Gemma 3's linear scaling applies to global layers only.
+                        freq_scale: if is_sliding { 1.0 } else { linear_scale },
+                        freq_factors: None,
+                    },
+                    query_scale,
+                    attn_softcap,
+                    qk_norm,
+                    post_norms,
+                    n_ff: n_ff[l],
+                    kv_source: None,
+                }
+            })
+            .collect::<Vec<_>>();
+        for s in &layers {
+            if s.n_head == 0 || s.n_head_kv == 0 || s.n_head % s.n_head_kv != 0 {
+                return Err(ConfigError::Invalid {
+                    key: m.key("attention.head_count_kv"),
+                    msg: format!(
+                        "layer {}: {} query heads are not a multiple of {} kv heads",
+                        s.index, s.n_head, s.n_head_kv
+                    ),
+                });
+            }
+            if s.rope.n_rot > head_dim || s.rope.n_rot % 2 == 1 {
+                return Err(ConfigError::Invalid {
+                    key: m.key("rope.dimension_count"),
+                    msg: format!("{} must be even and at most the head size {head_dim}", s.rope.n_rot),
+                });
+            }
+        }
+        Ok(GemmaConfig {
+            arch,
+            n_embd,
+            n_vocab,
+            context_length,
+            rms_eps,
+            embed_scale: (n_embd as f32).sqrt(),
+            final_softcap,
+            lm_head,
+            layers,
+        })
+    }
+}

@@ -1,0 +1,3 @@
+//! rlx-gemma: Gemma models on the rlx runtime.
+
+pub mod sampling;

@@ -1,0 +1,655 @@
+//! AVX2 + FMA + F16C kernels: the f32 dot, integer dot products and bit-exact
+//! dequantizers.
+//!
+//! Every function is `#[target_feature(enable = "avx2,fma,f16c")]` and may only
+//! run on a CPU that has them (`kernels` hands them out for `Isa::Avx2` and up).
+//! Memory is read through bounds-checked slices, so that is the only
+//! precondition. The integer kernels follow llama.cpp's x86 ones: `maddubs`
+//! (u8 × i8 pairs into i16; unsigned weights directly, signed ones through the
+//! sign trick), `madd` with the sub-block scale into i32 lanes, then one f32
+//! FMA per block.
+
+use std::arch::x86_64::*;
+
+use super::scalar::{
+    e8m0_half, f32_at, scale_min_k4, KVALUES_IQ4NL, KVALUES_MXFP4, Q8_0_BYTES, Q8_1_BYTES,
+    Q8_K_BYTES,
+};
+
+/// The first `N` bytes of `s` as an array (panics if `s` is shorter).
+#[inline(always)]
+fn arr<const N: usize>(s: &[u8]) -> &[u8; N] {
+    s[..N].try_into().expect("length checked by the slice")
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load128(b: &[u8; 16]) -> __m128i {
+    _mm_loadu_si128(b.as_ptr().cast())
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load256(b: &[u8; 32]) -> __m256i {
+    _mm256_loadu_si256(b.as_ptr().cast())
+}
+
+/// The f16 at `b[off..off + 2]` as f32 (exact, like `half`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_at(b: &[u8], off: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[off], b[off + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_ps(v: __m256) -> f32 {
+    let mut r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+/// 16 packed bytes to 32 nibbles: low nibbles in the low lane (elements
+/// 0..16), high nibbles in the high lane (16..32) — the legacy block order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+    let t = load128(qs);
+    let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    _mm256_and_si256(b, _mm256_set1_epi8(0xF))
+}
+
+/// 0xFF in byte `j` where bit `j` of `x` is set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bytes_from_bits(x: u32) -> __m256i {
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
+    let all_but_bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    _mm256_cmpeq_epi8(_mm256_or_si256(bytes, all_but_bit), _mm256_set1_epi64x(-1))
+}
+
+/// Pairwise i8 × i8 products summed to i16 (`|x| · sign(y, x)` through `maddubs`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mul_add_i8(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+/// Eight i32 sums of four i8 × i8 products each, as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_i8_ps(x: __m256i, y: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(mul_add_i8(x, y), _mm256_set1_epi16(1)))
+}
+
+/// Eight i32 sums of four u8 × i8 products each, as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_u8_ps(ux: __m256i, y: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(
+        _mm256_maddubs_epi16(ux, y),
+        _mm256_set1_epi16(1),
+    ))
+}
+
+/// i16 `lo` in every slot of the low lane and `hi` in the high lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn i16_pair(lo: i32, hi: i32) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+}
+
+/// Shifts every 16-bit lane right by `n` (a run-time count).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn srl16(v: __m256i, n: i32) -> __m256i {
+    _mm256_srl_epi16(v, _mm_cvtsi32_si128(n))
+}
+
+/// f32 dot: element `i` of the first `n - n % 8` goes to accumulator
+/// `(i / 8) % 4`, lane `i % 8` (FMA); accumulators are added `(a0 + a1) +
+/// (a2 + a3)`, lanes as in [`hsum_ps`], and the last `n % 8` products in order.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
+    let n = x.len().min(w.len());
+    let (x, w) = (&x[..n], &w[..n]);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let xs = x.chunks_exact(32);
+    let ws = w.chunks_exact(32);
+    let (xr, wr) = (xs.remainder(), ws.remainder());
+    for (xc, wc) in xs.zip(ws) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let xv = _mm256_loadu_ps(xc[8 * j..8 * j + 8].as_ptr());
+            let wv = _mm256_loadu_ps(wc[8 * j..8 * j + 8].as_ptr());
+            *a = _mm256_fmadd_ps(xv, wv, *a);
+        }
+    }
+    let x8 = xr.chunks_exact(8);
+    let w8 = wr.chunks_exact(8);
+    let (xt, wt) = (x8.remainder(), w8.remainder());
+    for ((xc, wc), a) in x8.zip(w8).zip(acc.iter_mut()) {
+        *a = _mm256_fmadd_ps(
+            _mm256_loadu_ps(xc.as_ptr()),
+            _mm256_loadu_ps(wc.as_ptr()),
+            *a,
+        );
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut sum = hsum_ps(v);
+    for (&xv, &wv) in xt.iter().zip(wt) {
+        sum += xv * wv;
+    }
+    sum
+}
+
+// ---- Integer dot products against Q8_0 / Q8_1 activations ----
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (wb, ab) in w.chunks_exact(18).zip(a.chunks_exact(Q8_0_BYTES)) {
+        let d = _mm256_set1_ps(f16_at(wb, 0) * f16_at(ab, 0));
+        let qx = _mm256_sub_epi8(nibbles(arr(&wb[2..])), _mm256_set1_epi8(8));
+        let qy = load256(arr(&ab[2..]));
+        acc = _mm256_fmadd_ps(d, dot_i8_ps(qx, qy), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0f32;
+    for (wb, ab) in w.chunks_exact(20).zip(a.chunks_exact(Q8_1_BYTES)) {
+        mins += f16_at(wb, 2) * f16_at(ab, 2);
+        let d = _mm256_set1_ps(f16_at(wb, 0) * f16_at(ab, 0));
+        let qx = nibbles(arr(&wb[4..]));
+        let qy = load256(arr(&ab[4..]));
+        acc = _mm256_fmadd_ps(d, dot_u8_ps(qx, qy), acc);
+    }
+    hsum_ps(acc) + mins
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (wb, ab) in w.chunks_exact(22).zip(a.chunks_exact(Q8_0_BYTES)) {
+        let d = _mm256_set1_ps(f16_at(wb, 0) * f16_at(ab, 0));
+        let qh = u32::from_le_bytes(*arr(&wb[2..]));
+        // A clear fifth bit means q − 16 < 0: set the byte's top nibble.
+        let neg = _mm256_andnot_si256(bytes_from_bits(qh), _mm256_set1_epi8(0xF0u8 as i8));
+        let qx = _mm256_or_si256(nibbles(arr(&wb[6..])), neg);
+        let qy = load256(arr(&ab[2..]));
+        acc = _mm256_fmadd_ps(d, dot_i8_ps(qx, qy), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0f32;
+    for (wb, ab) in w.chunks_exact(24).zip(a.chunks_exact(Q8_1_BYTES)) {
+        mins += f16_at(wb, 2) * f16_at(ab, 2);
+        let d = _mm256_set1_ps(f16_at(wb, 0) * f16_at(ab, 0));
+        let qh = u32::from_le_bytes(*arr(&wb[4..]));
+        let high = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
+        let qx = _mm256_or_si256(nibbles(arr(&wb[8..])), high);
+        let qy = load256(arr(&ab[4..]));
+        acc = _mm256_fmadd_ps(d, dot_u8_ps(qx, qy), acc);
+    }
+    hsum_ps(acc) + mins
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (wb, ab) in w.chunks_exact(34).zip(a.chunks_exact(Q8_0_BYTES)) {
+        let d = _mm256_set1_ps(f16_at(wb, 0) * f16_at(ab, 0));
+        let qx = load256(arr(&wb[2..]));
+        let qy = load256(arr(&ab[2..]));
+        acc = _mm256_fmadd_ps(d, dot_i8_ps(qx, qy), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// 16 packed bytes mapped through a 16-entry i8 table, in legacy block order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lookup_nibbles(qs: &[u8; 16], table: __m128i) -> __m256i {
+    let bits = load128(qs);
+    let m4 = _mm_set1_epi8(0xF);
+    let lo = _mm_shuffle_epi8(table, _mm_and_si128(bits, m4));
+    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4));
+    _mm256_set_m128i(hi, lo)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn table(values: &[i8; 16]) -> __m128i {
+    _mm_loadu_si128(values.as_ptr().cast())
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
+    let values = table(&KVALUES_IQ4NL);
+    let mut acc = _mm256_setzero_ps();
+    for (wb, ab) in w.chunks_exact(18).zip(a.chunks_exact(Q8_0_BYTES)) {
+        let d = _mm256_set1_ps(f16_at(wb, 0) * f16_at(ab, 0));
+        let qx = lookup_nibbles(arr(&wb[2..]), values);
+        let qy = load256(arr(&ab[2..]));
+        acc = _mm256_fmadd_ps(d, dot_i8_ps(qx, qy), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
+    let values = table(&KVALUES_MXFP4);
+    let mut acc = _mm256_setzero_ps();
+    for (wb, ab) in w.chunks_exact(17).zip(a.chunks_exact(Q8_0_BYTES)) {
+        let d = _mm256_set1_ps(e8m0_half(wb[0]) * f16_at(ab, 0));
+        let qx = lookup_nibbles(arr(&wb[1..]), values);
+        let qy = load256(arr(&ab[2..]));
+        acc = _mm256_fmadd_ps(d, dot_i8_ps(qx, qy), acc);
+    }
+    hsum_ps(acc)
+}
+
+// ---- Integer dot products against Q8_K activations ----
+
+/// The Q8_K block's `(d, qs, bsums)`: 256 quants and 16 i16 run sums.
+#[inline]
+fn q8_k(ab: &[u8]) -> (f32, &[u8], &[u8; 32]) {
+    (f32_at(ab, 0), &ab[4..260], arr(&ab[260..]))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
+    let m3 = _mm256_set1_epi8(3);
+    let mut acc = _mm256_setzero_ps();
+    for (wb, ab) in w.chunks_exact(84).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let (da, q8, bsums) = q8_k(ab);
+        let sc = &wb[0..16];
+        let qs = &wb[16..80];
+        // Mins: high nibbles × the 16 run sums.
+        let mins = _mm_and_si128(_mm_srli_epi16(load128(arr(sc)), 4), _mm_set1_epi8(0xF));
+        let prod = _mm256_madd_epi16(_mm256_cvtepi8_epi16(mins), load256(bsums));
+        let dmin = -da * f16_at(wb, 82);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+
+        let mut sumi = _mm256_setzero_si256();
+        for (j, (q2, q8)) in qs.chunks_exact(32).zip(q8.chunks_exact(128)).enumerate() {
+            let bits = load256(arr(q2));
+            for (p, q8) in q8.chunks_exact(32).enumerate() {
+                let q = _mm256_and_si256(srl16(bits, 2 * p as i32), m3);
+                let p16 = _mm256_maddubs_epi16(q, load256(arr(q8)));
+                let s = 8 * j + 2 * p;
+                let scales = i16_pair(i32::from(sc[s] & 0xF), i32::from(sc[s + 1] & 0xF));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scales, p16));
+            }
+        }
+        let d = da * f16_at(wb, 80);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// `value` in each byte whose bit `bit` is set in `bits`, 0 elsewhere.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bit_value(bits: __m256i, bit: usize, value: __m256i) -> __m256i {
+    let mask = _mm256_set1_epi8(1 << bit);
+    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask), value)
+}
+
+/// The 16 signed 6-bit scales of a Q3_K block.
+#[inline]
+fn q3_k_scales(s: &[u8]) -> [i32; 16] {
+    std::array::from_fn(|j| {
+        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
+        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        i32::from(low | (high << 4)) - 32
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
+    let m3 = _mm256_set1_epi8(3);
+    let four = _mm256_set1_epi8(4);
+    let mut acc = _mm256_setzero_ps();
+    for (wb, ab) in w.chunks_exact(110).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let (da, q8, _) = q8_k(ab);
+        let hbits = load256(arr(&wb[0..]));
+        let qs = &wb[32..96];
+        let sc = q3_k_scales(&wb[96..108]);
+        let mut sumi = _mm256_setzero_si256();
+        for (j, (q3, q8)) in qs.chunks_exact(32).zip(q8.chunks_exact(128)).enumerate() {
+            let bits = load256(arr(q3));
+            for (p, q8) in q8.chunks_exact(32).enumerate() {
+                let q8 = load256(arr(q8));
+                let low = _mm256_and_si256(srl16(bits, 2 * p as i32), m3);
+                // Subtract 4 where the high bit (bit 4j + p of hmask) is clear.
+                let sub = _mm256_sub_epi8(four, bit_value(hbits, 4 * j + p, four));
+                let p16 =
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(low, q8), _mm256_maddubs_epi16(sub, q8));
+                let s = 8 * j + 2 * p;
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(i16_pair(sc[s], sc[s + 1]), p16));
+            }
+        }
+        let d = da * f16_at(wb, 108);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// Q4_K/Q5_K scales and mins, and the mins' integer term `Σ mn_j · bsum_j`
+/// over 32-element sub-blocks.
+#[inline]
+fn k4_scales(scales: &[u8], bsums: &[u8; 32]) -> ([i32; 8], i32) {
+    let mut sc = [0i32; 8];
+    let mut summ = 0i32;
+    for (j, s) in sc.iter_mut().enumerate() {
+        let (scale, min) = scale_min_k4(j, scales);
+        *s = i32::from(scale);
+        let b = |i: usize| i32::from(i16::from_le_bytes([bsums[2 * i], bsums[2 * i + 1]]));
+        summ += i32::from(min) * (b(2 * j) + b(2 * j + 1));
+    }
+    (sc, summ)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0f32;
+    for (wb, ab) in w.chunks_exact(144).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let (da, q8, bsums) = q8_k(ab);
+        let (sc, summ) = k4_scales(&wb[4..16], bsums);
+        mins += (da * f16_at(wb, 2)) * summ as f32;
+        let mut sumi = _mm256_setzero_si256();
+        for (j, (q4, q8)) in wb[16..144]
+            .chunks_exact(32)
+            .zip(q8.chunks_exact(64))
+            .enumerate()
+        {
+            let bits = load256(arr(q4));
+            let lo = _mm256_maddubs_epi16(_mm256_and_si256(bits, m4), load256(arr(q8)));
+            let hi_q = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            let hi = _mm256_maddubs_epi16(hi_q, load256(arr(&q8[32..])));
+            let lo = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j] as i16), lo);
+            let hi = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1] as i16), hi);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
+        }
+        let d = da * f16_at(wb, 0);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - mins
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
+    let m4 = _mm256_set1_epi8(0xF);
+    let sixteen = _mm256_set1_epi8(16);
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0f32;
+    for (wb, ab) in w.chunks_exact(176).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let (da, q8, bsums) = q8_k(ab);
+        let (sc, summ) = k4_scales(&wb[4..16], bsums);
+        mins += (da * f16_at(wb, 2)) * summ as f32;
+        let hbits = load256(arr(&wb[16..]));
+        // The fifth bit of element e is bit e / 32 of qh[e % 32].
+        let mut sumi = _mm256_setzero_si256();
+        for (j, (q5, q8)) in wb[48..176]
+            .chunks_exact(32)
+            .zip(q8.chunks_exact(64))
+            .enumerate()
+        {
+            let bits = load256(arr(q5));
+            let lo_q =
+                _mm256_or_si256(_mm256_and_si256(bits, m4), bit_value(hbits, 2 * j, sixteen));
+            let hi_q = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
+                bit_value(hbits, 2 * j + 1, sixteen),
+            );
+            let lo = _mm256_maddubs_epi16(lo_q, load256(arr(q8)));
+            let hi = _mm256_maddubs_epi16(hi_q, load256(arr(&q8[32..])));
+            let lo = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j] as i16), lo);
+            let hi = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1] as i16), hi);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
+        }
+        let d = da * f16_at(wb, 0);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - mins
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
+    let m4 = _mm256_set1_epi8(0xF);
+    let m2 = _mm256_set1_epi8(3);
+    let mut acc = _mm256_setzero_ps();
+    for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let (da, q8, bsums) = q8_k(ab);
+        let ql = &wb[0..128];
+        let qh = &wb[128..192];
+        let sc = &wb[192..208];
+        // Codes are stored + 32: take 32 · Σ sc_s · bsum_s off at the end.
+        let sc16 = _mm256_cvtepi8_epi16(load128(arr(sc)));
+        let offset = _mm256_slli_epi32(_mm256_madd_epi16(load256(bsums), sc16), 5);
+        let mut sumi = _mm256_setzero_si256();
+        for (j, ((ql, qh), q8)) in ql
+            .chunks_exact(64)
+            .zip(qh.chunks_exact(32))
+            .zip(q8.chunks_exact(128))
+            .enumerate()
+        {
+            let l0 = load256(arr(ql));
+            let l1 = load256(arr(&ql[32..]));
+            let h = load256(arr(qh));
+            // Quarter p of this 128-element half: low nibbles of l0, l1, then
+            // high nibbles, with bits 2p..2p+2 of h on top.
+            let lows = [
+                _mm256_and_si256(l0, m4),
+                _mm256_and_si256(l1, m4),
+                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+            ];
+            for (p, (low, q8)) in lows.into_iter().zip(q8.chunks_exact(32)).enumerate() {
+                let high = _mm256_slli_epi16(_mm256_and_si256(srl16(h, 2 * p as i32), m2), 4);
+                let q = _mm256_or_si256(low, high);
+                let p16 = _mm256_maddubs_epi16(q, load256(arr(q8)));
+                let s = 8 * j + 2 * p;
+                let scales = i16_pair(i32::from(sc[s] as i8), i32::from(sc[s + 1] as i8));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scales, p16));
+            }
+        }
+        let sumi = _mm256_sub_epi32(sumi, offset);
+        let d = da * f16_at(wb, 208);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
+    let values = table(&KVALUES_IQ4NL);
+    let mut acc = _mm256_setzero_ps();
+    for (wb, ab) in w.chunks_exact(136).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let (da, q8, _) = q8_k(ab);
+        let scales_h = u32::from(u16::from_le_bytes([wb[2], wb[3]]));
+        let scales_l = &wb[4..8];
+        let mut sumi = _mm256_setzero_si256();
+        for (j, (qs, q8)) in wb[8..136]
+            .chunks_exact(16)
+            .zip(q8.chunks_exact(32))
+            .enumerate()
+        {
+            let qx = lookup_nibbles(arr(qs), values);
+            let p16 = mul_add_i8(qx, load256(arr(q8)));
+            let low = u32::from((scales_l[j / 2] >> (4 * (j % 2))) & 0xF);
+            let ls = (low | (((scales_h >> (2 * j)) & 3) << 4)) as i16 - 32;
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(ls)));
+        }
+        let d = da * f16_at(wb, 0);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+// ---- Dequantizers, bit-identical to rlx_gguf::dequantize ----
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dequant_f16(src: &[u8], dst: &mut [f32]) {
+    let src = &src[..2 * dst.len()];
+    let s = src.chunks_exact(16);
+    let tail = s.remainder();
+    let mut d = dst.chunks_exact_mut(8);
+    for (sc, dc) in s.zip(&mut d) {
+        _mm256_storeu_ps(dc.as_mut_ptr(), _mm256_cvtph_ps(load128(arr(sc))));
+    }
+    for (o, c) in d.into_remainder().iter_mut().zip(tail.chunks_exact(2)) {
+        *o = f16_at(c, 0);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dequant_bf16(src: &[u8], dst: &mut [f32]) {
+    let src = &src[..2 * dst.len()];
+    let s = src.chunks_exact(16);
+    let tail = s.remainder();
+    let mut d = dst.chunks_exact_mut(8);
+    for (sc, dc) in s.zip(&mut d) {
+        let v = _mm256_cvtepu16_epi32(load128(arr(sc)));
+        // Like `half`, quieten NaNs by setting the top mantissa bit.
+        let nan = _mm256_cmpgt_epi32(
+            _mm256_and_si256(v, _mm256_set1_epi32(0x7FFF)),
+            _mm256_set1_epi32(0x7F80),
+        );
+        let v = _mm256_or_si256(v, _mm256_and_si256(nan, _mm256_set1_epi32(0x40)));
+        _mm256_storeu_ps(
+            dc.as_mut_ptr(),
+            _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
+        );
+    }
+    for (o, c) in d.into_remainder().iter_mut().zip(tail.chunks_exact(2)) {
+        *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
+    }
+}
+
+/// Stores 32 i8 codes (as two halves of 16) times `d`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store_scaled_i8x16(q: __m128i, d: __m256, out: &mut [f32]) {
+    let out = &mut out[..16];
+    let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+    let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(lo, d));
+    _mm256_storeu_ps(out[8..].as_mut_ptr(), _mm256_mul_ps(hi, d));
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dequant_q8_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(34).zip(dst.chunks_exact_mut(32)) {
+        let d = _mm256_set1_ps(f16_at(b, 0));
+        let q = load256(arr(&b[2..]));
+        store_scaled_i8x16(_mm256_castsi256_si128(q), d, &mut y[..16]);
+        store_scaled_i8x16(_mm256_extracti128_si256(q, 1), d, &mut y[16..]);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(32)) {
+        let d = _mm256_set1_ps(f16_at(b, 0));
+        let q = _mm256_sub_epi8(nibbles(arr(&b[2..])), _mm256_set1_epi8(8));
+        store_scaled_i8x16(_mm256_castsi256_si128(q), d, &mut y[..16]);
+        store_scaled_i8x16(_mm256_extracti128_si256(q, 1), d, &mut y[16..]);
+    }
+}
+
+/// 32 unsigned codes (bytes of `q`) to `d1 · q − m1`, multiply then subtract
+/// as the reference does.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store_affine_u8x32(q: __m256i, d1: f32, m1: f32, out: &mut [f32]) {
+    let out = &mut out[..32];
+    let (d1, m1) = (_mm256_set1_ps(d1), _mm256_set1_ps(m1));
+    let halves = [_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)];
+    for (h, o) in halves.into_iter().zip(out.chunks_exact_mut(16)) {
+        let lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h));
+        let hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(h, 8)));
+        _mm256_storeu_ps(o.as_mut_ptr(), _mm256_sub_ps(_mm256_mul_ps(d1, lo), m1));
+        _mm256_storeu_ps(
+            o[8..].as_mut_ptr(),
+            _mm256_sub_ps(_mm256_mul_ps(d1, hi), m1),
+        );
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
+    let m4 = _mm256_set1_epi8(0xF);
+    for (b, y) in src.chunks_exact(144).zip(dst.chunks_exact_mut(256)) {
+        let d = f16_at(b, 0);
+        let dmin = f16_at(b, 2);
+        for (j, (q, y)) in b[16..144]
+            .chunks_exact(32)
+            .zip(y.chunks_exact_mut(64))
+            .enumerate()
+        {
+            let bits = load256(arr(q));
+            let (sc0, mn0) = scale_min_k4(2 * j, &b[4..16]);
+            let (sc1, mn1) = scale_min_k4(2 * j + 1, &b[4..16]);
+            let lo = _mm256_and_si256(bits, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            store_affine_u8x32(lo, d * f32::from(sc0), dmin * f32::from(mn0), &mut y[..32]);
+            store_affine_u8x32(hi, d * f32::from(sc1), dmin * f32::from(mn1), &mut y[32..]);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dequant_q6_k(src: &[u8], dst: &mut [f32]) {
+    let m4 = _mm256_set1_epi8(0xF);
+    let m2 = _mm256_set1_epi8(3);
+    for (b, y) in src.chunks_exact(210).zip(dst.chunks_exact_mut(256)) {
+        let d = f16_at(b, 208);
+        let sc = &b[192..208];
+        for (j, ((ql, qh), y)) in b[0..128]
+            .chunks_exact(64)
+            .zip(b[128..192].chunks_exact(32))
+            .zip(y.chunks_exact_mut(128))
+            .enumerate()
+        {
+            let l0 = load256(arr(ql));
+            let l1 = load256(arr(&ql[32..]));
+            let h = load256(arr(qh));
+            let lows = [
+                _mm256_and_si256(l0, m4),
+                _mm256_and_si256(l1, m4),
+                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+            ];
+            for (p, (low, y)) in lows.into_iter().zip(y.chunks_exact_mut(32)).enumerate() {
+                let high = _mm256_slli_epi16(_mm256_and_si256(srl16(h, 2 * p as i32), m2), 4);
+                let q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+                // Reference order: (d · scale) · q.
+                let s = 8 * j + 2 * p;
+                let d0 = _mm256_set1_ps(d * f32::from(sc[s] as i8));
+                let d1 = _mm256_set1_ps(d * f32::from(sc[s + 1] as i8));
+                store_scaled_i8x16(_mm256_castsi256_si128(q), d0, &mut y[..16]);
+                store_scaled_i8x16(_mm256_extracti128_si256(q, 1), d1, &mut y[16..]);
+            }
+        }
+    }
+}

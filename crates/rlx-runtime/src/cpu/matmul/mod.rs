@@ -1,0 +1,443 @@
+//! `y = x · Wᵀ` against weights that stay in their packed GGUF block format.
+//!
+//! Two precisions:
+//!
+//! * [`Precision::Exact`]: the weights are exactly `rlx_gguf::dequantize`'s
+//!   f32 values and the products and sums are f32. Each task dequantizes a tile
+//!   of weight rows once into a per-thread buffer (F32 weights are read in
+//!   place) and reuses it for all `m` activation rows. Dots accumulate in
+//!   fixed lanes — 8 for [`Isa::Scalar`], 4×8 for [`Isa::Avx2`], 4×16 for
+//!   [`Isa::Avx512`], element `i` going to lane `i mod width` — and then add the
+//!   lanes as a pairwise tree, so a given ISA always gives the same bits.
+//! * [`Precision::Quantized`]: llama.cpp's CPU scheme. `x` is quantized once per
+//!   call into each activation format the weights need (Q8_0 for Q4_0, Q5_0,
+//!   Q8_0, IQ4_NL, MXFP4; Q8_1 for Q4_1, Q5_1; Q8_K for Q2_K..Q6_K, IQ4_XS),
+//!   shared by every weight of that format, and every output is an integer dot
+//!   product scaled in f32. Weight types without a quantized kernel (F32, F16,
+//!   BF16, the IQ1/IQ2/IQ3 codebooks, TQ*, NVFP4, Q1_0, Q2_0, Q8_1, Q8_K, the
+//!   integer and F64 types) use the Exact path instead.
+//!
+//! Work is split by output column (weight row, counted across all weights) into
+//! contiguous chunks, a few per thread; each task writes its columns of `y` for
+//! all `m` rows.
+
+mod act;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod exact;
+mod kernels;
+mod scalar;
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+use rlx_gguf::GgmlType;
+
+use super::features::Isa;
+use super::pool::{split_range, ThreadPool};
+use act::ActFormat;
+use kernels::{RowKernel, VecDot};
+
+/// `rows` rows of `k` elements in GGUF row-major packed blocks:
+/// `data.len() == rows * k / ty.block_elems() * ty.block_bytes()`.
+#[derive(Clone, Copy, Debug)]
+pub struct WeightMatrix<'a> {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub k: usize,
+    pub data: &'a [u8],
+}
+
+/// How products are formed; see the module docs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    #[default]
+    Exact,
+    Quantized,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulOptions {
+    pub precision: Precision,
+    /// Highest instruction set the kernels may use; must not exceed
+    /// [`Isa::detect`].
+    pub isa: Isa,
+}
+
+/// Buffers reused across calls; they grow to the largest call and never shrink.
+#[derive(Default)]
+pub struct MatmulScratch {
+    /// Quantized activations, one buffer per [`ActFormat`].
+    acts: [Vec<u8>; ActFormat::COUNT],
+    /// Dequantized weight tiles, one per concurrently running task.
+    tiles: Mutex<Vec<Vec<f32>>>,
+}
+
+/// Why [`matmul`] refused a call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MatmulError {
+    #[error("x has {actual} values, expected m * k = {m} * {k} = {expected}")]
+    XLength {
+        m: usize,
+        k: usize,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("y has {actual} values, expected m * Σrows = {m} * {cols} = {expected}")]
+    YLength {
+        m: usize,
+        cols: usize,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("weight {index} has k = {k}, but weight 0 has k = {expected}")]
+    KMismatch {
+        index: usize,
+        k: usize,
+        expected: usize,
+    },
+    #[error("weight {index} ({ty}): k = {k} is not a multiple of its {block}-element block")]
+    PartialBlock {
+        index: usize,
+        ty: GgmlType,
+        k: usize,
+        block: usize,
+    },
+    #[error("weight {index} ({ty}, {rows} x {k}) has {actual} bytes, expected {expected}")]
+    WeightBytes {
+        index: usize,
+        ty: GgmlType,
+        rows: usize,
+        k: usize,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("weight {index}: type {ty} cannot be dequantized")]
+    UnsupportedType { index: usize, ty: GgmlType },
+    #[error("matmul sizes overflow usize: m = {m}, k = {k}, columns = {cols}")]
+    Overflow { m: usize, k: usize, cols: usize },
+    #[error("ISA {requested} requested, but this CPU supports at most {available}")]
+    IsaUnsupported { requested: Isa, available: Isa },
+}
+
+/// The activation format [`Precision::Quantized`] pairs with weights of type
+/// `ty` (`Q8_0`, `Q8_1` or `Q8_K`), or `None` if `ty` has no quantized kernel
+/// and runs on the Exact path.
+pub fn activation_type(ty: GgmlType) -> Option<GgmlType> {
+    kernels::quant_dot(ty, Isa::Scalar).map(|(fmt, _)| fmt.ty())
+}
+
+/// `y[m, Σ rowsᵢ]` (row-major) `= x[m, k] · [W₁; W₂; …]ᵀ`: column block `i` of
+/// `y` is `x · Wᵢᵀ`. Every weight has the same `k`; `x.len() == m * k` and
+/// `y.len() == m * Σ rowsᵢ`.
+pub fn matmul(
+    pool: &ThreadPool,
+    opts: &MatmulOptions,
+    x: &[f32],
+    m: usize,
+    weights: &[WeightMatrix],
+    y: &mut [f32],
+    scratch: &mut MatmulScratch,
+) -> Result<(), MatmulError> {
+    let available = Isa::detect();
+    if opts.isa > available {
+        return Err(MatmulError::IsaUnsupported {
+            requested: opts.isa,
+            available,
+        });
+    }
+    let k = check_shapes(x, m, weights, y)?;
+    let n_cols = y.len().checked_div(m).unwrap_or(0);
+    if m == 0 || n_cols == 0 {
+        return Ok(());
+    }
+
+    let segments = plan(opts, weights);
+    for fmt in ActFormat::ALL {
+        if segments.iter().any(|s| s.kernel.act_format() == Some(fmt)) {
+            act::quantize_rows(pool, fmt, x, m, k, &mut scratch.acts[fmt.index()]);
+        }
+    }
+
+    let out = SharedOutput::new(y, m, n_cols, task_count(pool, n_cols));
+    let job = Job {
+        x,
+        k,
+        acts: &scratch.acts,
+        segments: &segments,
+        dot_f32: kernels::f32_dot(opts.isa),
+        tiles: &scratch.tiles,
+    };
+    pool.for_each(out.n_tasks, &|t| {
+        let (cols, mut rows) = out.claim(t);
+        job.run(cols, &mut rows);
+    });
+    Ok(())
+}
+
+/// Checks every length and returns `k`.
+fn check_shapes(
+    x: &[f32],
+    m: usize,
+    weights: &[WeightMatrix],
+    y: &[f32],
+) -> Result<usize, MatmulError> {
+    let k = weights.first().map_or(0, |w| w.k);
+    let mut cols = 0usize;
+    for (index, w) in weights.iter().enumerate() {
+        let ty = w.ty;
+        if w.k != k {
+            return Err(MatmulError::KMismatch {
+                index,
+                k: w.k,
+                expected: k,
+            });
+        }
+        if !rlx_gguf::quant::can_dequantize(ty) {
+            return Err(MatmulError::UnsupportedType { index, ty });
+        }
+        let block = ty.block_elems();
+        if !k.is_multiple_of(block) {
+            return Err(MatmulError::PartialBlock {
+                index,
+                ty,
+                k,
+                block,
+            });
+        }
+        let expected = (k / block)
+            .checked_mul(ty.block_bytes())
+            .and_then(|b| b.checked_mul(w.rows))
+            .ok_or(MatmulError::Overflow { m, k, cols })?;
+        if w.data.len() != expected {
+            return Err(MatmulError::WeightBytes {
+                index,
+                ty,
+                rows: w.rows,
+                k,
+                expected,
+                actual: w.data.len(),
+            });
+        }
+        cols = cols
+            .checked_add(w.rows)
+            .ok_or(MatmulError::Overflow { m, k, cols })?;
+    }
+    let overflow = MatmulError::Overflow { m, k, cols };
+    if !weights.is_empty() {
+        let expected = m.checked_mul(k).ok_or(overflow.clone())?;
+        if x.len() != expected {
+            return Err(MatmulError::XLength {
+                m,
+                k,
+                expected,
+                actual: x.len(),
+            });
+        }
+    }
+    let expected = m.checked_mul(cols).ok_or(overflow)?;
+    if y.len() != expected {
+        return Err(MatmulError::YLength {
+            m,
+            cols,
+            expected,
+            actual: y.len(),
+        });
+    }
+    Ok(k)
+}
+
+/// One weight and the columns of `y` it fills.
+struct Segment<'a> {
+    w: WeightMatrix<'a>,
+    /// First column of `y` for row 0 of this weight.
+    col0: usize,
+    row_bytes: usize,
+    kernel: RowKernel,
+}
+
+fn plan<'a>(opts: &MatmulOptions, weights: &[WeightMatrix<'a>]) -> Vec<Segment<'a>> {
+    let mut col0 = 0;
+    weights
+        .iter()
+        .map(|&w| {
+            let s = Segment {
+                w,
+                col0,
+                row_bytes: w.k / w.ty.block_elems() * w.ty.block_bytes(),
+                kernel: kernels::row_kernel(w.ty, opts.precision, opts.isa),
+            };
+            col0 += w.rows;
+            s
+        })
+        .collect()
+}
+
+/// A few chunks per thread so a slow thread doesn't hold up the rest.
+fn task_count(pool: &ThreadPool, n_cols: usize) -> usize {
+    match pool.threads() {
+        1 => 1,
+        t => (4 * t).min(n_cols),
+    }
+}
+
+/// Bytes of packed weight rows a tile holds, so the tile stays in L2 while all
+/// `m` activation rows pass over it.
+const QUANT_TILE_BYTES: usize = 32 << 10;
+/// Bytes of dequantized f32 rows per Exact tile.
+const EXACT_TILE_BYTES: usize = 96 << 10;
+
+/// Everything a task reads.
+struct Job<'a> {
+    x: &'a [f32],
+    k: usize,
+    acts: &'a [Vec<u8>; ActFormat::COUNT],
+    segments: &'a [Segment<'a>],
+    dot_f32: kernels::DotF32,
+    tiles: &'a Mutex<Vec<Vec<f32>>>,
+}
+
+impl Job<'_> {
+    /// Fills columns `cols` of `y`; `rows[i]` is `y[i, cols]`.
+    fn run(&self, cols: Range<usize>, rows: &mut [&mut [f32]]) {
+        for s in self.segments {
+            let start = cols.start.max(s.col0);
+            let end = cols.end.min(s.col0 + s.w.rows);
+            if start >= end {
+                continue;
+            }
+            let local = start - s.col0..end - s.col0;
+            let out0 = start - cols.start;
+            match s.kernel {
+                RowKernel::Quant { fmt, dot } => self.run_quant(s, fmt, dot, local, out0, rows),
+                RowKernel::Exact { dequant } => self.run_exact(s, dequant, local, out0, rows),
+            }
+        }
+    }
+
+    fn run_quant(
+        &self,
+        s: &Segment,
+        fmt: ActFormat,
+        dot: VecDot,
+        local: Range<usize>,
+        out0: usize,
+        rows: &mut [&mut [f32]],
+    ) {
+        let act = &self.acts[fmt.index()];
+        let act_row_bytes = fmt.row_bytes(self.k);
+        let tile = (QUANT_TILE_BYTES / s.row_bytes.max(1)).max(1);
+        for r0 in local.clone().step_by(tile) {
+            let r1 = (r0 + tile).min(local.end);
+            for (i, out) in rows.iter_mut().enumerate() {
+                let a = &act[i * act_row_bytes..(i + 1) * act_row_bytes];
+                for r in r0..r1 {
+                    let w = &s.w.data[r * s.row_bytes..(r + 1) * s.row_bytes];
+                    // SAFETY: `kernels::row_kernel` hands out a SIMD kernel only
+                    // for `opts.isa`, and `matmul` checked `opts.isa <= Isa::detect()`.
+                    out[out0 + r - local.start] = unsafe { dot(w, a) };
+                }
+            }
+        }
+    }
+
+    fn run_exact(
+        &self,
+        s: &Segment,
+        dequant: kernels::Dequant,
+        local: Range<usize>,
+        out0: usize,
+        rows: &mut [&mut [f32]],
+    ) {
+        let k = self.k;
+        let tile = (EXACT_TILE_BYTES / (4 * k).max(1)).max(1);
+        let mut buf = self.take_tile();
+        for r0 in local.clone().step_by(tile) {
+            let r1 = (r0 + tile).min(local.end);
+            let packed = &s.w.data[r0 * s.row_bytes..r1 * s.row_bytes];
+            let wt: &[f32] = match exact::f32_in_place(s.w.ty, packed) {
+                Some(w) => w,
+                None => {
+                    buf.resize(buf.len().max((r1 - r0) * k), 0.0);
+                    let dst = &mut buf[..(r1 - r0) * k];
+                    // SAFETY: as for the quantized kernels, the dequantizer was
+                    // picked for `opts.isa`, which `matmul` checked.
+                    unsafe { dequant.apply(packed, dst) };
+                    dst
+                }
+            };
+            for (i, out) in rows.iter_mut().enumerate() {
+                let xi = &self.x[i * k..(i + 1) * k];
+                for r in r0..r1 {
+                    let w = &wt[(r - r0) * k..(r - r0 + 1) * k];
+                    // SAFETY: `kernels::f32_dot` picked this for `opts.isa`,
+                    // which `matmul` checked.
+                    out[out0 + r - local.start] = unsafe { (self.dot_f32)(xi, w) };
+                }
+            }
+        }
+        self.tiles.lock().expect("tile pool").push(buf);
+    }
+
+    fn take_tile(&self) -> Vec<f32> {
+        self.tiles
+            .lock()
+            .expect("tile pool")
+            .pop()
+            .unwrap_or_default()
+    }
+}
+
+/// `y` shared by tasks that each write a disjoint band of columns.
+struct SharedOutput<'a> {
+    ptr: *mut f32,
+    m: usize,
+    n_cols: usize,
+    n_tasks: usize,
+    claimed: Vec<std::sync::atomic::AtomicBool>,
+    _y: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: the only access to `ptr` is through `claim`, which hands each task a
+// disjoint set of slices (see there).
+unsafe impl Sync for SharedOutput<'_> {}
+
+impl<'a> SharedOutput<'a> {
+    fn new(y: &'a mut [f32], m: usize, n_cols: usize, n_tasks: usize) -> Self {
+        assert_eq!(y.len(), m * n_cols);
+        SharedOutput {
+            ptr: y.as_mut_ptr(),
+            m,
+            n_cols,
+            n_tasks,
+            claimed: (0..n_tasks).map(|_| Default::default()).collect(),
+            _y: std::marker::PhantomData,
+        }
+    }
+
+    /// Task `t`'s columns and the row slices `y[i, cols]` for every row `i`.
+    /// Panics if `t` is claimed twice.
+    fn claim(&self, t: usize) -> (Range<usize>, Vec<&mut [f32]>) {
+        let already = self.claimed[t].swap(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(!already, "matmul task {t} claimed twice");
+        let cols = split_range(self.n_cols, self.n_tasks, t);
+        let rows = (0..self.m)
+            .map(|i| {
+                // SAFETY: `split_range` partitions `0..n_cols` into `n_tasks`
+                // disjoint ranges and each task index is claimed at most once
+                // (checked above), so no two live slices overlap; each lies
+                // inside row `i` of `y`, which `new` checked is `m * n_cols`
+                // long, and `y` stays mutably borrowed for `'a`.
+                unsafe {
+                    std::slice::from_raw_parts_mut(
+                        self.ptr.add(i * self.n_cols + cols.start),
+                        cols.len(),
+                    )
+                }
+            })
+            .collect();
+        (cols, rows)
+    }
+}

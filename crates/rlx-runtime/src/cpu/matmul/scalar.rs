@@ -1,0 +1,350 @@
+//! Portable reference integer dot products (weight row × quantized activation row).
+//!
+//! Each kernel decodes one weight block to small integers, forms exact integer
+//! dot products with the activation bytes per sub-block, applies the integer
+//! sub-block scales, and scales in f32 once per block: block by block,
+//! `sum += (d_w · d_a) · Σ` (minus the `dmin` term for the K-quants with mins,
+//! plus `m_w · s_a` for Q4_1/Q5_1). The SIMD kernels form the same integers.
+
+/// Bytes of an activation block.
+pub(super) const Q8_0_BYTES: usize = 34;
+pub(super) const Q8_1_BYTES: usize = 36;
+pub(super) const Q8_K_BYTES: usize = 292;
+
+/// IQ4_NL / IQ4_XS code values.
+pub(super) const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+/// E2M1 values doubled (the block scale is halved to match), as ggml stores them.
+pub(super) const KVALUES_MXFP4: [i8; 16] =
+    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+#[inline]
+pub(super) fn f16_at(b: &[u8], off: usize) -> f32 {
+    half::f16::from_le_bytes([b[off], b[off + 1]]).to_f32()
+}
+
+#[inline]
+pub(super) fn f32_at(b: &[u8], off: usize) -> f32 {
+    f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+#[inline]
+fn i16_at(b: &[u8], off: usize) -> i32 {
+    i16::from_le_bytes([b[off], b[off + 1]]).into()
+}
+
+#[inline]
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// Half of the E8M0 scale, `2^(e - 128)`, since the FP4 table is doubled.
+#[inline]
+pub(super) fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        u32::from(e - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// `Σ v[e] · a[e]` with the activation bytes read as i8.
+#[inline]
+fn idot(v: &[i8], a: &[u8]) -> i32 {
+    v.iter()
+        .zip(a)
+        .map(|(&w, &q)| i32::from(w) * i32::from(q as i8))
+        .sum()
+}
+
+/// The 32 nibbles of a legacy block: element `j < 16` is the low nibble of
+/// `qs[j]`, element `j + 16` the high nibble.
+#[inline]
+fn nibbles32(qs: &[u8]) -> [u8; 32] {
+    let mut v = [0u8; 32];
+    for (j, &q) in qs[..16].iter().enumerate() {
+        v[j] = q & 0xF;
+        v[j + 16] = q >> 4;
+    }
+    v
+}
+
+/// The fifth bits of a Q5 block: bit `j` of `qh` belongs to element `j`.
+#[inline]
+fn with_high_bits(nib: [u8; 32], qh: u32) -> [u8; 32] {
+    let mut v = nib;
+    for (j, x) in v.iter_mut().enumerate() {
+        *x |= (((qh >> j) & 1) as u8) << 4;
+    }
+    v
+}
+
+/// Q8_0 activation block: `(d, qs)`.
+#[inline]
+fn q8_0(ab: &[u8]) -> (f32, &[u8]) {
+    (f16_at(ab, 0), &ab[2..34])
+}
+
+/// Q8_1 activation block: `(d, s, qs)`.
+#[inline]
+fn q8_1(ab: &[u8]) -> (f32, f32, &[u8]) {
+    (f16_at(ab, 0), f16_at(ab, 2), &ab[4..36])
+}
+
+/// Q8_K activation block: `(d, qs, bsums)`.
+#[inline]
+fn q8_k(ab: &[u8]) -> (f32, &[u8], [i32; 16]) {
+    let mut bsums = [0i32; 16];
+    for (j, s) in bsums.iter_mut().enumerate() {
+        *s = i16_at(ab, 260 + 2 * j);
+    }
+    (f32_at(ab, 0), &ab[4..260], bsums)
+}
+
+pub(super) fn vec_dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(18).zip(a.chunks_exact(Q8_0_BYTES)) {
+        let (da, qa) = q8_0(ab);
+        let v = nibbles32(&wb[2..18]).map(|q| q as i8 - 8);
+        sum += (f16_at(wb, 0) * da) * idot(&v, qa) as f32;
+    }
+    sum
+}
+
+pub(super) fn vec_dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(20).zip(a.chunks_exact(Q8_1_BYTES)) {
+        let (da, sa, qa) = q8_1(ab);
+        let v = nibbles32(&wb[4..20]).map(|q| q as i8);
+        sum += (f16_at(wb, 0) * da) * idot(&v, qa) as f32 + f16_at(wb, 2) * sa;
+    }
+    sum
+}
+
+pub(super) fn vec_dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(22).zip(a.chunks_exact(Q8_0_BYTES)) {
+        let (da, qa) = q8_0(ab);
+        let v = with_high_bits(nibbles32(&wb[6..22]), u32_at(wb, 2)).map(|q| q as i8 - 16);
+        sum += (f16_at(wb, 0) * da) * idot(&v, qa) as f32;
+    }
+    sum
+}
+
+pub(super) fn vec_dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(24).zip(a.chunks_exact(Q8_1_BYTES)) {
+        let (da, sa, qa) = q8_1(ab);
+        let v = with_high_bits(nibbles32(&wb[8..24]), u32_at(wb, 4)).map(|q| q as i8);
+        sum += (f16_at(wb, 0) * da) * idot(&v, qa) as f32 + f16_at(wb, 2) * sa;
+    }
+    sum
+}
+
+pub(super) fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(34).zip(a.chunks_exact(Q8_0_BYTES)) {
+        let (da, qa) = q8_0(ab);
+        let sumi: i32 = wb[2..34]
+            .iter()
+            .zip(qa)
+            .map(|(&x, &y)| i32::from(x as i8) * i32::from(y as i8))
+            .sum();
+        sum += (f16_at(wb, 0) * da) * sumi as f32;
+    }
+    sum
+}
+
+pub(super) fn vec_dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(18).zip(a.chunks_exact(Q8_0_BYTES)) {
+        let (da, qa) = q8_0(ab);
+        let v = nibbles32(&wb[2..18]).map(|q| KVALUES_IQ4NL[usize::from(q)]);
+        sum += (f16_at(wb, 0) * da) * idot(&v, qa) as f32;
+    }
+    sum
+}
+
+pub(super) fn vec_dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(17).zip(a.chunks_exact(Q8_0_BYTES)) {
+        let (da, qa) = q8_0(ab);
+        let v = nibbles32(&wb[1..17]).map(|q| KVALUES_MXFP4[usize::from(q)]);
+        sum += (e8m0_half(wb[0]) * da) * idot(&v, qa) as f32;
+    }
+    sum
+}
+
+/// The 2-bit field of element `e` in Q2_K/Q3_K `qs`: each byte holds elements
+/// `l, l+32, l+64, l+96` of one 128-element half.
+#[inline]
+fn crumb(qs: &[u8], e: usize) -> u8 {
+    let (half, r) = (e / 128, e % 128);
+    (qs[32 * half + r % 32] >> (2 * (r / 32))) & 3
+}
+
+/// The 4-bit part of element `e` of Q4_K/Q5_K `qs`: each 32-byte run holds 64
+/// elements, low nibbles first.
+#[inline]
+fn nibble256(qs: &[u8], e: usize) -> u8 {
+    let byte = qs[32 * (e / 64) + e % 32];
+    if (e / 32).is_multiple_of(2) {
+        byte & 0xF
+    } else {
+        byte >> 4
+    }
+}
+
+/// The 6-bit scale and min of sub-block `j` from Q4_K/Q5_K's 12 packed bytes.
+#[inline]
+pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// `Σ_j scales[j] · Σ_{e in sub-block j} v[e]·a[e]` with sub-blocks of `len`.
+#[inline]
+fn scaled_idot(v: &[i8; 256], a: &[u8], scales: &[i32], len: usize) -> i32 {
+    v.chunks_exact(len)
+        .zip(a.chunks_exact(len))
+        .zip(scales)
+        .map(|((v, a), &s)| s * idot(v, a))
+        .sum()
+}
+
+pub(super) fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(84).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let (da, qa, bsums) = q8_k(ab);
+        let sc = &wb[0..16];
+        let qs = &wb[16..80];
+        let v: [i8; 256] = std::array::from_fn(|e| crumb(qs, e) as i8);
+        let scales: [i32; 16] = std::array::from_fn(|j| i32::from(sc[j] & 0xF));
+        let sumi = scaled_idot(&v, qa, &scales, 16);
+        let summ: i32 = sc
+            .iter()
+            .zip(bsums)
+            .map(|(&s, b)| i32::from(s >> 4) * b)
+            .sum();
+        sum += (da * f16_at(wb, 80)) * sumi as f32 - (da * f16_at(wb, 82)) * summ as f32;
+    }
+    sum
+}
+
+/// The 16 signed 6-bit scales of a Q3_K block.
+fn q3_k_scales(s: &[u8]) -> [i32; 16] {
+    std::array::from_fn(|j| {
+        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
+        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        i32::from(low | (high << 4)) - 32
+    })
+}
+
+pub(super) fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(110).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let (da, qa, _) = q8_k(ab);
+        let hmask = &wb[0..32];
+        let qs = &wb[32..96];
+        let v: [i8; 256] = std::array::from_fn(|e| {
+            let high_set = (hmask[e % 32] >> (e / 32)) & 1 != 0;
+            crumb(qs, e) as i8 - if high_set { 0 } else { 4 }
+        });
+        let sumi = scaled_idot(&v, qa, &q3_k_scales(&wb[96..108]), 16);
+        sum += (da * f16_at(wb, 108)) * sumi as f32;
+    }
+    sum
+}
+
+/// Q4_K/Q5_K super-block: `(d·d_a)·Σ sc_j·dot_j − (dmin·d_a)·Σ mn_j·bsum_j`.
+#[inline]
+fn k4_block_sum(v: &[i8; 256], wb: &[u8], da: f32, qa: &[u8], bsums: &[i32; 16]) -> f32 {
+    let scales_bytes = &wb[4..16];
+    let mut scales = [0i32; 8];
+    let mut summ = 0i32;
+    for (j, s) in scales.iter_mut().enumerate() {
+        let (sc, mn) = scale_min_k4(j, scales_bytes);
+        *s = i32::from(sc);
+        summ += i32::from(mn) * (bsums[2 * j] + bsums[2 * j + 1]);
+    }
+    let sumi = scaled_idot(v, qa, &scales, 32);
+    (da * f16_at(wb, 0)) * sumi as f32 - (da * f16_at(wb, 2)) * summ as f32
+}
+
+pub(super) fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(144).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let (da, qa, bsums) = q8_k(ab);
+        let qs = &wb[16..144];
+        let v: [i8; 256] = std::array::from_fn(|e| nibble256(qs, e) as i8);
+        sum += k4_block_sum(&v, wb, da, qa, &bsums);
+    }
+    sum
+}
+
+pub(super) fn vec_dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(176).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let (da, qa, bsums) = q8_k(ab);
+        let qh = &wb[16..48];
+        let qs = &wb[48..176];
+        let v: [i8; 256] = std::array::from_fn(|e| {
+            let high = (qh[e % 32] >> (e / 32)) & 1;
+            (nibble256(qs, e) + 16 * high) as i8
+        });
+        sum += k4_block_sum(&v, wb, da, qa, &bsums);
+    }
+    sum
+}
+
+pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let (da, qa, _) = q8_k(ab);
+        let ql = &wb[0..128];
+        let qh = &wb[128..192];
+        let v: [i8; 256] = std::array::from_fn(|e| {
+            let (half, r) = (e / 128, e % 128);
+            let (quad, l) = (r / 32, r % 32);
+            let byte = ql[64 * half + 32 * (quad % 2) + l];
+            let low = if quad < 2 { byte & 0xF } else { byte >> 4 };
+            let high = (qh[32 * half + l] >> (2 * quad)) & 3;
+            (low | (high << 4)) as i8 - 32
+        });
+        let scales: [i32; 16] = std::array::from_fn(|j| i32::from(wb[192 + j] as i8));
+        sum += (da * f16_at(wb, 208)) * scaled_idot(&v, qa, &scales, 16) as f32;
+    }
+    sum
+}
+
+pub(super) fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(136).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let (da, qa, _) = q8_k(ab);
+        let scales_h = u32::from(u16::from_le_bytes([wb[2], wb[3]]));
+        let scales_l = &wb[4..8];
+        let qs = &wb[8..136];
+        let mut v = [0i8; 256];
+        for (sub, q) in v.chunks_exact_mut(32).zip(qs.chunks_exact(16)) {
+            for (j, &b) in q.iter().enumerate() {
+                sub[j] = KVALUES_IQ4NL[usize::from(b & 0xF)];
+                sub[j + 16] = KVALUES_IQ4NL[usize::from(b >> 4)];
+            }
+        }
+        let scales: [i32; 8] = std::array::from_fn(|j| {
+            let low = u32::from((scales_l[j / 2] >> (4 * (j % 2))) & 0xF);
+            let high = (scales_h >> (2 * j)) & 3;
+            (low | (high << 4)) as i32 - 32
+        });
+        sum += (da * f16_at(wb, 0)) * scaled_idot(&v, qa, &scales, 32) as f32;
+    }
+    sum
+}
