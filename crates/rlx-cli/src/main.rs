@@ -19,12 +19,22 @@ enum Command {
     ///
     /// Example: rlx info gemma-3-270m-q4_k_m.gguf --json
     Info(cmd::info::InfoArgs),
+    /// Logits of every position of a token sequence (for parity scripts).
+    ///
+    /// Example: rlx score -m model.gguf --tokens 2,818,5279 --out logits.npy
+    Score(cmd::score::ScoreArgs),
+    /// Continue a token sequence and print the generated ids.
+    ///
+    /// Example: rlx generate -m model.gguf --tokens 2,818,5279 -n 16 --temp 0 --json
+    Generate(cmd::generate::GenerateArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info(args) => cmd::info::run(&args),
+        Command::Score(args) => cmd::score::run(&args),
+        Command::Generate(args) => cmd::generate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

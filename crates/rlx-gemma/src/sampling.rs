@@ -548,7 +548,10 @@ mod tests {
             assert!((0.0..1.0).contains(&u));
             buckets[(u * 10.0) as usize] += 1;
         }
-        assert!(buckets.iter().all(|&b| (800..1200).contains(&b)), "{buckets:?}");
+        assert!(
+            buckets.iter().all(|&b| (800..1200).contains(&b)),
+            "{buckets:?}"
+        );
     }
 
     #[test]

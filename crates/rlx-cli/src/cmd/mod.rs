@@ -1,1 +1,4 @@
+pub mod common;
+pub mod generate;
 pub mod info;
+pub mod score;

@@ -1,0 +1,71 @@
+//! Options shared by the commands that run a model.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use rlx_gemma::{Model, ModelOptions};
+use rlx_runtime::cpu::matmul::Precision;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model: a GGUF path or the name of a cached model.
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// Threads (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Matmul arithmetic: `exact` (f32 on the exact weights) or `q8`
+    /// (activations quantized to 8 bits, as llama.cpp does).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "q8"])]
+    pub precision: String,
+}
+
+impl ModelArgs {
+    pub fn load(&self) -> Result<Model> {
+        let path = resolve_model(&self.model)?;
+        let mut opts = ModelOptions::default();
+        if let Some(t) = self.threads {
+            if t == 0 {
+                bail!("--threads must be at least 1");
+            }
+            opts.threads = t;
+        }
+        opts.precision = match self.precision.as_str() {
+            "q8" => Precision::Quantized,
+            _ => Precision::Exact,
+        };
+        Model::load(&path, opts).with_context(|| format!("cannot load {}", path.display()))
+    }
+}
+
+/// A path as given, or a file of that name in the model cache.
+pub fn resolve_model(given: &std::path::Path) -> Result<PathBuf> {
+    if given.exists() {
+        return Ok(given.to_owned());
+    }
+    let home = std::env::var_os("RLX_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models")));
+    if let Some(dir) = home {
+        for candidate in [dir.join(given), dir.join(given).with_extension("gguf")] {
+            if candidate.exists() {
+                return Ok(candidate);
+            }
+        }
+    }
+    bail!(
+        "model {} not found (give a GGUF path, or fetch the default model with scripts/fetch-model.sh)",
+        given.display()
+    )
+}
+
+/// Parses `2,818,5279` into token ids.
+pub fn parse_tokens(s: &str) -> Result<Vec<u32>> {
+    s.split(',')
+        .map(|t| {
+            t.trim()
+                .parse::<u32>()
+                .with_context(|| format!("bad token id {t:?} in --tokens"))
+        })
+        .collect()
+}
