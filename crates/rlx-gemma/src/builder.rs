@@ -80,9 +80,8 @@ fn layer(
     let w = |g: &mut Graph, name: &str| store.node(g, &format!("blk.{l}.{name}.weight"));
     let eps = cfg.rms_eps;
     let (hq, hkv, hd) = (spec.n_head, spec.n_head_kv, spec.head_dim);
-    let heads = |g: &mut Graph, t: NodeId, n: usize| {
-        g.reshape(t, Shape::new([seq(), n.into(), hd.into()]))
-    };
+    let heads =
+        |g: &mut Graph, t: NodeId, n: usize| g.reshape(t, Shape::new([seq(), n.into(), hd.into()]));
 
     // Attention.
     let attn_norm = w(g, "attn_norm")?;

@@ -124,10 +124,16 @@ impl Meta<'_> {
     fn usize_opt(&self, suffix: &str) -> Result<Option<usize>, ConfigError> {
         match self.get(suffix) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| ConfigError::Invalid {
-                key: self.key(suffix),
-                msg: format!("expected an unsigned integer, found {}", v.type_description()),
-            }),
+            Some(v) => v
+                .as_u64()
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| ConfigError::Invalid {
+                    key: self.key(suffix),
+                    msg: format!(
+                        "expected an unsigned integer, found {}",
+                        v.type_description()
+                    ),
+                }),
         }
     }
 
@@ -140,10 +146,13 @@ impl Meta<'_> {
     fn f32_opt(&self, suffix: &str) -> Result<Option<f32>, ConfigError> {
         match self.get(suffix) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| ConfigError::Invalid {
-                key: self.key(suffix),
-                msg: format!("expected a number, found {}", v.type_description()),
-            }),
+            Some(v) => v
+                .as_f64()
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| ConfigError::Invalid {
+                    key: self.key(suffix),
+                    msg: format!("expected a number, found {}", v.type_description()),
+                }),
         }
     }
 
@@ -170,7 +179,11 @@ impl Meta<'_> {
 
     /// Which layers slide: a per-layer bool array, or a period n (a layer is
     /// local when `l mod n < n − 1`; n = 0 makes every layer local).
-    fn sliding_pattern(&self, n_layers: usize, default_period: usize) -> Result<Vec<bool>, ConfigError> {
+    fn sliding_pattern(
+        &self,
+        n_layers: usize,
+        default_period: usize,
+    ) -> Result<Vec<bool>, ConfigError> {
         let key = self.key("attention.sliding_window_pattern");
         match self.get("attention.sliding_window_pattern") {
             Some(Value::Array(rlx_gguf::Array::Bool(b))) => {
@@ -185,7 +198,10 @@ impl Meta<'_> {
             Some(v) => {
                 let n = v.as_u64().ok_or_else(|| ConfigError::Invalid {
                     key,
-                    msg: format!("expected a period or a bool array, found {}", v.type_description()),
+                    msg: format!(
+                        "expected a period or a bool array, found {}",
+                        v.type_description()
+                    ),
                 })? as usize;
                 Ok(period_pattern(n, n_layers))
             }
@@ -218,18 +234,24 @@ impl GemmaConfig {
         let n_embd = m.usize("embedding_length")?;
         let n_layers = m.usize("block_count")?;
         let context_length = m.usize("context_length")?;
-        let rms_eps = m.f32_opt("attention.layer_norm_rms_epsilon")?.ok_or_else(|| ConfigError::Missing {
-            key: m.key("attention.layer_norm_rms_epsilon"),
-        })?;
-        let n_head = m.per_layer("attention.head_count", n_layers)?.ok_or_else(|| ConfigError::Missing {
-            key: m.key("attention.head_count"),
-        })?;
+        let rms_eps = m
+            .f32_opt("attention.layer_norm_rms_epsilon")?
+            .ok_or_else(|| ConfigError::Missing {
+                key: m.key("attention.layer_norm_rms_epsilon"),
+            })?;
+        let n_head = m
+            .per_layer("attention.head_count", n_layers)?
+            .ok_or_else(|| ConfigError::Missing {
+                key: m.key("attention.head_count"),
+            })?;
         let n_head_kv = m
             .per_layer("attention.head_count_kv", n_layers)?
             .unwrap_or_else(|| n_head.clone());
-        let n_ff = m.per_layer("feed_forward_length", n_layers)?.ok_or_else(|| ConfigError::Missing {
-            key: m.key("feed_forward_length"),
-        })?;
+        let n_ff = m
+            .per_layer("feed_forward_length", n_layers)?
+            .ok_or_else(|| ConfigError::Missing {
+                key: m.key("feed_forward_length"),
+            })?;
         let head_dim = match m.usize_opt("attention.key_length")? {
             Some(k) => k,
             None => n_embd / n_head[0].max(1),
@@ -242,14 +264,19 @@ impl GemmaConfig {
                 });
             }
         }
-        let embd = file.tensor("token_embd.weight").ok_or_else(|| ConfigError::Tensor {
-            name: "token_embd.weight".into(),
-            msg: "missing".into(),
-        })?;
+        let embd = file
+            .tensor("token_embd.weight")
+            .ok_or_else(|| ConfigError::Tensor {
+                name: "token_embd.weight".into(),
+                msg: "missing".into(),
+            })?;
         if embd.dims.len() != 2 || embd.dims[0] as usize != n_embd {
             return Err(ConfigError::Tensor {
                 name: "token_embd.weight".into(),
-                msg: format!("shape {:?} does not match embedding_length {n_embd}", embd.dims),
+                msg: format!(
+                    "shape {:?} does not match embedding_length {n_embd}",
+                    embd.dims
+                ),
             });
         }
         let n_vocab = embd.dims[1] as usize;
@@ -266,9 +293,11 @@ impl GemmaConfig {
         let linear_scale = match m.get("rope.scaling.type").and_then(Value::as_str) {
             None | Some("none") => m.f32_opt("rope.scale_linear")?.map_or(1.0, |f| 1.0 / f),
             Some("linear") => {
-                let f = m.f32_opt("rope.scaling.factor")?.ok_or_else(|| ConfigError::Missing {
-                    key: m.key("rope.scaling.factor"),
-                })?;
+                let f = m
+                    .f32_opt("rope.scaling.factor")?
+                    .ok_or_else(|| ConfigError::Missing {
+                        key: m.key("rope.scaling.factor"),
+                    })?;
                 1.0 / f
             }
             Some(other) => {
@@ -369,7 +398,10 @@ impl GemmaConfig {
             if s.rope.n_rot > head_dim || s.rope.n_rot % 2 == 1 {
                 return Err(ConfigError::Invalid {
                     key: m.key("rope.dimension_count"),
-                    msg: format!("{} must be even and at most the head size {head_dim}", s.rope.n_rot),
+                    msg: format!(
+                        "{} must be even and at most the head size {head_dim}",
+                        s.rope.n_rot
+                    ),
                 });
             }
         }

@@ -29,7 +29,9 @@ pub fn generate(
     let mut logits = session.feed_prompt(prompt)?;
     let mut out = Vec::new();
     for i in 0..max_tokens {
-        let tok = sampler.sample(&logits).map_err(|e| crate::model::ModelError::Sampling(e.to_string()))?;
+        let tok = sampler
+            .sample(&logits)
+            .map_err(|e| crate::model::ModelError::Sampling(e.to_string()))?;
         sampler.accept(tok);
         out.push(tok);
         on_token(tok);

@@ -12,5 +12,5 @@ mod plan;
 pub mod weights;
 
 pub use kv::{KvCache, KvCacheConfig, KvDType, KvError, KvLayerSpec};
-pub use plan::{compile, CompileOptions, HostTensor, Plan, RunError};
+pub use plan::{compile, CompileOptions, HostTensor, Plan, RunError, Tap};
 pub use weights::{WeightError, WeightInfo, WeightStore};

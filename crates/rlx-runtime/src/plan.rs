@@ -104,6 +104,9 @@ pub enum RunError {
     NoCache,
 }
 
+/// Receives `(name, shape, values)` of each named value as it is computed.
+pub type Tap<'a> = dyn FnMut(&str, &[usize], &[f32]) + 'a;
+
 /// Where a value lives during a run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Loc {
@@ -344,7 +347,7 @@ impl Plan {
         &mut self,
         inputs: &HashMap<String, HostTensor>,
         mut kv: Option<&mut KvCache>,
-        tap: &mut dyn FnMut(&str, &[usize], &[f32]),
+        tap: &mut Tap<'_>,
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
         let b = self.bind(inputs)?;
         let mut wrote: Option<usize> = None;

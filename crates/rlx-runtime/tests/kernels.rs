@@ -1,6 +1,9 @@
 //! Each non-matmul CPU kernel against a naive f64 reference on random
 //! inputs, at sizes that are multiples of nothing in particular.
 
+// Reference implementations read best as index loops over the formulas.
+#![allow(clippy::needless_range_loop)]
+
 use rlx_ir::{Mask, RopeSpec};
 use rlx_runtime::cpu::kernels::{attention, elementwise, norm, rope, shape};
 use rlx_runtime::cpu::pool::ThreadPool;

@@ -140,7 +140,7 @@ fn layer(g: &mut Graph, s: &WeightStore, l: usize, x: NodeId, pos: NodeId) -> No
     let k = g.rope(k, pos, rope, None).unwrap();
     let slot = CacheSlot(l as u32);
     let written = g.kv_write(slot, k, v).unwrap();
-    let mask = if l % 2 == 0 {
+    let mask = if l.is_multiple_of(2) {
         Mask::Sliding { window: WINDOW }
     } else {
         Mask::Causal
@@ -197,7 +197,7 @@ fn cache(max_chunk: usize) -> KvCache {
         kv_heads: HKV,
         head_dim: HD,
         v_head_dim: HD,
-        window: (l % 2 == 0).then_some(WINDOW),
+        window: l.is_multiple_of(2).then_some(WINDOW),
         shares: None,
     };
     KvCache::new(KvCacheConfig {

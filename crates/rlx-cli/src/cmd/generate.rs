@@ -60,7 +60,14 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     } else {
         eog_tokens(model.file())
     };
-    let (tokens, _) = generate(&mut session, &prompt, args.n, &mut sampler, &stops, &mut |_| {})?;
+    let (tokens, _) = generate(
+        &mut session,
+        &prompt,
+        args.n,
+        &mut sampler,
+        &stops,
+        &mut |_| {},
+    )?;
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer(&mut out, &json!({ "tokens": tokens }))?;

@@ -72,10 +72,10 @@ pub fn attention(pool: &ThreadPool, p: Params, q: &Queries, kv: &KvRows, out: &m
             let qp = q.pos[i];
             let qs = q.span.map_or(0, |s| s[i]);
             let mut max = f32::NEG_INFINITY;
-            for t in 0..rows {
+            for (t, score) in scores.iter_mut().enumerate() {
                 let kp = kv.pos[t];
                 if kp < 0 || !visible(p.mask, qp, kp, qs, kv.span[t]) {
-                    scores[t] = f32::NEG_INFINITY;
+                    *score = f32::NEG_INFINITY;
                     continue;
                 }
                 kv.k.read((t * kv.kv_heads + g) * hd, &mut krow);
@@ -84,7 +84,7 @@ pub fn attention(pool: &ThreadPool, p: Params, q: &Queries, kv: &KvRows, out: &m
                 if let Some(c) = p.softcap {
                     s = (s / c).tanh() * c;
                 }
-                scores[t] = s;
+                *score = s;
                 max = max.max(s);
             }
             acc.fill(0.0);

@@ -17,12 +17,15 @@ pub(super) type VecDot = unsafe fn(w: &[u8], a: &[u8]) -> f32;
 /// SIMD kernels need their ISA.
 pub(super) type DotF32 = unsafe fn(x: &[f32], w: &[f32]) -> f32;
 
+/// Dequantizes `dst.len()` elements of whole rows.
+pub(super) type DequantFn = unsafe fn(src: &[u8], dst: &mut [f32]);
+
 /// Dequantizes whole rows; the result equals `rlx_gguf::dequantize` bit for bit.
 #[derive(Clone, Copy)]
 pub(super) enum Dequant {
     Reference(GgmlType),
-    /// A SIMD version for one type; `dst.len()` gives the element count.
-    Fast(unsafe fn(src: &[u8], dst: &mut [f32])),
+    /// A SIMD version for one type.
+    Fast(DequantFn),
 }
 
 impl Dequant {
@@ -141,7 +144,7 @@ fn dequant(ty: GgmlType, isa: Isa) -> Dequant {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         use super::avx2;
-        let f: Option<unsafe fn(&[u8], &mut [f32])> = match ty {
+        let f: Option<DequantFn> = match ty {
             GgmlType::F16 => Some(avx2::dequant_f16),
             GgmlType::BF16 => Some(avx2::dequant_bf16),
             GgmlType::Q8_0 => Some(avx2::dequant_q8_0),
