@@ -1,0 +1,114 @@
+//! Helpers shared by the parity tests: fixture paths and a minimal .npy reader.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// The repository's `tests/fixtures` folder.
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+/// The real Gemma 3 270M file: `$RLX_TEST_MODEL`, else the default cache.
+/// Missing is a failure with instructions, not a skip.
+pub fn real_model() -> PathBuf {
+    let path = std::env::var_os("RLX_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").expect("HOME is set");
+            PathBuf::from(home).join(".cache/rlx/models/gemma-3-270m-q4_k_m.gguf")
+        });
+    assert!(
+        path.exists(),
+        "{} is missing: run `bash scripts/fetch-model.sh`",
+        path.display()
+    );
+    path
+}
+
+/// A little-endian .npy array: its shape and raw element bytes.
+pub struct Npy {
+    pub shape: Vec<usize>,
+    pub descr: String,
+    pub data: Vec<u8>,
+}
+
+pub fn read_npy(path: &std::path::Path) -> Npy {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&bytes[..6], b"\x93NUMPY", "{}: not .npy", path.display());
+    let (hlen, start) = if bytes[6] == 1 {
+        (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10)
+    } else {
+        (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        )
+    };
+    let header = std::str::from_utf8(&bytes[start..start + hlen]).unwrap();
+    let field = |key: &str| -> &str {
+        let at = header
+            .find(key)
+            .unwrap_or_else(|| panic!("no {key} in {header}"))
+            + key.len();
+        header[at..].trim_start_matches([':', ' ', '\''])
+    };
+    let descr = field("'descr'").split('\'').next().unwrap().to_owned();
+    assert!(field("'fortran_order'").starts_with("False"));
+    let shape_txt = field("'shape'");
+    let shape_txt = &shape_txt[1..shape_txt.find(')').unwrap()];
+    let shape = shape_txt
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().unwrap())
+        .collect();
+    Npy {
+        shape,
+        descr,
+        data: bytes[start + hlen..].to_vec(),
+    }
+}
+
+impl Npy {
+    pub fn f32s(&self) -> Vec<f32> {
+        assert_eq!(self.descr, "<f4");
+        self.data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    pub fn i32s(&self) -> Vec<i32> {
+        match self.descr.as_str() {
+            "<i4" => self
+                .data
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            "<i8" => self
+                .data
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as i32)
+                .collect(),
+            d => panic!("unexpected dtype {d}"),
+        }
+    }
+}
+
+/// ‖a − b‖ / ‖b‖.
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+/// Index of the largest value (lowest index on ties).
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
