@@ -449,7 +449,8 @@ impl Graph {
                 let a = f32_in(0)?;
                 let b = weight_or_f32(node(1)?, &err)?;
                 let (ra, rb) = (a.shape.rank(), b.shape.rank());
-                if rb > ra || a.shape.0[ra - rb..] != b.shape.0[..] {
+                let scalar = b.shape.fixed_numel() == Some(1);
+                if !scalar && (rb > ra || a.shape.0[ra - rb..] != b.shape.0[..]) {
                     return Err(err(format!(
                         "cannot broadcast {} onto {}",
                         b.shape, a.shape

@@ -91,7 +91,8 @@ pub enum Op {
     /// input 1 is the norm weight and `x` is first normalised:
     /// `MatMul{norm} = Concat(MatMul(RmsNorm(x, γ), wᵢ)…)`.
     MatMul { norm: Option<NormSpec> },
-    /// Elementwise `a + b`; `b`'s shape must be a suffix of `a`'s (broadcast).
+    /// Elementwise `a + b`; `b`'s shape must be a suffix of `a`'s, or hold a
+    /// single value (broadcast).
     Add,
     /// Elementwise `a · b`, broadcasting like `Add`.
     Mul,

@@ -191,7 +191,7 @@ fn dequantizable() -> Vec<GgmlType> {
 /// any SIMD width for the one-element "block" types.
 fn ks(ty: GgmlType) -> Vec<usize> {
     match ty.block_elems() {
-        1 => vec![1, 3, 17, 100],
+        1 => vec![1, 2, 3, 17, 100],
         b => vec![b, 2 * b, 3 * b],
     }
 }

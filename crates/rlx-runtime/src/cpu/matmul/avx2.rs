@@ -1,51 +1,65 @@
-//! AVX2 + FMA + F16C kernels: the f32 dot, integer dot products and bit-exact
-//! dequantizers.
+//! AVX2 + FMA + F16C kernels: the f32 dot and the integer dot products (the
+//! dequantizers live in `avx2_dequant`).
 //!
+//! The integer kernels follow llama.cpp's x86 ones: `maddubs` (u8 × i8 pairs
+//! into i16; unsigned weights directly, signed ones through the sign trick),
+//! `madd` with the sub-block scale into i32 lanes, then one f32 FMA per block.
+//!
+//! # Safety
 //! Every function is `#[target_feature(enable = "avx2,fma,f16c")]` and may only
-//! run on a CPU that has them (`kernels` hands them out for `Isa::Avx2` and up).
-//! Memory is read through bounds-checked slices, so that is the only
-//! precondition. The integer kernels follow llama.cpp's x86 ones: `maddubs`
-//! (u8 × i8 pairs into i16; unsigned weights directly, signed ones through the
-//! sign trick), `madd` with the sub-block scale into i32 lanes, then one f32
-//! FMA per block.
+//! run on a CPU that has those features; `kernels` hands them out only for
+//! `Isa::Avx2` and up, which `matmul` checks against `Isa::detect()`. Memory is
+//! read through bounds-checked slices, so that is the only precondition.
 
 use std::arch::x86_64::*;
 
 use super::scalar::{
-    e8m0_half, f32_at, scale_min_k4, KVALUES_IQ4NL, KVALUES_MXFP4, Q8_0_BYTES, Q8_1_BYTES,
-    Q8_K_BYTES,
+    e8m0_half, f32_at, q3_k_scales, scale_min_k4, KVALUES_IQ4NL, KVALUES_MXFP4, Q8_0_BYTES,
+    Q8_1_BYTES, Q8_K_BYTES,
 };
 
 /// The first `N` bytes of `s` as an array (panics if `s` is shorter).
 #[inline(always)]
-fn arr<const N: usize>(s: &[u8]) -> &[u8; N] {
+pub(super) fn arr<const N: usize>(s: &[u8]) -> &[u8; N] {
     s[..N].try_into().expect("length checked by the slice")
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load128(b: &[u8; 16]) -> __m128i {
+pub(super) unsafe fn load128(b: &[u8; 16]) -> __m128i {
     _mm_loadu_si128(b.as_ptr().cast())
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load256(b: &[u8; 32]) -> __m256i {
+pub(super) unsafe fn load256(b: &[u8; 32]) -> __m256i {
     _mm256_loadu_si256(b.as_ptr().cast())
 }
 
 /// The f16 at `b[off..off + 2]` as f32 (exact, like `half`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_at(b: &[u8], off: usize) -> f32 {
-    let bits = u16::from_le_bytes([b[off], b[off + 1]]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+pub(super) unsafe fn f16_at(b: &[u8], off: usize) -> f32 {
+    let bits = u32::from(u16::from_le_bytes([b[off], b[off + 1]]));
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// `f16(w[w_off..]) · f16(a[a_off..])`, the per-block scale product.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn f16_product(w: &[u8], w_off: usize, a: &[u8], a_off: usize) -> f32 {
+    // Both halves in one 32-bit move: converting a lone u16 lets LLVM insert
+    // it into an arbitrary register (often the loop's accumulator), which
+    // chains every iteration behind the previous FMA.
+    let bits = u32::from_le_bytes([w[w_off], w[w_off + 1], a[a_off], a[a_off + 1]]);
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+    _mm_cvtss_f32(_mm_mul_ss(v, _mm_movehdup_ps(v)))
 }
 
 /// `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_ps(v: __m256) -> f32 {
+pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
     let mut r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
@@ -56,7 +70,7 @@ unsafe fn hsum_ps(v: __m256) -> f32 {
 /// 0..16), high nibbles in the high lane (16..32) — the legacy block order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
     let t = load128(qs);
     let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
     _mm256_and_si256(b, _mm256_set1_epi8(0xF))
@@ -65,7 +79,7 @@ unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
 /// 0xFF in byte `j` where bit `j` of `x` is set.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bytes_from_bits(x: u32) -> __m256i {
+pub(super) unsafe fn bytes_from_bits(x: u32) -> __m256i {
     let shuf = _mm256_set_epi64x(
         0x0303_0303_0303_0303,
         0x0202_0202_0202_0202,
@@ -111,7 +125,7 @@ unsafe fn i16_pair(lo: i32, hi: i32) -> __m256i {
 /// Shifts every 16-bit lane right by `n` (a run-time count).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn srl16(v: __m256i, n: i32) -> __m256i {
+pub(super) unsafe fn srl16(v: __m256i, n: i32) -> __m256i {
     _mm256_srl_epi16(v, _mm_cvtsi32_si128(n))
 }
 
@@ -157,7 +171,7 @@ pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
 pub(super) unsafe fn vec_dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w.chunks_exact(18).zip(a.chunks_exact(Q8_0_BYTES)) {
-        let d = _mm256_set1_ps(f16_at(wb, 0) * f16_at(ab, 0));
+        let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
         let qx = _mm256_sub_epi8(nibbles(arr(&wb[2..])), _mm256_set1_epi8(8));
         let qy = load256(arr(&ab[2..]));
         acc = _mm256_fmadd_ps(d, dot_i8_ps(qx, qy), acc);
@@ -170,8 +184,8 @@ pub(super) unsafe fn vec_dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
     for (wb, ab) in w.chunks_exact(20).zip(a.chunks_exact(Q8_1_BYTES)) {
-        mins += f16_at(wb, 2) * f16_at(ab, 2);
-        let d = _mm256_set1_ps(f16_at(wb, 0) * f16_at(ab, 0));
+        mins += f16_product(wb, 2, ab, 2);
+        let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
         let qx = nibbles(arr(&wb[4..]));
         let qy = load256(arr(&ab[4..]));
         acc = _mm256_fmadd_ps(d, dot_u8_ps(qx, qy), acc);
@@ -183,7 +197,7 @@ pub(super) unsafe fn vec_dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
 pub(super) unsafe fn vec_dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w.chunks_exact(22).zip(a.chunks_exact(Q8_0_BYTES)) {
-        let d = _mm256_set1_ps(f16_at(wb, 0) * f16_at(ab, 0));
+        let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
         let qh = u32::from_le_bytes(*arr(&wb[2..]));
         // A clear fifth bit means q − 16 < 0: set the byte's top nibble.
         let neg = _mm256_andnot_si256(bytes_from_bits(qh), _mm256_set1_epi8(0xF0u8 as i8));
@@ -199,8 +213,8 @@ pub(super) unsafe fn vec_dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
     for (wb, ab) in w.chunks_exact(24).zip(a.chunks_exact(Q8_1_BYTES)) {
-        mins += f16_at(wb, 2) * f16_at(ab, 2);
-        let d = _mm256_set1_ps(f16_at(wb, 0) * f16_at(ab, 0));
+        mins += f16_product(wb, 2, ab, 2);
+        let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
         let qh = u32::from_le_bytes(*arr(&wb[4..]));
         let high = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
         let qx = _mm256_or_si256(nibbles(arr(&wb[8..])), high);
@@ -214,7 +228,7 @@ pub(super) unsafe fn vec_dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
 pub(super) unsafe fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w.chunks_exact(34).zip(a.chunks_exact(Q8_0_BYTES)) {
-        let d = _mm256_set1_ps(f16_at(wb, 0) * f16_at(ab, 0));
+        let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
         let qx = load256(arr(&wb[2..]));
         let qy = load256(arr(&ab[2..]));
         acc = _mm256_fmadd_ps(d, dot_i8_ps(qx, qy), acc);
@@ -225,7 +239,7 @@ pub(super) unsafe fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
 /// 16 packed bytes mapped through a 16-entry i8 table, in legacy block order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lookup_nibbles(qs: &[u8; 16], table: __m128i) -> __m256i {
+pub(super) unsafe fn lookup_nibbles(qs: &[u8; 16], table: __m128i) -> __m256i {
     let bits = load128(qs);
     let m4 = _mm_set1_epi8(0xF);
     let lo = _mm_shuffle_epi8(table, _mm_and_si128(bits, m4));
@@ -235,7 +249,7 @@ unsafe fn lookup_nibbles(qs: &[u8; 16], table: __m128i) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn table(values: &[i8; 16]) -> __m128i {
+pub(super) unsafe fn table(values: &[i8; 16]) -> __m128i {
     _mm_loadu_si128(values.as_ptr().cast())
 }
 
@@ -244,7 +258,7 @@ pub(super) unsafe fn vec_dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
     let values = table(&KVALUES_IQ4NL);
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w.chunks_exact(18).zip(a.chunks_exact(Q8_0_BYTES)) {
-        let d = _mm256_set1_ps(f16_at(wb, 0) * f16_at(ab, 0));
+        let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
         let qx = lookup_nibbles(arr(&wb[2..]), values);
         let qy = load256(arr(&ab[2..]));
         acc = _mm256_fmadd_ps(d, dot_i8_ps(qx, qy), acc);
@@ -307,19 +321,9 @@ pub(super) unsafe fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
 /// `value` in each byte whose bit `bit` is set in `bits`, 0 elsewhere.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bit_value(bits: __m256i, bit: usize, value: __m256i) -> __m256i {
+pub(super) unsafe fn bit_value(bits: __m256i, bit: usize, value: __m256i) -> __m256i {
     let mask = _mm256_set1_epi8(1 << bit);
     _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask), value)
-}
-
-/// The 16 signed 6-bit scales of a Q3_K block.
-#[inline]
-fn q3_k_scales(s: &[u8]) -> [i32; 16] {
-    std::array::from_fn(|j| {
-        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
-        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-        i32::from(low | (high << 4)) - 32
-    })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -504,152 +508,4 @@ pub(super) unsafe fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
-}
-
-// ---- Dequantizers, bit-identical to rlx_gguf::dequantize ----
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_f16(src: &[u8], dst: &mut [f32]) {
-    let src = &src[..2 * dst.len()];
-    let s = src.chunks_exact(16);
-    let tail = s.remainder();
-    let mut d = dst.chunks_exact_mut(8);
-    for (sc, dc) in s.zip(&mut d) {
-        _mm256_storeu_ps(dc.as_mut_ptr(), _mm256_cvtph_ps(load128(arr(sc))));
-    }
-    for (o, c) in d.into_remainder().iter_mut().zip(tail.chunks_exact(2)) {
-        *o = f16_at(c, 0);
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_bf16(src: &[u8], dst: &mut [f32]) {
-    let src = &src[..2 * dst.len()];
-    let s = src.chunks_exact(16);
-    let tail = s.remainder();
-    let mut d = dst.chunks_exact_mut(8);
-    for (sc, dc) in s.zip(&mut d) {
-        let v = _mm256_cvtepu16_epi32(load128(arr(sc)));
-        // Like `half`, quieten NaNs by setting the top mantissa bit.
-        let nan = _mm256_cmpgt_epi32(
-            _mm256_and_si256(v, _mm256_set1_epi32(0x7FFF)),
-            _mm256_set1_epi32(0x7F80),
-        );
-        let v = _mm256_or_si256(v, _mm256_and_si256(nan, _mm256_set1_epi32(0x40)));
-        _mm256_storeu_ps(
-            dc.as_mut_ptr(),
-            _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
-        );
-    }
-    for (o, c) in d.into_remainder().iter_mut().zip(tail.chunks_exact(2)) {
-        *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
-    }
-}
-
-/// Stores 32 i8 codes (as two halves of 16) times `d`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store_scaled_i8x16(q: __m128i, d: __m256, out: &mut [f32]) {
-    let out = &mut out[..16];
-    let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-    let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
-    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(lo, d));
-    _mm256_storeu_ps(out[8..].as_mut_ptr(), _mm256_mul_ps(hi, d));
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q8_0(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(34).zip(dst.chunks_exact_mut(32)) {
-        let d = _mm256_set1_ps(f16_at(b, 0));
-        let q = load256(arr(&b[2..]));
-        store_scaled_i8x16(_mm256_castsi256_si128(q), d, &mut y[..16]);
-        store_scaled_i8x16(_mm256_extracti128_si256(q, 1), d, &mut y[16..]);
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(32)) {
-        let d = _mm256_set1_ps(f16_at(b, 0));
-        let q = _mm256_sub_epi8(nibbles(arr(&b[2..])), _mm256_set1_epi8(8));
-        store_scaled_i8x16(_mm256_castsi256_si128(q), d, &mut y[..16]);
-        store_scaled_i8x16(_mm256_extracti128_si256(q, 1), d, &mut y[16..]);
-    }
-}
-
-/// 32 unsigned codes (bytes of `q`) to `d1 · q − m1`, multiply then subtract
-/// as the reference does.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store_affine_u8x32(q: __m256i, d1: f32, m1: f32, out: &mut [f32]) {
-    let out = &mut out[..32];
-    let (d1, m1) = (_mm256_set1_ps(d1), _mm256_set1_ps(m1));
-    let halves = [_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)];
-    for (h, o) in halves.into_iter().zip(out.chunks_exact_mut(16)) {
-        let lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h));
-        let hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(h, 8)));
-        _mm256_storeu_ps(o.as_mut_ptr(), _mm256_sub_ps(_mm256_mul_ps(d1, lo), m1));
-        _mm256_storeu_ps(
-            o[8..].as_mut_ptr(),
-            _mm256_sub_ps(_mm256_mul_ps(d1, hi), m1),
-        );
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
-    let m4 = _mm256_set1_epi8(0xF);
-    for (b, y) in src.chunks_exact(144).zip(dst.chunks_exact_mut(256)) {
-        let d = f16_at(b, 0);
-        let dmin = f16_at(b, 2);
-        for (j, (q, y)) in b[16..144]
-            .chunks_exact(32)
-            .zip(y.chunks_exact_mut(64))
-            .enumerate()
-        {
-            let bits = load256(arr(q));
-            let (sc0, mn0) = scale_min_k4(2 * j, &b[4..16]);
-            let (sc1, mn1) = scale_min_k4(2 * j + 1, &b[4..16]);
-            let lo = _mm256_and_si256(bits, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            store_affine_u8x32(lo, d * f32::from(sc0), dmin * f32::from(mn0), &mut y[..32]);
-            store_affine_u8x32(hi, d * f32::from(sc1), dmin * f32::from(mn1), &mut y[32..]);
-        }
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q6_k(src: &[u8], dst: &mut [f32]) {
-    let m4 = _mm256_set1_epi8(0xF);
-    let m2 = _mm256_set1_epi8(3);
-    for (b, y) in src.chunks_exact(210).zip(dst.chunks_exact_mut(256)) {
-        let d = f16_at(b, 208);
-        let sc = &b[192..208];
-        for (j, ((ql, qh), y)) in b[0..128]
-            .chunks_exact(64)
-            .zip(b[128..192].chunks_exact(32))
-            .zip(y.chunks_exact_mut(128))
-            .enumerate()
-        {
-            let l0 = load256(arr(ql));
-            let l1 = load256(arr(&ql[32..]));
-            let h = load256(arr(qh));
-            let lows = [
-                _mm256_and_si256(l0, m4),
-                _mm256_and_si256(l1, m4),
-                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-            ];
-            for (p, (low, y)) in lows.into_iter().zip(y.chunks_exact_mut(32)).enumerate() {
-                let high = _mm256_slli_epi16(_mm256_and_si256(srl16(h, 2 * p as i32), m2), 4);
-                let q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
-                // Reference order: (d · scale) · q.
-                let s = 8 * j + 2 * p;
-                let d0 = _mm256_set1_ps(d * f32::from(sc[s] as i8));
-                let d1 = _mm256_set1_ps(d * f32::from(sc[s + 1] as i8));
-                store_scaled_i8x16(_mm256_castsi256_si128(q), d0, &mut y[..16]);
-                store_scaled_i8x16(_mm256_extracti128_si256(q, 1), d1, &mut y[16..]);
-            }
-        }
-    }
 }

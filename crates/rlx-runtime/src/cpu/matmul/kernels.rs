@@ -78,35 +78,12 @@ pub(super) fn quant_dot(ty: GgmlType, isa: Isa) -> Option<(ActFormat, VecDot)> {
         T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K | T::IQ4_XS => ActFormat::Q8_K,
         _ => return None,
     };
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::avx2;
-        if isa >= Isa::Avx2 {
-            let f: VecDot = match ty {
-                T::Q4_0 => avx2::vec_dot_q4_0,
-                T::Q4_1 => avx2::vec_dot_q4_1,
-                T::Q5_0 => avx2::vec_dot_q5_0,
-                T::Q5_1 => avx2::vec_dot_q5_1,
-                T::Q8_0 => avx2::vec_dot_q8_0,
-                T::IQ4_NL => avx2::vec_dot_iq4_nl,
-                T::MXFP4 => avx2::vec_dot_mxfp4,
-                T::Q2_K => avx2::vec_dot_q2_k,
-                T::Q3_K => avx2::vec_dot_q3_k,
-                T::Q4_K => avx2::vec_dot_q4_k,
-                T::Q5_K => avx2::vec_dot_q5_k,
-                T::Q6_K => avx2::vec_dot_q6_k,
-                T::IQ4_XS => avx2::vec_dot_iq4_xs,
-                _ => unreachable!("every type with an activation format has an AVX2 kernel"),
-            };
-            return Some((fmt, f));
-        }
-    }
-    let _ = isa;
-    Some((fmt, scalar_quant_dot(ty)?))
+    let dot = simd_quant_dot(ty, isa).or_else(|| scalar_quant_dot(ty))?;
+    Some((fmt, dot))
 }
 
-/// The portable reference kernel for `ty`.
-pub(super) fn scalar_quant_dot(ty: GgmlType) -> Option<VecDot> {
+/// The portable reference kernels.
+fn scalar_quant_dot(ty: GgmlType) -> Option<VecDot> {
     use GgmlType as T;
     Some(match ty {
         T::Q4_0 => scalar::vec_dot_q4_0,
@@ -126,37 +103,94 @@ pub(super) fn scalar_quant_dot(ty: GgmlType) -> Option<VecDot> {
     })
 }
 
-pub(super) fn f32_dot(isa: Isa) -> DotF32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::{avx2, avx512};
-        match isa {
-            Isa::Avx512 => return avx512::dot_f32,
-            Isa::Avx2 => return avx2::dot_f32,
-            Isa::Scalar => {}
-        }
-    }
-    let _ = isa;
-    exact::dot_f32
-}
-
-fn dequant(ty: GgmlType, isa: Isa) -> Dequant {
-    #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 {
-        use super::avx2;
-        let f: Option<DequantFn> = match ty {
-            GgmlType::F16 => Some(avx2::dequant_f16),
-            GgmlType::BF16 => Some(avx2::dequant_bf16),
-            GgmlType::Q8_0 => Some(avx2::dequant_q8_0),
-            GgmlType::Q4_0 => Some(avx2::dequant_q4_0),
-            GgmlType::Q4_K => Some(avx2::dequant_q4_k),
-            GgmlType::Q6_K => Some(avx2::dequant_q6_k),
+/// VNNI kernels where written (they need AVX-512 VNNI on top of
+/// [`Isa::Avx512`]), else the AVX2 ones.
+#[cfg(target_arch = "x86_64")]
+fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<VecDot> {
+    use super::super::features::has_avx512_vnni;
+    use super::{avx2, avx512};
+    use GgmlType as T;
+    if isa >= Isa::Avx512 && has_avx512_vnni() {
+        let f: Option<VecDot> = match ty {
+            T::Q8_0 => Some(avx512::vec_dot_q8_0),
+            T::Q4_0 => Some(avx512::vec_dot_q4_0),
+            T::Q4_K => Some(avx512::vec_dot_q4_k),
+            T::Q6_K => Some(avx512::vec_dot_q6_k),
             _ => None,
         };
-        if let Some(f) = f {
-            return Dequant::Fast(f);
+        if f.is_some() {
+            return f;
         }
     }
-    let _ = isa;
-    Dequant::Reference(ty)
+    if isa < Isa::Avx2 {
+        return None;
+    }
+    Some(match ty {
+        T::Q4_0 => avx2::vec_dot_q4_0,
+        T::Q4_1 => avx2::vec_dot_q4_1,
+        T::Q5_0 => avx2::vec_dot_q5_0,
+        T::Q5_1 => avx2::vec_dot_q5_1,
+        T::Q8_0 => avx2::vec_dot_q8_0,
+        T::IQ4_NL => avx2::vec_dot_iq4_nl,
+        T::MXFP4 => avx2::vec_dot_mxfp4,
+        T::Q2_K => avx2::vec_dot_q2_k,
+        T::Q3_K => avx2::vec_dot_q3_k,
+        T::Q4_K => avx2::vec_dot_q4_k,
+        T::Q5_K => avx2::vec_dot_q5_k,
+        T::Q6_K => avx2::vec_dot_q6_k,
+        T::IQ4_XS => avx2::vec_dot_iq4_xs,
+        _ => return None,
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn simd_quant_dot(_ty: GgmlType, _isa: Isa) -> Option<VecDot> {
+    None
+}
+
+pub(super) fn f32_dot(isa: Isa) -> DotF32 {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => super::avx512::dot_f32,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => super::avx2::dot_f32,
+        _ => exact::dot_f32,
+    }
+}
+
+/// SIMD dequantizers (AVX2, also used at [`Isa::Avx512`]) where written, else
+/// the reference.
+pub(super) fn dequant(ty: GgmlType, isa: Isa) -> Dequant {
+    simd_dequant(ty, isa).map_or(Dequant::Reference(ty), Dequant::Fast)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn simd_dequant(ty: GgmlType, isa: Isa) -> Option<DequantFn> {
+    use super::avx2_dequant as d;
+    use GgmlType as T;
+    if isa < Isa::Avx2 {
+        return None;
+    }
+    Some(match ty {
+        T::F16 => d::dequant_f16,
+        T::BF16 => d::dequant_bf16,
+        T::Q8_0 => d::dequant_q8_0,
+        T::Q4_0 => d::dequant_q4_0,
+        T::Q4_1 => d::dequant_q4_1,
+        T::Q5_0 => d::dequant_q5_0,
+        T::Q5_1 => d::dequant_q5_1,
+        T::IQ4_NL => d::dequant_iq4_nl,
+        T::IQ4_XS => d::dequant_iq4_xs,
+        T::Q2_K => d::dequant_q2_k,
+        T::Q3_K => d::dequant_q3_k,
+        T::Q4_K => d::dequant_q4_k,
+        T::Q5_K => d::dequant_q5_k,
+        T::Q6_K => d::dequant_q6_k,
+        _ => return None,
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn simd_dequant(_ty: GgmlType, _isa: Isa) -> Option<DequantFn> {
+    None
 }

@@ -7,23 +7,28 @@
 //!   of weight rows once into a per-thread buffer (F32 weights are read in
 //!   place) and reuses it for all `m` activation rows. Dots accumulate in
 //!   fixed lanes — 8 for [`Isa::Scalar`], 4×8 for [`Isa::Avx2`], 4×16 for
-//!   [`Isa::Avx512`], element `i` going to lane `i mod width` — and then add the
-//!   lanes as a pairwise tree, so a given ISA always gives the same bits.
+//!   [`Isa::Avx512`], element `i` going to lane `i mod width` — then add the
+//!   lanes as a pairwise tree (each dot kernel documents its exact order,
+//!   tail included), so a given ISA always gives the same bits.
 //! * [`Precision::Quantized`]: llama.cpp's CPU scheme. `x` is quantized once per
 //!   call into each activation format the weights need (Q8_0 for Q4_0, Q5_0,
 //!   Q8_0, IQ4_NL, MXFP4; Q8_1 for Q4_1, Q5_1; Q8_K for Q2_K..Q6_K, IQ4_XS),
 //!   shared by every weight of that format, and every output is an integer dot
-//!   product scaled in f32. Weight types without a quantized kernel (F32, F16,
+//!   product scaled in f32 (scalar reference kernels for all of these, AVX2
+//!   for all, AVX-512 VNNI for Q8_0, Q4_0, Q4_K and Q6_K). Weight types without a quantized kernel (F32, F16,
 //!   BF16, the IQ1/IQ2/IQ3 codebooks, TQ*, NVFP4, Q1_0, Q2_0, Q8_1, Q8_K, the
 //!   integer and F64 types) use the Exact path instead.
 //!
 //! Work is split by output column (weight row, counted across all weights) into
 //! contiguous chunks, a few per thread; each task writes its columns of `y` for
-//! all `m` rows.
+//! all `m` rows. `kernels` is the one place that picks functions for a
+//! (type, ISA) pair.
 
 mod act;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_dequant;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod exact;
@@ -53,8 +58,12 @@ pub struct WeightMatrix<'a> {
 /// How products are formed; see the module docs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Precision {
+    /// f32 products of the exactly dequantized weights and the f32 activations.
     #[default]
     Exact,
+    /// Integer products with activations quantized to the weight type's
+    /// partner format (see [`activation_type`]); weight types without a
+    /// quantized kernel run as [`Precision::Exact`].
     Quantized,
 }
 
@@ -132,6 +141,15 @@ pub fn activation_type(ty: GgmlType) -> Option<GgmlType> {
 /// `y[m, Σ rowsᵢ]` (row-major) `= x[m, k] · [W₁; W₂; …]ᵀ`: column block `i` of
 /// `y` is `x · Wᵢᵀ`. Every weight has the same `k`; `x.len() == m * k` and
 /// `y.len() == m * Σ rowsᵢ`.
+///
+/// With [`Precision::Quantized`], `x` is quantized once per activation format
+/// and shared by every weight of that format (a fused Q5_0 + Q8_0 call
+/// quantizes to Q8_0 once); weights with no quantized kernel use the Exact
+/// path. Each output depends only on its weight row, `x` and the options, not
+/// on the thread count or the other weights in the call.
+///
+/// Fails, without touching `y`, on inconsistent sizes or if `opts.isa`
+/// exceeds [`Isa::detect`].
 pub fn matmul(
     pool: &ThreadPool,
     opts: &MatmulOptions,
@@ -148,8 +166,7 @@ pub fn matmul(
             available,
         });
     }
-    let k = check_shapes(x, m, weights, y)?;
-    let n_cols = y.len().checked_div(m).unwrap_or(0);
+    let (k, n_cols) = check_shapes(x, m, weights, y)?;
     if m == 0 || n_cols == 0 {
         return Ok(());
     }
@@ -177,13 +194,13 @@ pub fn matmul(
     Ok(())
 }
 
-/// Checks every length and returns `k`.
+/// Checks every length and returns `(k, Σ rows)`.
 fn check_shapes(
     x: &[f32],
     m: usize,
     weights: &[WeightMatrix],
     y: &[f32],
-) -> Result<usize, MatmulError> {
+) -> Result<(usize, usize), MatmulError> {
     let k = weights.first().map_or(0, |w| w.k);
     let mut cols = 0usize;
     for (index, w) in weights.iter().enumerate() {
@@ -246,7 +263,7 @@ fn check_shapes(
             actual: y.len(),
         });
     }
-    Ok(k)
+    Ok((k, cols))
 }
 
 /// One weight and the columns of `y` it fills.

@@ -240,7 +240,7 @@ pub(super) fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
 }
 
 /// The 16 signed 6-bit scales of a Q3_K block.
-fn q3_k_scales(s: &[u8]) -> [i32; 16] {
+pub(super) fn q3_k_scales(s: &[u8]) -> [i32; 16] {
     std::array::from_fn(|j| {
         let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
         let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;

@@ -1,0 +1,212 @@
+"""The tiny models: HF configs and what to build for each.
+
+Sizes are chosen so that all of tests/fixtures/tiny stays around 12 MB:
+  * the "*-q" model has hidden 256 so every K-quant block fits (ne[0] % 256 == 0) and carries
+    the full quantization matrix;
+  * the architecture models have hidden 64 (block-32 types only: Q8_0, Q4_0, IQ4_NL fit).
+"""
+
+from __future__ import annotations
+
+VOCAB = 512          # SentencePiece vocab; the HF vocab_size equals it
+WINDOW = 8           # sliding window for every SWA model
+PROMPT_LENS = (5, 20, 32)
+
+ALL_QUANTS = ["Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q2_K", "IQ4_NL"]
+BLOCK32_QUANTS = ["Q8_0", "Q4_0", "IQ4_NL"]
+
+_common = dict(
+    vocab_size=VOCAB,
+    rms_norm_eps=1e-6,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=2,
+    tie_word_embeddings=True,
+    max_position_embeddings=1024,
+    attention_bias=False,
+)
+
+# Every spec: name, arch (HF model_type family), hf: config kwargs, outtypes: converter output
+# types besides f32, quants: llama-quantize types, seed, emb_std: std of the embedding table.
+SPECS: list[dict] = [
+    dict(
+        name="gemma",
+        arch="gemma",
+        seed=101,
+        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=64,  # hd != d/H, like 7B
+                hidden_activation="gelu_pytorch_tanh", hidden_act="gelu_pytorch_tanh",
+                rope_theta=10000.0),
+        outtypes=["f16", "bf16"],
+        quants=["Q8_0"],
+    ),
+    dict(
+        name="gemma2",
+        arch="gemma2",
+        seed=202,
+        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                query_pre_attn_scalar=32, sliding_window=WINDOW,
+                attn_logit_softcapping=10.0, final_logit_softcapping=15.0,
+                hidden_activation="gelu_pytorch_tanh", rope_theta=10000.0),
+        init=dict(q_gain=4.0),  # attention scores std ~4, so the softcap of 10 bites
+        outtypes=[],
+        quants=["Q8_0"],
+    ),
+    dict(
+        name="gemma3",
+        arch="gemma3",
+        seed=303,
+        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                query_pre_attn_scalar=32, sliding_window=WINDOW,
+                # llama.cpp assumes period 6 (layer 5 global) because the converter writes no pattern
+                layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+                hidden_activation="gelu_pytorch_tanh"),
+        outtypes=[],
+        quants=BLOCK32_QUANTS,
+    ),
+    dict(
+        name="gemma3-linear8",
+        arch="gemma3",
+        seed=304,
+        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                query_pre_attn_scalar=32, sliding_window=WINDOW,
+                layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                    "rope_theta": 1000000.0}},
+                hidden_activation="gelu_pytorch_tanh"),
+        outtypes=[],
+        quants=[],
+    ),
+    dict(
+        # the quantization-matrix model: hidden 256, two sliding layers (llama.cpp's period-6
+        # default makes both local, as in HF's layer_types)
+        name="gemma3-q",
+        arch="gemma3",
+        seed=305,
+        hf=dict(_common, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+                query_pre_attn_scalar=64, sliding_window=WINDOW,
+                layer_types=["sliding_attention"] * 2,
+                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+                hidden_activation="gelu_pytorch_tanh"),
+        init=dict(branch_gain=6.0),
+        outtypes=[],
+        quants=ALL_QUANTS,
+        keep_f32=False,
+    ),
+    dict(
+        name="gemma3n",
+        arch="gemma3n",
+        seed=404,
+        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                sliding_window=WINDOW,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+                final_logit_softcapping=30.0,   # llama.cpp hardcodes 30 for gemma3n
+                vocab_size_per_layer_input=VOCAB,
+                hidden_size_per_layer_input=256,  # llama.cpp hardcodes 256
+                altup_active_idx=0, altup_num_inputs=4, altup_coef_clip=120.0, altup_correct_scale=True,
+                laurel_rank=64,                   # llama.cpp hardcodes 64
+                num_kv_shared_layers=2,
+                activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0],
+                hidden_activation="gelu_pytorch_tanh"),
+        init=dict(final_gain=8.0),  # logits std ~8 so the final softcap (30) bites
+        outtypes=[],
+        quants=[],
+    ),
+    dict(
+        # what llama.cpp's gemma3n graph can represent in a small model: it hardcodes 20 KV-owning
+        # layers and activation sparsity on layers 0-9, so: no KV sharing, every layer sparse
+        name="gemma3n-llamacompat",
+        arch="gemma3n",
+        seed=405,
+        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                sliding_window=WINDOW,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+                final_logit_softcapping=30.0,
+                vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=256,
+                altup_active_idx=0, altup_num_inputs=4, altup_coef_clip=120.0, altup_correct_scale=True,
+                laurel_rank=64, num_kv_shared_layers=0,
+                activation_sparsity_pattern=[0.95, 0.95, 0.95],
+                hidden_activation="gelu_pytorch_tanh"),
+        init=dict(final_gain=8.0),
+        outtypes=[],
+        quants=[],
+    ),
+    dict(
+        # E2B-like: per-layer embeddings, KV sharing, double-wide MLP on shared layers
+        name="gemma4-ple",
+        arch="gemma4",
+        seed=505,
+        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=32, global_head_dim=64,
+                sliding_window=WINDOW,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                    "rope_theta": 1000000.0}},
+                final_logit_softcapping=30.0,
+                vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=32,
+                num_kv_shared_layers=2, use_double_wide_mlp=True,
+                attention_k_eq_v=False, enable_moe_block=False,
+                hidden_activation="gelu_pytorch_tanh"),
+        init=dict(final_gain=8.0),
+        outtypes=[],
+        quants=["Q8_0"],
+    ),
+    dict(
+        # 31B-like: different local/global head dims and KV head counts, K = V on global layers
+        name="gemma4-dense",
+        arch="gemma4",
+        seed=506,
+        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
+                num_global_key_value_heads=1,
+                sliding_window=WINDOW,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                    "rope_theta": 1000000.0}},
+                final_logit_softcapping=20.0,  # not the default 30: the key must be read
+                hidden_size_per_layer_input=0, vocab_size_per_layer_input=VOCAB,
+                num_kv_shared_layers=0, attention_k_eq_v=True, enable_moe_block=False,
+                hidden_activation="gelu_pytorch_tanh"),
+        init=dict(final_gain=6.0),
+        outtypes=[],
+        quants=["Q8_0"],
+    ),
+    dict(
+        # 26B-A4B-like: shared expert + routed experts on every layer, K = V on global layers
+        name="gemma4-moe",
+        arch="gemma4",
+        seed=507,
+        hf=dict(_common, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
+                num_global_key_value_heads=1,
+                sliding_window=WINDOW,
+                layer_types=["sliding_attention", "full_attention"],
+                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                    "rope_theta": 1000000.0}},
+                final_logit_softcapping=30.0,
+                hidden_size_per_layer_input=0, vocab_size_per_layer_input=VOCAB,
+                num_kv_shared_layers=0, attention_k_eq_v=True,
+                enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+                hidden_activation="gelu_pytorch_tanh"),
+        init=dict(final_gain=8.0),
+        outtypes=[],
+        quants=["Q8_0"],
+    ),
+]
