@@ -267,6 +267,40 @@ def sensitivity(model, arch, prompts, ref) -> dict:
     return out
 
 
+def gemma3n_as_llama_cpp(hf_dir: Path, model, prompts) -> dict[str, np.ndarray]:
+    """HF Gemma3n run with the constants llama.cpp's gemma3n graph hardcodes instead of reading the
+    GGUF: layers < 20 own a KV cache (so no KV sharing here; shared layers use their unused K/V
+    weights), layers < 10 use activation sparsity 0.95, and the std in the sparsity cutoff divides
+    by N-1. Explains llama.cpp's deviation from the true (HF) logits on this tiny model."""
+    from safetensors.torch import load_file
+    from transformers.models.gemma3n import modeling_gemma3n as G
+    t = _torch()
+    L = model.config.num_hidden_layers
+    cfg_cls, _ = hf_classes("gemma3n")
+    d = model.config.to_dict()
+    d["num_kv_shared_layers"] = 0
+    d["activation_sparsity_pattern"] = [0.95 if i < 10 else 0.0 for i in range(L)]
+    cfg = cfg_cls.from_dict(d)
+    cfg._attn_implementation = "eager"
+    m = new_model(cfg, "gemma3n")
+    sd = load_file(hf_dir / "model.safetensors")
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    m.load_state_dict(sd, strict=True)
+    m.tie_weights()
+
+    def topk_unbiased(self, x):
+        mult = t.distributions.normal.Normal(0, 1).icdf(t.tensor(self.activation_sparsity, dtype=t.float32)).to(x.dtype)
+        cut = x.mean(-1, keepdim=True) + x.std(-1, keepdim=True, unbiased=True) * mult
+        return t.nn.functional.relu(x - cut)
+
+    orig = G.Gemma3nTextMLP._gaussian_topk
+    G.Gemma3nTextMLP._gaussian_topk = topk_unbiased
+    try:
+        return hf_logits(m.eval(), prompts)
+    finally:
+        G.Gemma3nTextMLP._gaussian_topk = orig
+
+
 # --------------------------------------------------------------------------------------------
 # GGUF -> HF state dict (for the dequantized references)
 
@@ -550,6 +584,10 @@ def build_one(spec: dict, out_root: Path, work: Path, spm_path: Path, prompts: d
         }
         if committed:
             entry["llama_logits"] = f"llama-{label}"
+        if arch == "gemma3n" and label == "f32":
+            entry["llama_vs_hf_with_llama_cpp_gemma3n_constants"] = compare(ll, gemma3n_as_llama_cpp(hf_dir, model, prompts))
+            log(f"[{name}] llama f32 vs HF with llama.cpp's gemma3n constants: "
+                f"{entry['llama_vs_hf_with_llama_cpp_gemma3n_constants']['all']['rel_l2']:.3e}")
         if qerr is not None:
             entry["reference_vs_hf_f32"] = qerr
             entry["llama_vs_hf_f32"] = compare(ll, ref)

@@ -3,14 +3,15 @@
 Sizes are chosen so that all of tests/fixtures/tiny stays around 12 MB:
   * the "*-q" model has hidden 256 so every K-quant block fits (ne[0] % 256 == 0) and carries
     the full quantization matrix;
-  * the architecture models have hidden 64 (block-32 types only: Q8_0, Q4_0, IQ4_NL fit).
+  * the architecture models have hidden 32 (block-32 types only: Q8_0, Q4_0, IQ4_NL fit), which
+    keeps them at 0.1-0.6 MB of f32 (gemma3n: its per-layer table is V x 256 x L regardless).
 """
 
 from __future__ import annotations
 
 VOCAB = 512          # SentencePiece vocab; the HF vocab_size equals it
 WINDOW = 8           # sliding window for every SWA model
-PROMPT_LENS = (5, 20, 32)
+PROMPT_LENS = (5, 12, 20)
 
 ALL_QUANTS = ["Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q2_K", "IQ4_NL"]
 BLOCK32_QUANTS = ["Q8_0", "Q4_0", "IQ4_NL"]
@@ -33,7 +34,7 @@ SPECS: list[dict] = [
         name="gemma",
         arch="gemma",
         seed=101,
-        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=2, num_key_value_heads=1, head_dim=64,  # hd != d/H, like 7B
                 hidden_activation="gelu_pytorch_tanh", hidden_act="gelu_pytorch_tanh",
                 rope_theta=10000.0),
@@ -44,9 +45,9 @@ SPECS: list[dict] = [
         name="gemma2",
         arch="gemma2",
         seed=202,
-        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                query_pre_attn_scalar=32, sliding_window=WINDOW,
+        hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                query_pre_attn_scalar=16, sliding_window=WINDOW,
                 attn_logit_softcapping=10.0, final_logit_softcapping=15.0,
                 hidden_activation="gelu_pytorch_tanh", rope_theta=10000.0),
         init=dict(q_gain=4.0),  # attention scores std ~4, so the softcap of 10 bites
@@ -57,7 +58,7 @@ SPECS: list[dict] = [
         name="gemma3",
         arch="gemma3",
         seed=303,
-        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                 query_pre_attn_scalar=32, sliding_window=WINDOW,
                 # llama.cpp assumes period 6 (layer 5 global) because the converter writes no pattern
@@ -72,7 +73,7 @@ SPECS: list[dict] = [
         name="gemma3-linear8",
         arch="gemma3",
         seed=304,
-        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                 query_pre_attn_scalar=32, sliding_window=WINDOW,
                 layer_types=["sliding_attention"] * 5 + ["full_attention"],
@@ -84,15 +85,16 @@ SPECS: list[dict] = [
         quants=[],
     ),
     dict(
-        # the quantization-matrix model: hidden 256, two sliding layers (llama.cpp's period-6
-        # default makes both local, as in HF's layer_types)
+        # the quantization-matrix model: hidden 256 (one 256-superblock per row), n_ff 512 (two
+        # superblocks per ffn_down row), one sliding layer (llama.cpp's period-6 default makes
+        # layer 0 local, as HF's layer_types say)
         name="gemma3-q",
         arch="gemma3",
         seed=305,
-        hf=dict(_common, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=1, head_dim=64,
-                query_pre_attn_scalar=64, sliding_window=WINDOW,
-                layer_types=["sliding_attention"] * 2,
+        hf=dict(_common, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+                query_pre_attn_scalar=128, sliding_window=WINDOW,
+                layer_types=["sliding_attention"],
                 rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                  "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
                 hidden_activation="gelu_pytorch_tanh"),
@@ -105,7 +107,7 @@ SPECS: list[dict] = [
         name="gemma3n",
         arch="gemma3n",
         seed=404,
-        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                 num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                 sliding_window=WINDOW,
                 layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
@@ -124,33 +126,11 @@ SPECS: list[dict] = [
         quants=[],
     ),
     dict(
-        # what llama.cpp's gemma3n graph can represent in a small model: it hardcodes 20 KV-owning
-        # layers and activation sparsity on layers 0-9, so: no KV sharing, every layer sparse
-        name="gemma3n-llamacompat",
-        arch="gemma3n",
-        seed=405,
-        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                sliding_window=WINDOW,
-                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                 "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
-                final_logit_softcapping=30.0,
-                vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=256,
-                altup_active_idx=0, altup_num_inputs=4, altup_coef_clip=120.0, altup_correct_scale=True,
-                laurel_rank=64, num_kv_shared_layers=0,
-                activation_sparsity_pattern=[0.95, 0.95, 0.95],
-                hidden_activation="gelu_pytorch_tanh"),
-        init=dict(final_gain=8.0),
-        outtypes=[],
-        quants=[],
-    ),
-    dict(
         # E2B-like: per-layer embeddings, KV sharing, double-wide MLP on shared layers
         name="gemma4-ple",
         arch="gemma4",
         seed=505,
-        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                 num_attention_heads=2, num_key_value_heads=1, head_dim=32, global_head_dim=64,
                 sliding_window=WINDOW,
                 layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
@@ -171,7 +151,7 @@ SPECS: list[dict] = [
         name="gemma4-dense",
         arch="gemma4",
         seed=506,
-        hf=dict(_common, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
                 num_global_key_value_heads=1,
                 sliding_window=WINDOW,
@@ -192,7 +172,7 @@ SPECS: list[dict] = [
         name="gemma4-moe",
         arch="gemma4",
         seed=507,
-        hf=dict(_common, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
                 num_global_key_value_heads=1,
                 sliding_window=WINDOW,

@@ -168,6 +168,7 @@ impl Model {
             tokens: Vec::new(),
             chunk,
             context,
+            computed: 0,
         })
     }
 }
@@ -220,9 +221,16 @@ pub struct Session<'m> {
     tokens: Vec<u32>,
     chunk: usize,
     context: usize,
+    /// Tokens run through the model since the session started.
+    computed: usize,
 }
 
 impl Session<'_> {
+    /// Tokens run through the model so far (prefix reuse keeps this low).
+    pub fn computed_tokens(&self) -> usize {
+        self.computed
+    }
+
     pub fn model(&self) -> &Model {
         self.model
     }
@@ -291,6 +299,7 @@ impl Session<'_> {
             };
             last = Self::step(plan, &mut self.kv, chunk)?;
             self.tokens.extend_from_slice(chunk);
+            self.computed += chunk.len();
         }
         Ok(last)
     }
@@ -307,6 +316,7 @@ impl Session<'_> {
         for chunk in tokens.chunks(self.chunk) {
             all.extend(Self::step(plan, &mut self.kv, chunk)?);
             self.tokens.extend_from_slice(chunk);
+            self.computed += chunk.len();
         }
         Ok(all)
     }

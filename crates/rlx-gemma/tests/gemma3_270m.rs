@@ -143,7 +143,7 @@ fn greedy_continuations_follow_the_exact_reference() {
             .unwrap();
         let mut sampler = Sampler::new(SamplerConfig::default()).unwrap();
         let (ours, _) =
-            generate(&mut s, &prompt, hf.len(), &mut sampler, &[], &mut |_| {}).unwrap();
+            generate(&mut s, &prompt, hf.len(), &mut sampler, &[], &mut |_| true).unwrap();
         let agree = ours.iter().zip(&hf).take_while(|(a, b)| a == b).count();
         eprintln!(
             "{name}: greedy agrees for {agree} steps (llama.cpp {llama_agree}; reference margin ≥ 0.05 for the first {clear})"

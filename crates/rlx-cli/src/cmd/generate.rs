@@ -66,7 +66,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         args.n,
         &mut sampler,
         &stops,
-        &mut |_| {},
+        &mut |_| true,
     )?;
     let mut out = std::io::stdout().lock();
     if args.json {

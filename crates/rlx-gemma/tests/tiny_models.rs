@@ -1,0 +1,142 @@
+//! Parity on tiny random-weight models of each Gemma generation
+//! (`scripts/tiny/make_tiny_models.py`, fixtures in `tests/fixtures/tiny`).
+//!
+//! References, per file:
+//! - f32 GGUFs: transformers' float32 logits of the HF model. Bound: relative
+//!   L2 under 1e-4 (the budget; measured about 1e-6 — llama.cpp sits
+//!   near 4.5e-4 here, partly from its f16 GELU table).
+//! - f16/bf16 GGUFs: the same transformers logits; the weights themselves are
+//!   rounded, so the bound is llama.cpp's own error on the same file.
+//! - quantized GGUFs: transformers with that file's exact dequantized weights
+//!   (`hf-dequant-<TYPE>`); the bound is llama.cpp's error on the same file
+//!   against the same reference, recomputed here from its stored logits.
+//!
+//! Per-type figures (all prompts together; printed with `--nocapture`) are
+//! listed in `tests/fixtures/tiny/README.md`.
+
+mod common;
+
+use std::path::Path;
+
+use common::{fixtures, read_npy, rel_l2};
+use rlx_gemma::{ConfigError, Model, ModelError, ModelOptions, SessionOptions};
+use rlx_runtime::cpu::matmul::Precision;
+use serde_json::Value;
+
+const F32_BOUND: f64 = 1e-4;
+
+/// Models whose every file must be checked.
+const SUPPORTED: [&str; 5] = ["gemma", "gemma2", "gemma3", "gemma3-linear8", "gemma3-q"];
+/// Models the engine does not run yet: loading them must say so clearly.
+const NOT_YET: [&str; 2] = ["gemma3n", "gemma4-ple"];
+
+fn manifest(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap()
+}
+
+fn prompts(m: &Value) -> Vec<(String, Vec<u32>)> {
+    let mut v: Vec<(String, Vec<u32>)> = m["prompts"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, t)| {
+            (
+                k.clone(),
+                t.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn ours(path: &Path, toks: &[u32]) -> Vec<f32> {
+    let model = Model::load(
+        path,
+        ModelOptions {
+            threads: 2,
+            precision: Precision::Exact,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut s = model
+        .session(SessionOptions {
+            context: Some(toks.len()),
+            // Small chunks so the sliding window crosses chunk boundaries.
+            prefill_chunk: 7,
+            ..Default::default()
+        })
+        .unwrap();
+    s.score(toks).unwrap()
+}
+
+#[test]
+fn every_file_of_every_supported_model_matches_its_reference() {
+    let root = fixtures().join("tiny");
+    let mut report = Vec::new();
+    let mut failures = Vec::new();
+    for name in SUPPORTED {
+        let dir = root.join(name);
+        let m = manifest(&dir);
+        let prompts = prompts(&m);
+        for (file, info) in m["files"].as_object().unwrap() {
+            // Large intermediates (e.g. the f32 source of the quantized set)
+            // are listed but not committed.
+            if info["committed"] == Value::Bool(false) {
+                continue;
+            }
+            let reference = info["reference"].as_str().unwrap();
+            let suffix = file.trim_start_matches("model-").trim_end_matches(".gguf");
+            let (mut a, mut b, mut l) = (Vec::new(), Vec::new(), Vec::new());
+            for (p, toks) in &prompts {
+                a.extend(ours(&dir.join(file), toks));
+                b.extend(read_npy(&dir.join(reference).join(format!("{p}.npy"))).f32s());
+                l.extend(
+                    read_npy(&dir.join(format!("llama-{suffix}")).join(format!("{p}.npy"))).f32s(),
+                );
+            }
+            let err = rel_l2(&a, &b);
+            let llama = rel_l2(&l, &b);
+            report.push(format!(
+                "{name}/{file}: rlx {err:.2e}, llama.cpp {llama:.2e} (vs {reference})"
+            ));
+            if suffix == "f32" && err >= F32_BOUND {
+                failures.push(format!("{name}/{file}: {err} ≥ {F32_BOUND}"));
+            }
+            if err > llama {
+                failures.push(format!("{name}/{file}: rlx {err} > llama.cpp {llama}"));
+            }
+        }
+    }
+    for line in &report {
+        eprintln!("{line}");
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert!(
+        report.len() >= 10,
+        "expected files for every supported model"
+    );
+}
+
+#[test]
+fn unsupported_generations_are_refused_with_a_clear_error() {
+    let root = fixtures().join("tiny");
+    for name in NOT_YET {
+        let path = root.join(name).join("model-f32.gguf");
+        if !path.exists() {
+            // Some tiny variants could not be converted; see the fixtures README.
+            continue;
+        }
+        match Model::load(&path, ModelOptions::default()) {
+            Err(ModelError::Config(ConfigError::Unsupported { arch, .. })) => {
+                assert!(name.starts_with(arch), "{name}: {arch}");
+            }
+            Err(e) => panic!("{name}: unexpected error {e}"),
+            Ok(_) => panic!("{name} loads now: move it to SUPPORTED"),
+        }
+    }
+}
