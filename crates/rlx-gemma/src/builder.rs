@@ -33,6 +33,15 @@ fn seq() -> Dim {
     Dim::Sym(Sym::SEQ)
 }
 
+/// Per-graph state the layers share.
+struct Ctx {
+    pos: NodeId,
+    /// The KV write of each layer that owns a cache, for layers sharing it.
+    writes: Vec<Option<NodeId>>,
+    /// Per-layer embeddings `[seq, layers, P]`, when the model has them.
+    per_layer: Option<NodeId>,
+}
+
 /// Builds the model graph. Inputs: `tokens` and `pos` (i32 `[seq]`); output
 /// `logits` (`[seq, vocab]` or `[1, vocab]`).
 pub fn build_graph(cfg: &GemmaConfig, store: &WeightStore, logits: Logits) -> Result<Graph> {
@@ -43,8 +52,18 @@ pub fn build_graph(cfg: &GemmaConfig, store: &WeightStore, logits: Logits) -> Re
     let x = g.gather(embd, tokens)?;
     let mut x = g.scale(x, cfg.embed_scale)?;
     g.set_name(x, "embd");
+    let per_layer = if cfg.per_layer_input > 0 {
+        Some(per_layer_inputs(&mut g, cfg, store, tokens, x)?)
+    } else {
+        None
+    };
+    let mut ctx = Ctx {
+        pos,
+        writes: vec![None; cfg.layers.len()],
+        per_layer,
+    };
     for spec in &cfg.layers {
-        x = layer(&mut g, cfg, spec, store, x, pos)?;
+        x = layer(&mut g, cfg, spec, store, x, &mut ctx)?;
     }
     if logits == Logits::Last {
         x = g.narrow(x, 0, Start::FromEnd(1), 1)?;
@@ -66,15 +85,45 @@ pub fn build_graph(cfg: &GemmaConfig, store: &WeightStore, logits: Logits) -> Re
     Ok(g)
 }
 
+/// `P_l = (RMSNorm(W_plmp·e · d^(−1/2); γ) + T_l · √P) · 2^(−1/2)` for every
+/// layer at once, as `[seq, layers, P]`; `T` rows are gathered lazily from
+/// the mapped per-layer table.
+fn per_layer_inputs(
+    g: &mut Graph,
+    cfg: &GemmaConfig,
+    store: &WeightStore,
+    tokens: NodeId,
+    embd: NodeId,
+) -> Result<NodeId> {
+    let (n_layers, p) = (cfg.layers.len(), cfg.per_layer_input);
+    let stacked =
+        |g: &mut Graph, x: NodeId| g.reshape(x, Shape::new([seq(), n_layers.into(), p.into()]));
+    let table = store.node(g, "per_layer_token_embd.weight")?;
+    let t = g.gather(table, tokens)?;
+    let t = g.scale(t, (p as f32).sqrt())?;
+    let t = stacked(g, t)?;
+    let proj_w = store.node(g, "per_layer_model_proj.weight")?;
+    let c = g.matmul(embd, proj_w)?;
+    let c = g.scale(c, 1.0 / (cfg.n_embd as f32).sqrt())?;
+    let c = stacked(g, c)?;
+    let norm = store.node(g, "per_layer_proj_norm.weight")?;
+    let c = g.rms_norm(c, Some(norm), cfg.rms_eps)?;
+    let sum = g.add(c, t)?;
+    let out = g.scale(sum, std::f32::consts::FRAC_1_SQRT_2)?;
+    g.set_name(out, "per_layer_inputs");
+    Ok(out)
+}
+
 /// One transformer layer: attention and GeGLU FFN with the pre/post norms,
-/// QK-norm, softcaps and RoPE table the spec calls for.
+/// QK(V)-norms, softcaps, RoPE table, KV sharing, per-layer input and output
+/// scale the spec calls for.
 fn layer(
     g: &mut Graph,
     cfg: &GemmaConfig,
     spec: &LayerSpec,
     store: &WeightStore,
     x: NodeId,
-    pos: NodeId,
+    ctx: &mut Ctx,
 ) -> Result<NodeId> {
     let l = spec.index;
     let w = |g: &mut Graph, name: &str| store.node(g, &format!("blk.{l}.{name}.weight"));
@@ -89,29 +138,48 @@ fn layer(
     let wq = w(g, "attn_q")?;
     let q = g.matmul(h, wq)?;
     let mut q = heads(g, q, hq)?;
-    let slot = CacheSlot(spec.kv_source.unwrap_or(l) as u32);
     let rope = RopeSpec {
         n_rot: spec.rope.n_rot,
         base: spec.rope.base,
         freq_scale: spec.rope.freq_scale,
         has_freq_factors: false,
     };
+    let factors = match &spec.rope.freq_factors {
+        Some(name) => Some(store.node(g, name)?),
+        None => None,
+    };
     if spec.qk_norm {
         let qn = w(g, "attn_q_norm")?;
         q = g.rms_norm(q, Some(qn), eps)?;
     }
-    let q = g.rope(q, pos, rope, None)?;
-    let (wk, wv) = (w(g, "attn_k")?, w(g, "attn_v")?);
-    let k = g.matmul(h, wk)?;
-    let v = g.matmul(h, wv)?;
-    let mut k = heads(g, k, hkv)?;
-    let v = heads(g, v, hkv)?;
-    if spec.qk_norm {
-        let kn = w(g, "attn_k_norm")?;
-        k = g.rms_norm(k, Some(kn), eps)?;
-    }
-    let k = g.rope(k, pos, rope, None)?;
-    let written = g.kv_write(slot, k, v)?;
+    let q = g.rope(q, ctx.pos, rope, factors)?;
+    let slot = CacheSlot(spec.kv_source.unwrap_or(l) as u32);
+    let written = match spec.kv_source {
+        Some(src) => ctx.writes[src].expect("sources precede the layers sharing them"),
+        None => {
+            let wk = w(g, "attn_k")?;
+            let k_raw = g.matmul(h, wk)?;
+            let v_raw = if spec.k_eq_v {
+                k_raw
+            } else {
+                let wv = w(g, "attn_v")?;
+                g.matmul(h, wv)?
+            };
+            let mut k = heads(g, k_raw, hkv)?;
+            let mut v = heads(g, v_raw, hkv)?;
+            if spec.qk_norm {
+                let kn = w(g, "attn_k_norm")?;
+                k = g.rms_norm(k, Some(kn), eps)?;
+            }
+            if spec.v_norm {
+                v = g.rms_norm(v, None, eps)?;
+            }
+            let k = g.rope(k, ctx.pos, rope, factors)?;
+            let written = g.kv_write(slot, k, v)?;
+            ctx.writes[l] = Some(written);
+            written
+        }
+    };
     let mask = match spec.attention {
         AttentionKind::Global => Mask::Causal,
         AttentionKind::Sliding { window } => Mask::Sliding { window },
@@ -148,7 +216,27 @@ fn layer(
         f = g.rms_norm(f, Some(pn), eps)?;
     }
     g.set_name(f, format!("blk.{l}.ffn_out"));
-    let out = g.add(x, f)?;
+    let mut out = g.add(x, f)?;
+
+    // Per-layer input: out + RMSNorm(W_proj·(gelu(W_gate·out) ⊙ P_l)).
+    if let (true, Some(all)) = (spec.per_layer_input, ctx.per_layer) {
+        let p = cfg.per_layer_input;
+        let slice = g.narrow(all, 1, Start::FromStart(l), 1)?;
+        let p_l = g.reshape(slice, Shape::new([seq(), p.into()]))?;
+        let wg = w(g, "inp_gate")?;
+        let gate = g.matmul(out, wg)?;
+        let act = g.gelu(gate)?;
+        let z = g.mul(act, p_l)?;
+        let wp = w(g, "proj")?;
+        let y = g.matmul(z, wp)?;
+        let pn = w(g, "post_norm")?;
+        let y = g.rms_norm(y, Some(pn), eps)?;
+        out = g.add(out, y)?;
+    }
+    if spec.output_scale {
+        let s = w(g, "layer_output_scale")?;
+        out = g.mul(out, s)?;
+    }
     g.set_name(out, format!("blk.{l}.out"));
     Ok(out)
 }

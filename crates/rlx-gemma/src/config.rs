@@ -88,6 +88,14 @@ pub struct LayerSpec {
     pub n_ff: usize,
     /// Read K/V of this earlier layer instead of computing them.
     pub kv_source: Option<usize>,
+    /// Unweighted RMS norm of each v head (Gemma 3n and 4).
+    pub v_norm: bool,
+    /// V is the K projection before its norm (no `attn_v`; Gemma 4 global layers).
+    pub k_eq_v: bool,
+    /// Multiply the layer's output by `layer_output_scale` (Gemma 4).
+    pub output_scale: bool,
+    /// Add this layer's slice of the per-layer embeddings (Gemma 3n and 4).
+    pub per_layer_input: bool,
 }
 
 /// The model as the builders see it.
@@ -103,6 +111,8 @@ pub struct GemmaConfig {
     pub final_softcap: Option<f32>,
     /// `output.weight` if present, else the tied `token_embd.weight`.
     pub lm_head: String,
+    /// Width P of each layer's per-layer embedding (0: none).
+    pub per_layer_input: usize,
     pub layers: Vec<LayerSpec>,
 }
 
@@ -308,45 +318,64 @@ impl GemmaConfig {
             }
         };
 
-        let (sliding, window, base_swa, attn_softcap, final_softcap, qk_norm, post_norms) = match arch {
-            Arch::Gemma => (vec![false; n_layers], 0, freq_base, None, None, false, false),
-            Arch::Gemma2 => {
-                let window = m.usize_opt("attention.sliding_window")?.unwrap_or(4096);
-                (
-                    m.sliding_pattern(n_layers, 2)?,
-                    window,
-                    m.f32_opt("rope.freq_base_swa")?.unwrap_or(freq_base),
-                    Some(m.f32_opt("attn_logit_softcapping")?.unwrap_or(50.0)),
-                    Some(m.f32_opt("final_logit_softcapping")?.unwrap_or(30.0)),
-                    false,
-                    true,
-                )
-            }
-            Arch::Gemma3 => {
-                let window = m.usize_opt("attention.sliding_window")?.unwrap_or(0);
-                let pattern = if window == 0 {
-                    vec![false; n_layers]
-                } else {
-                    m.sliding_pattern(n_layers, 6)?
-                };
-                let cap = m.f32_opt("final_logit_softcapping")?.filter(|&c| c > 0.0);
-                (
-                    pattern,
-                    window,
-                    m.f32_opt("rope.freq_base_swa")?.unwrap_or(10000.0),
+        let (sliding, window, base_swa, attn_softcap, final_softcap, qk_norm, post_norms) =
+            match arch {
+                Arch::Gemma => (
+                    vec![false; n_layers],
+                    0,
+                    freq_base,
                     None,
-                    cap,
-                    true,
-                    true,
-                )
-            }
-            Arch::Gemma3n | Arch::Gemma4 => {
-                return Err(ConfigError::Unsupported {
-                    arch: arch.name(),
-                    what: "this architecture's layer features (AltUp, per-layer embeddings, KV sharing)".into(),
-                })
-            }
-        };
+                    None,
+                    false,
+                    false,
+                ),
+                Arch::Gemma2 => {
+                    let window = m.usize_opt("attention.sliding_window")?.unwrap_or(4096);
+                    (
+                        m.sliding_pattern(n_layers, 2)?,
+                        window,
+                        m.f32_opt("rope.freq_base_swa")?.unwrap_or(freq_base),
+                        Some(m.f32_opt("attn_logit_softcapping")?.unwrap_or(50.0)),
+                        Some(m.f32_opt("final_logit_softcapping")?.unwrap_or(30.0)),
+                        false,
+                        true,
+                    )
+                }
+                Arch::Gemma3 => {
+                    let window = m.usize_opt("attention.sliding_window")?.unwrap_or(0);
+                    let pattern = if window == 0 {
+                        vec![false; n_layers]
+                    } else {
+                        m.sliding_pattern(n_layers, 6)?
+                    };
+                    let cap = m.f32_opt("final_logit_softcapping")?.filter(|&c| c > 0.0);
+                    (
+                        pattern,
+                        window,
+                        m.f32_opt("rope.freq_base_swa")?.unwrap_or(10000.0),
+                        None,
+                        cap,
+                        true,
+                        true,
+                    )
+                }
+                Arch::Gemma4 => {
+                    return gemma4(
+                        file,
+                        &m,
+                        (n_embd, n_layers, context_length, n_vocab),
+                        rms_eps,
+                        (n_head, n_head_kv, n_ff),
+                        lm_head,
+                    )
+                }
+                Arch::Gemma3n => {
+                    return Err(ConfigError::Unsupported {
+                        arch: arch.name(),
+                        what: "AltUp, LAuReL and activation sparsity".into(),
+                    })
+                }
+            };
 
         // Query scale: 1/√hd, except the 27B models, which llama.cpp
         // recognises by layer count and scales by 1/√(d/H).
@@ -382,29 +411,14 @@ impl GemmaConfig {
                     post_norms,
                     n_ff: n_ff[l],
                     kv_source: None,
+                    v_norm: false,
+                    k_eq_v: false,
+                    output_scale: false,
+                    per_layer_input: false,
                 }
             })
             .collect::<Vec<_>>();
-        for s in &layers {
-            if s.n_head == 0 || s.n_head_kv == 0 || s.n_head % s.n_head_kv != 0 {
-                return Err(ConfigError::Invalid {
-                    key: m.key("attention.head_count_kv"),
-                    msg: format!(
-                        "layer {}: {} query heads are not a multiple of {} kv heads",
-                        s.index, s.n_head, s.n_head_kv
-                    ),
-                });
-            }
-            if s.rope.n_rot > head_dim || s.rope.n_rot % 2 == 1 {
-                return Err(ConfigError::Invalid {
-                    key: m.key("rope.dimension_count"),
-                    msg: format!(
-                        "{} must be even and at most the head size {head_dim}",
-                        s.rope.n_rot
-                    ),
-                });
-            }
-        }
+        validate_layers(&m, &layers)?;
         Ok(GemmaConfig {
             arch,
             n_embd,
@@ -414,7 +428,160 @@ impl GemmaConfig {
             embed_scale: (n_embd as f32).sqrt(),
             final_softcap,
             lm_head,
+            per_layer_input: 0,
             layers,
         })
     }
+}
+
+fn validate_layers(m: &Meta, layers: &[LayerSpec]) -> Result<(), ConfigError> {
+    for s in layers {
+        let head_dim = s.head_dim;
+        if s.n_head == 0 || s.n_head_kv == 0 || s.n_head % s.n_head_kv != 0 {
+            return Err(ConfigError::Invalid {
+                key: m.key("attention.head_count_kv"),
+                msg: format!(
+                    "layer {}: {} query heads are not a multiple of {} kv heads",
+                    s.index, s.n_head, s.n_head_kv
+                ),
+            });
+        }
+        if s.rope.n_rot > head_dim || s.rope.n_rot % 2 == 1 {
+            return Err(ConfigError::Invalid {
+                key: m.key("rope.dimension_count"),
+                msg: format!(
+                    "{} must be even and at most the head size {head_dim}",
+                    s.rope.n_rot
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Gemma 4: per-layer head sizes and KV heads, proportional RoPE on global
+/// layers, K = V layers, KV sharing, per-layer embeddings, output scales.
+fn gemma4(
+    file: &GgufFile,
+    m: &Meta,
+    (n_embd, n_layers, context_length, n_vocab): (usize, usize, usize, usize),
+    rms_eps: f32,
+    (n_head, n_head_kv, n_ff): (Vec<usize>, Vec<usize>, Vec<usize>),
+    lm_head: String,
+) -> Result<GemmaConfig, ConfigError> {
+    let key = |s: &str| m.key(s);
+    if m.get("attention.sliding_window_pattern").is_none() {
+        return Err(ConfigError::Missing {
+            key: key("attention.sliding_window_pattern"),
+        });
+    }
+    let sliding = m.sliding_pattern(n_layers, 0)?;
+    let window = m.usize("attention.sliding_window")?;
+    let hd_global = m.usize("attention.key_length")?;
+    let hd_local = m
+        .usize_opt("attention.key_length_swa")?
+        .unwrap_or(hd_global);
+    for (k, v) in [
+        ("attention.value_length", hd_global),
+        ("attention.value_length_swa", hd_local),
+    ] {
+        if let Some(x) = m.usize_opt(k)? {
+            if x != v {
+                return Err(ConfigError::Invalid {
+                    key: key(k),
+                    msg: format!("{x} differs from the key length {v}"),
+                });
+            }
+        }
+    }
+    let rot_global = m.usize_opt("rope.dimension_count")?.unwrap_or(hd_global);
+    let rot_local = m
+        .usize_opt("rope.dimension_count_swa")?
+        .unwrap_or(rot_global);
+    let base_global = m.f32_opt("rope.freq_base")?.unwrap_or(10000.0);
+    let base_local = m.f32_opt("rope.freq_base_swa")?.unwrap_or(10000.0);
+    let n_shared = m.usize_opt("attention.shared_kv_layers")?.unwrap_or(0);
+    if n_shared >= n_layers {
+        return Err(ConfigError::Invalid {
+            key: key("attention.shared_kv_layers"),
+            msg: format!("{n_shared} shared layers of {n_layers}"),
+        });
+    }
+    let first_shared = n_layers - n_shared;
+    let per_layer_input = m
+        .usize_opt("embedding_length_per_layer_input")?
+        .unwrap_or(0);
+    if m.usize_opt("expert_count")?.unwrap_or(0) > 0 {
+        return Err(ConfigError::Unsupported {
+            arch: "gemma4",
+            what: "mixture-of-experts layers".into(),
+        });
+    }
+    let freq_factors = file
+        .tensor("rope_freqs.weight")
+        .map(|_| "rope_freqs.weight".to_owned());
+    let has = |l: usize, t: &str| file.tensor(&format!("blk.{l}.{t}.weight")).is_some();
+    let mut layers: Vec<LayerSpec> = Vec::with_capacity(n_layers);
+    for l in 0..n_layers {
+        let local = sliding[l];
+        // A shared layer reads the last owning layer of its own type.
+        let kv_source = if l >= first_shared {
+            let src = (0..first_shared)
+                .rev()
+                .find(|&j| sliding[j] == local)
+                .ok_or_else(|| ConfigError::Invalid {
+                    key: key("attention.shared_kv_layers"),
+                    msg: format!("layer {l} has no earlier layer of its type to share K/V with"),
+                })?;
+            Some(src)
+        } else {
+            None
+        };
+        layers.push(LayerSpec {
+            index: l,
+            attention: if local {
+                AttentionKind::Sliding { window }
+            } else {
+                AttentionKind::Global
+            },
+            n_head: n_head[l],
+            // A sharing layer has its source's KV heads.
+            n_head_kv: kv_source.map_or(n_head_kv[l], |s| layers[s].n_head_kv),
+            head_dim: if local { hd_local } else { hd_global },
+            rope: RopeConfig {
+                n_rot: if local { rot_local } else { rot_global },
+                base: if local { base_local } else { base_global },
+                freq_scale: 1.0,
+                // Proportional RoPE: the factors apply to global layers only.
+                freq_factors: if local { None } else { freq_factors.clone() },
+            },
+            // The QK-norm takes the place of the query scale.
+            query_scale: 1.0,
+            attn_softcap: None,
+            qk_norm: true,
+            post_norms: true,
+            n_ff: n_ff[l],
+            kv_source,
+            v_norm: true,
+            k_eq_v: kv_source.is_none() && !has(l, "attn_v"),
+            output_scale: has(l, "layer_output_scale"),
+            per_layer_input: per_layer_input > 0,
+        });
+    }
+    validate_layers(m, &layers)?;
+    // The reference applies a final softcap of 30 when the key is absent.
+    let final_softcap =
+        Some(m.f32_opt("final_logit_softcapping")?.unwrap_or(30.0)).filter(|&c| c > 0.0);
+    Ok(GemmaConfig {
+        arch: Arch::Gemma4,
+        n_embd,
+        n_vocab,
+        context_length,
+        rms_eps,
+        embed_scale: (n_embd as f32).sqrt(),
+        final_softcap,
+        lm_head,
+        per_layer_input,
+        layers,
+    })
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rlx_gguf::GgufFile;
-use rlx_ir::{Bindings, Sym};
+use rlx_ir::{Bindings, CacheSlot, Sym};
 use rlx_runtime::cpu::matmul::Precision;
 use rlx_runtime::cpu::CpuDevice;
 use rlx_runtime::{
@@ -123,7 +123,7 @@ impl Model {
                         AttentionKind::Sliding { window } => Some(window),
                         AttentionKind::Global => None,
                     },
-                    shares: None,
+                    shares: s.kv_source.map(|src| CacheSlot(src as u32)),
                 })
                 .collect(),
             max_context: context,

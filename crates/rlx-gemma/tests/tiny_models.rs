@@ -26,9 +26,17 @@ use serde_json::Value;
 const F32_BOUND: f64 = 1e-4;
 
 /// Models whose every file must be checked.
-const SUPPORTED: [&str; 5] = ["gemma", "gemma2", "gemma3", "gemma3-linear8", "gemma3-q"];
+const SUPPORTED: [&str; 7] = [
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "gemma3-linear8",
+    "gemma3-q",
+    "gemma4-dense",
+    "gemma4-ple",
+];
 /// Models the engine does not run yet: loading them must say so clearly.
-const NOT_YET: [&str; 2] = ["gemma3n", "gemma4-ple"];
+const NOT_YET: [&str; 2] = ["gemma3n", "gemma4-moe"];
 
 fn manifest(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap()
