@@ -114,6 +114,38 @@ fn per_layer_inputs(
     Ok(out)
 }
 
+/// The routed-expert branch of a MoE layer: the router reads the unweighted
+/// norm of the residual `a` times `ffn_gate_inp.scale` and `d^(−1/2)`; the
+/// experts read `RMSNorm(a; pre_ffw_norm_2)`.
+fn experts(
+    g: &mut Graph,
+    cfg: &GemmaConfig,
+    spec: &LayerSpec,
+    store: &WeightStore,
+    a: NodeId,
+    top_k: usize,
+) -> Result<NodeId> {
+    let l = spec.index;
+    let t = |g: &mut Graph, name: &str| store.node(g, &format!("blk.{l}.{name}"));
+    let eps = cfg.rms_eps;
+    let r = g.rms_norm(a, None, eps)?;
+    let router_scale = t(g, "ffn_gate_inp.scale")?;
+    let r = g.mul(r, router_scale)?;
+    let r = g.scale(r, 1.0 / (cfg.n_embd as f32).sqrt())?;
+    let router = t(g, "ffn_gate_inp.weight")?;
+    let logits = g.matmul(r, router)?;
+    let pre = t(g, "pre_ffw_norm_2.weight")?;
+    let u = g.rms_norm(a, Some(pre), eps)?;
+    let gate_up = t(g, "ffn_gate_up_exps.weight")?;
+    let down = t(g, "ffn_down_exps.weight")?;
+    let expert_scale = t(g, "ffn_down_exps.scale")?;
+    let y = g.moe(u, logits, gate_up, down, expert_scale, top_k)?;
+    let post = t(g, "post_ffw_norm_2.weight")?;
+    let y = g.rms_norm(y, Some(post), eps)?;
+    g.set_name(y, format!("blk.{l}.moe_out"));
+    Ok(y)
+}
+
 /// One transformer layer: attention and GeGLU FFN with the pre/post norms,
 /// QK(V)-norms, softcaps, RoPE table, KV sharing, per-layer input and output
 /// scale the spec calls for.
@@ -211,6 +243,13 @@ fn layer(
     let act = g.gelu(gate)?;
     let m = g.mul(act, up)?;
     let mut f = g.matmul(m, wd)?;
+    if let Some(moe) = spec.moe {
+        // Shared expert and routed experts, each with its own post-norm.
+        let n1 = w(g, "post_ffw_norm_1")?;
+        let shared = g.rms_norm(f, Some(n1), eps)?;
+        let routed = experts(g, cfg, spec, store, x, moe.top_k)?;
+        f = g.add(shared, routed)?;
+    }
     if spec.post_norms {
         let pn = w(g, "post_ffw_norm")?;
         f = g.rms_norm(f, Some(pn), eps)?;

@@ -96,6 +96,16 @@ pub struct LayerSpec {
     pub output_scale: bool,
     /// Add this layer's slice of the per-layer embeddings (Gemma 3n and 4).
     pub per_layer_input: bool,
+    /// Routed experts beside the dense (shared-expert) FFN (Gemma 4 MoE).
+    pub moe: Option<MoeSpec>,
+}
+
+/// A mixture-of-experts FFN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeSpec {
+    pub experts: usize,
+    pub top_k: usize,
+    pub n_ff: usize,
 }
 
 /// The model as the builders see it.
@@ -415,6 +425,7 @@ impl GemmaConfig {
                     k_eq_v: false,
                     output_scale: false,
                     per_layer_input: false,
+                    moe: None,
                 }
             })
             .collect::<Vec<_>>();
@@ -511,12 +522,23 @@ fn gemma4(
     let per_layer_input = m
         .usize_opt("embedding_length_per_layer_input")?
         .unwrap_or(0);
-    if m.usize_opt("expert_count")?.unwrap_or(0) > 0 {
-        return Err(ConfigError::Unsupported {
-            arch: "gemma4",
-            what: "mixture-of-experts layers".into(),
-        });
-    }
+    let experts = m.usize_opt("expert_count")?.unwrap_or(0);
+    let moe = if experts > 0 {
+        let top_k = m.usize("expert_used_count")?;
+        if top_k == 0 || top_k > experts {
+            return Err(ConfigError::Invalid {
+                key: key("expert_used_count"),
+                msg: format!("{top_k} of {experts} experts"),
+            });
+        }
+        Some(MoeSpec {
+            experts,
+            top_k,
+            n_ff: m.usize("expert_feed_forward_length")?,
+        })
+    } else {
+        None
+    };
     let freq_factors = file
         .tensor("rope_freqs.weight")
         .map(|_| "rope_freqs.weight".to_owned());
@@ -566,6 +588,7 @@ fn gemma4(
             k_eq_v: kv_source.is_none() && !has(l, "attn_v"),
             output_scale: has(l, "layer_output_scale"),
             per_layer_input: per_layer_input > 0,
+            moe: moe.filter(|_| has(l, "ffn_gate_inp")),
         });
     }
     validate_layers(m, &layers)?;

@@ -11,5 +11,5 @@ pub mod model;
 pub mod sampling;
 
 pub use builder::{build_graph, Logits};
-pub use config::{Arch, AttentionKind, ConfigError, GemmaConfig, LayerSpec};
+pub use config::{Arch, AttentionKind, ConfigError, GemmaConfig, LayerSpec, MoeSpec};
 pub use model::{Model, ModelError, ModelOptions, Session, SessionOptions};

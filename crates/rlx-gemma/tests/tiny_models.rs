@@ -26,7 +26,7 @@ use serde_json::Value;
 const F32_BOUND: f64 = 1e-4;
 
 /// Models whose every file must be checked.
-const SUPPORTED: [&str; 7] = [
+const SUPPORTED: [&str; 8] = [
     "gemma",
     "gemma2",
     "gemma3",
@@ -34,9 +34,10 @@ const SUPPORTED: [&str; 7] = [
     "gemma3-q",
     "gemma4-dense",
     "gemma4-ple",
+    "gemma4-moe",
 ];
 /// Models the engine does not run yet: loading them must say so clearly.
-const NOT_YET: [&str; 2] = ["gemma3n", "gemma4-moe"];
+const NOT_YET: [&str; 1] = ["gemma3n"];
 
 fn manifest(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap()

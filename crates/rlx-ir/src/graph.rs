@@ -309,6 +309,22 @@ impl Graph {
         self.push(Op::KvWrite { slot }, vec![k, v, spans])
     }
 
+    /// A mixture-of-experts GeGLU FFN; see [`Op::Moe`].
+    pub fn moe(
+        &mut self,
+        u: NodeId,
+        router_logits: NodeId,
+        gate_up: NodeId,
+        down: NodeId,
+        expert_scale: NodeId,
+        top_k: usize,
+    ) -> Result<NodeId> {
+        self.push(
+            Op::Moe { top_k },
+            vec![u, router_logits, gate_up, down, expert_scale],
+        )
+    }
+
     pub fn narrow(&mut self, x: NodeId, axis: usize, start: Start, len: usize) -> Result<NodeId> {
         self.push(Op::Narrow { axis, start, len }, vec![x])
     }
@@ -605,6 +621,52 @@ impl Graph {
                     }
                 }
                 Ok((DType::Effect, Shape::default()))
+            }
+            Op::Moe { top_k } => {
+                arity(5)?;
+                let (u, logits) = (f32_in(0)?, f32_in(1)?);
+                let gu = weight_in(node(2)?, &err)?;
+                let dn = weight_in(node(3)?, &err)?;
+                let sc = weight_or_f32(node(4)?, &err)?;
+                let (n, d) = match u.shape.0[..] {
+                    [n, Dim::Fixed(d)] => (n, d),
+                    _ => return Err(err(format!("u must be [n, d], is {}", u.shape))),
+                };
+                let e = match logits.shape.0[..] {
+                    [m, Dim::Fixed(e)] if m == n => e,
+                    _ => {
+                        return Err(err(format!(
+                            "router logits {} must be [n, experts]",
+                            logits.shape
+                        )))
+                    }
+                };
+                let ff = match gu.shape.0[..] {
+                    [Dim::Fixed(e2), Dim::Fixed(two_ff), Dim::Fixed(d2)]
+                        if e2 == e && d2 == d && two_ff % 2 == 0 =>
+                    {
+                        two_ff / 2
+                    }
+                    _ => {
+                        return Err(err(format!(
+                            "gate_up {} must be [{e}, 2·ff, {d}]",
+                            gu.shape
+                        )))
+                    }
+                };
+                if dn.shape != Shape::fixed(&[e, d, ff]) {
+                    return Err(err(format!("down {} must be [{e}, {d}, {ff}]", dn.shape)));
+                }
+                if sc.shape.fixed_numel() != Some(e) {
+                    return Err(err(format!(
+                        "expert scale {} must hold {e} values",
+                        sc.shape
+                    )));
+                }
+                if *top_k == 0 || *top_k > e {
+                    return Err(err(format!("top_k {top_k} must be in 1..={e}")));
+                }
+                Ok((f32, u.shape.clone()))
             }
             Op::Narrow { axis, start, len } => {
                 arity(1)?;

@@ -116,6 +116,14 @@ pub enum Op {
     /// current positions: inputs `[k, v]` or `[k, v, span_ids]`, result an
     /// effect.
     KvWrite { slot: CacheSlot },
+    /// Mixture-of-experts GeGLU FFN. Inputs `[u, router_logits, gate_up,
+    /// down, expert_scale]`: `u` `[n, d]`, logits `[n, E]`, `gate_up` a weight
+    /// `[E, 2·ff, d]` (gate rows, then up rows), `down` `[E, d, ff]`,
+    /// `expert_scale` `[E]`. Per token: `π = softmax(logits)`, the `top_k`
+    /// experts S, `w_e = π_e / Σ_S π · expert_scale_e`, and the result
+    /// `Σ_S w_e · down_e(gelu(gate_e·u) ⊙ up_e·u)`. Stands for softmax, top-k,
+    /// and per-token matmuls against expert slices.
+    Moe { top_k: usize },
     /// Rows `start .. start+len` along `axis`.
     Narrow {
         axis: usize,
@@ -155,6 +163,7 @@ impl Op {
             Op::Rope(_) => "rope",
             Op::Attention(_) => "attention",
             Op::KvWrite { .. } => "kv_write",
+            Op::Moe { .. } => "moe",
             Op::Narrow { .. } => "narrow",
             Op::Reshape { .. } => "reshape",
             Op::Concat { .. } => "concat",
@@ -203,6 +212,7 @@ impl fmt::Display for Op {
                 }
             }
             Op::KvWrite { slot } => write!(f, "kv_write cache={}", slot.0),
+            Op::Moe { top_k } => write!(f, "moe top_k={top_k}"),
             Op::Narrow { axis, start, len } => write!(f, "narrow axis={axis} {start:?} len={len}"),
             Op::Reshape { shape } => write!(f, "reshape {shape}"),
             Op::Concat { axis } => write!(f, "concat axis={axis}"),

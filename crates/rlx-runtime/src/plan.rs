@@ -13,7 +13,7 @@ use rlx_gguf::GgmlType;
 use rlx_ir::passes::{self, FuseOptions};
 use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, NodeId, Op, Shape, Start, WeightId};
 
-use crate::cpu::kernels::{attention, elementwise, norm, rope, shape as shape_k};
+use crate::cpu::kernels::{attention, elementwise, moe, norm, rope, shape as shape_k};
 use crate::cpu::matmul::{self, MatmulOptions, MatmulScratch, Precision, WeightMatrix};
 use crate::cpu::CpuDevice;
 use crate::kv::{KvCache, KvError, RowsView};
@@ -684,6 +684,44 @@ impl Plan {
                         attention::attention(pool, params, &queries, &rows, out);
                     }
                 }
+            }
+            Op::Moe { top_k } => {
+                let stack = |i: usize| -> moe::ExpertStack<'_> {
+                    let Val::Weight(ty, data) = val(i) else {
+                        unreachable!()
+                    };
+                    let dims: Vec<usize> = g
+                        .node(n.inputs[i])
+                        .shape
+                        .0
+                        .iter()
+                        .map(|d| d.fixed().expect("fixed"))
+                        .collect();
+                    moe::ExpertStack {
+                        ty,
+                        data,
+                        experts: dims[0],
+                        rows: dims[1],
+                        k: dims[2],
+                    }
+                };
+                let opts = MatmulOptions {
+                    precision: self.opts.precision,
+                    isa: self.device.isa(),
+                };
+                let mut scratch = self.scratch.borrow_mut();
+                moe::moe(
+                    pool,
+                    &opts,
+                    &mut scratch,
+                    f32v(0),
+                    f32v(1),
+                    *top_k,
+                    stack(2),
+                    stack(3),
+                    &vector(4),
+                    out,
+                )?;
             }
             Op::Narrow {
                 axis,

@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod moe;
 pub mod norm;
 pub mod rope;
 pub mod shape;
