@@ -8,6 +8,7 @@ use rlx_ir::{
 };
 use rlx_runtime::{WeightError, WeightStore};
 
+use crate::altup;
 use crate::config::{AttentionKind, GemmaConfig, LayerSpec};
 
 /// Which positions get logits.
@@ -34,12 +35,12 @@ fn seq() -> Dim {
 }
 
 /// Per-graph state the layers share.
-struct Ctx {
-    pos: NodeId,
+pub(crate) struct Ctx {
+    pub(crate) pos: NodeId,
     /// The KV write of each layer that owns a cache, for layers sharing it.
-    writes: Vec<Option<NodeId>>,
+    pub(crate) writes: Vec<Option<NodeId>>,
     /// Per-layer embeddings `[seq, layers, P]`, when the model has them.
-    per_layer: Option<NodeId>,
+    pub(crate) per_layer: Option<NodeId>,
 }
 
 /// Builds the model graph. Inputs: `tokens` and `pos` (i32 `[seq]`); output
@@ -62,8 +63,19 @@ pub fn build_graph(cfg: &GemmaConfig, store: &WeightStore, logits: Logits) -> Re
         writes: vec![None; cfg.layers.len()],
         per_layer,
     };
-    for spec in &cfg.layers {
-        x = layer(&mut g, cfg, spec, store, x, &mut ctx)?;
+    match cfg.altup_streams {
+        None => {
+            for spec in &cfg.layers {
+                x = layer(&mut g, cfg, spec, store, x, &mut ctx)?;
+            }
+        }
+        Some(n) => {
+            let mut streams = altup::split(&mut g, cfg, store, x, n)?;
+            for spec in &cfg.layers {
+                streams = altup::layer(&mut g, cfg, spec, store, streams, n, &mut ctx)?;
+            }
+            x = altup::merge(&mut g, cfg, store, streams, n)?;
+        }
     }
     if logits == Logits::Last {
         x = g.narrow(x, 0, Start::FromEnd(1), 1)?;
@@ -88,7 +100,7 @@ pub fn build_graph(cfg: &GemmaConfig, store: &WeightStore, logits: Logits) -> Re
 /// `P_l = (RMSNorm(W_plmp·e · d^(−1/2); γ) + T_l · √P) · 2^(−1/2)` for every
 /// layer at once, as `[seq, layers, P]`; `T` rows are gathered lazily from
 /// the mapped per-layer table.
-fn per_layer_inputs(
+pub(crate) fn per_layer_inputs(
     g: &mut Graph,
     cfg: &GemmaConfig,
     store: &WeightStore,
@@ -149,7 +161,7 @@ fn experts(
 /// One transformer layer: attention and GeGLU FFN with the pre/post norms,
 /// QK(V)-norms, softcaps, RoPE table, KV sharing, per-layer input and output
 /// scale the spec calls for.
-fn layer(
+pub(crate) fn layer(
     g: &mut Graph,
     cfg: &GemmaConfig,
     spec: &LayerSpec,
@@ -167,6 +179,17 @@ fn layer(
     // Attention.
     let attn_norm = w(g, "attn_norm")?;
     let h = g.rms_norm(x, Some(attn_norm), eps)?;
+    // LAuReL: h + RMSNorm(W_R·(W_L·h)), joined with the attention residual below.
+    let laurel = if spec.laurel {
+        let (wl, wr) = (w(g, "laurel_l")?, w(g, "laurel_r")?);
+        let lo = g.matmul(h, wl)?;
+        let lo = g.matmul(lo, wr)?;
+        let ln = w(g, "laurel_post_norm")?;
+        let lo = g.rms_norm(lo, Some(ln), eps)?;
+        Some(g.add(h, lo)?)
+    } else {
+        None
+    };
     let wq = w(g, "attn_q")?;
     let q = g.matmul(h, wq)?;
     let mut q = heads(g, q, hq)?;
@@ -232,13 +255,20 @@ fn layer(
         o = g.rms_norm(o, Some(pn), eps)?;
     }
     g.set_name(o, format!("blk.{l}.attn_out"));
-    let x = g.add(x, o)?;
+    let mut x = g.add(x, o)?;
+    if let Some(lr) = laurel {
+        let sum = g.add(x, lr)?;
+        x = g.scale(sum, std::f32::consts::FRAC_1_SQRT_2)?;
+    }
 
     // Feed-forward: down(gelu(gate(h)) · up(h)).
     let ffn_norm = w(g, "ffn_norm")?;
     let h = g.rms_norm(x, Some(ffn_norm), eps)?;
     let (wg, wu, wd) = (w(g, "ffn_gate")?, w(g, "ffn_up")?, w(g, "ffn_down")?);
-    let gate = g.matmul(h, wg)?;
+    let mut gate = g.matmul(h, wg)?;
+    if let Some(k) = spec.sparsity {
+        gate = g.gaussian_topk(gate, k)?;
+    }
     let up = g.matmul(h, wu)?;
     let act = g.gelu(gate)?;
     let m = g.mul(act, up)?;
@@ -258,7 +288,8 @@ fn layer(
     let mut out = g.add(x, f)?;
 
     // Per-layer input: out + RMSNorm(W_proj·(gelu(W_gate·out) ⊙ P_l)).
-    if let (true, Some(all)) = (spec.per_layer_input, ctx.per_layer) {
+    // (With AltUp the per-layer input goes to the other streams instead.)
+    if let (true, Some(all), None) = (spec.per_layer_input, ctx.per_layer, cfg.altup_streams) {
         let p = cfg.per_layer_input;
         let slice = g.narrow(all, 1, Start::FromStart(l), 1)?;
         let p_l = g.reshape(slice, Shape::new([seq(), p.into()]))?;

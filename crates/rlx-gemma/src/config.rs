@@ -98,6 +98,11 @@ pub struct LayerSpec {
     pub per_layer_input: bool,
     /// Routed experts beside the dense (shared-expert) FFN (Gemma 4 MoE).
     pub moe: Option<MoeSpec>,
+    /// Low-rank residual branch on the attention input (Gemma 3n LAuReL).
+    pub laurel: bool,
+    /// Gaussian top-k sparsity of the FFN gate: the std multiplier
+    /// Φ⁻¹(sparsity) (Gemma 3n's first layers).
+    pub sparsity: Option<f32>,
 }
 
 /// A mixture-of-experts FFN.
@@ -123,6 +128,8 @@ pub struct GemmaConfig {
     pub lm_head: String,
     /// Width P of each layer's per-layer embedding (0: none).
     pub per_layer_input: usize,
+    /// Number of AltUp streams (Gemma 3n; stream 0 is the active one).
+    pub altup_streams: Option<usize>,
     pub layers: Vec<LayerSpec>,
 }
 
@@ -380,10 +387,15 @@ impl GemmaConfig {
                     )
                 }
                 Arch::Gemma3n => {
-                    return Err(ConfigError::Unsupported {
-                        arch: arch.name(),
-                        what: "AltUp, LAuReL and activation sparsity".into(),
-                    })
+                    return gemma3n(
+                        file,
+                        &m,
+                        (n_embd, n_layers, context_length, n_vocab),
+                        rms_eps,
+                        (n_head, n_head_kv, n_ff),
+                        head_dim,
+                        lm_head,
+                    )
                 }
             };
 
@@ -426,6 +438,8 @@ impl GemmaConfig {
                     output_scale: false,
                     per_layer_input: false,
                     moe: None,
+                    laurel: false,
+                    sparsity: None,
                 }
             })
             .collect::<Vec<_>>();
@@ -440,6 +454,7 @@ impl GemmaConfig {
             final_softcap,
             lm_head,
             per_layer_input: 0,
+            altup_streams: None,
             layers,
         })
     }
@@ -589,6 +604,8 @@ fn gemma4(
             output_scale: has(l, "layer_output_scale"),
             per_layer_input: per_layer_input > 0,
             moe: moe.filter(|_| has(l, "ffn_gate_inp")),
+            laurel: false,
+            sparsity: None,
         });
     }
     validate_layers(m, &layers)?;
@@ -605,6 +622,142 @@ fn gemma4(
         final_softcap,
         lm_head,
         per_layer_input,
+        altup_streams: None,
+        layers,
+    })
+}
+
+/// The layers that own a KV cache are the first `L − n_shared`; each later
+/// layer reads the last owning layer of its own type.
+fn kv_sources(
+    m: &Meta,
+    sliding: &[bool],
+    n_shared: usize,
+) -> Result<Vec<Option<usize>>, ConfigError> {
+    let n_layers = sliding.len();
+    if n_shared >= n_layers {
+        return Err(ConfigError::Invalid {
+            key: m.key("attention.shared_kv_layers"),
+            msg: format!("{n_shared} shared layers of {n_layers}"),
+        });
+    }
+    let first_shared = n_layers - n_shared;
+    (0..n_layers)
+        .map(|l| {
+            if l < first_shared {
+                return Ok(None);
+            }
+            (0..first_shared)
+                .rev()
+                .find(|&j| sliding[j] == sliding[l])
+                .map(Some)
+                .ok_or_else(|| ConfigError::Invalid {
+                    key: m.key("attention.shared_kv_layers"),
+                    msg: format!("layer {l} has no earlier layer of its type to share K/V with"),
+                })
+        })
+        .collect()
+}
+
+/// Gemma 3n: AltUp streams, LAuReL, Gaussian top-k FFN sparsity,
+/// per-layer embeddings and KV sharing.
+#[allow(clippy::too_many_arguments)]
+fn gemma3n(
+    file: &GgufFile,
+    m: &Meta,
+    (n_embd, n_layers, context_length, n_vocab): (usize, usize, usize, usize),
+    rms_eps: f32,
+    (n_head, n_head_kv, n_ff): (Vec<usize>, Vec<usize>, Vec<usize>),
+    head_dim: usize,
+    lm_head: String,
+) -> Result<GemmaConfig, ConfigError> {
+    let key = |s: &str| m.key(s);
+    let sliding = m.sliding_pattern(n_layers, 5)?;
+    let window = m.usize("attention.sliding_window")?;
+    let base_global = m.f32_opt("rope.freq_base")?.unwrap_or(1_000_000.0);
+    let base_local = m.f32_opt("rope.freq_base_swa")?.unwrap_or(10000.0);
+    let n_shared = m.usize_opt("attention.shared_kv_layers")?.unwrap_or(0);
+    let sources = kv_sources(m, &sliding, n_shared)?;
+    let per_layer_input = m
+        .usize_opt("embedding_length_per_layer_input")?
+        .unwrap_or(256);
+    let streams = m.usize_opt("altup.num_inputs")?.unwrap_or(4);
+    if m.usize_opt("altup.active_idx")?.unwrap_or(0) != 0 {
+        return Err(ConfigError::Invalid {
+            key: key("altup.active_idx"),
+            msg: "only stream 0 as the active stream is supported".into(),
+        });
+    }
+    let sparsity: Vec<Option<f32>> = match m.get("activation_sparsity_scale") {
+        None => vec![None; n_layers],
+        Some(v) => {
+            let a = v
+                .as_array()
+                .and_then(|a| a.as_f32s())
+                .ok_or_else(|| ConfigError::Invalid {
+                    key: key("activation_sparsity_scale"),
+                    msg: "expected an f32 array".into(),
+                })?;
+            if a.len() != n_layers {
+                return Err(ConfigError::Invalid {
+                    key: key("activation_sparsity_scale"),
+                    msg: format!("{} values for {n_layers} layers", a.len()),
+                });
+            }
+            // Dense layers hold −∞ (Φ⁻¹(0)); they get no sparsity at all.
+            a.iter().map(|&k| k.is_finite().then_some(k)).collect()
+        }
+    };
+    let has = |l: usize, t: &str| file.tensor(&format!("blk.{l}.{t}.weight")).is_some();
+    let mut layers: Vec<LayerSpec> = Vec::with_capacity(n_layers);
+    for l in 0..n_layers {
+        let local = sliding[l];
+        let kv_source = sources[l];
+        layers.push(LayerSpec {
+            index: l,
+            attention: if local {
+                AttentionKind::Sliding { window }
+            } else {
+                AttentionKind::Global
+            },
+            n_head: n_head[l],
+            n_head_kv: kv_source.map_or(n_head_kv[l], |s| layers[s].n_head_kv),
+            head_dim,
+            rope: RopeConfig {
+                n_rot: head_dim,
+                base: if local { base_local } else { base_global },
+                freq_scale: 1.0,
+                freq_factors: None,
+            },
+            query_scale: 1.0,
+            attn_softcap: None,
+            qk_norm: true,
+            post_norms: true,
+            n_ff: n_ff[l],
+            kv_source,
+            v_norm: true,
+            k_eq_v: false,
+            output_scale: false,
+            per_layer_input: per_layer_input > 0,
+            moe: None,
+            laurel: has(l, "laurel_l"),
+            sparsity: sparsity[l],
+        });
+    }
+    validate_layers(m, &layers)?;
+    let final_softcap =
+        Some(m.f32_opt("final_logit_softcapping")?.unwrap_or(30.0)).filter(|&c| c > 0.0);
+    Ok(GemmaConfig {
+        arch: Arch::Gemma3n,
+        n_embd,
+        n_vocab,
+        context_length,
+        rms_eps,
+        embed_scale: (n_embd as f32).sqrt(),
+        final_softcap,
+        lm_head,
+        per_layer_input,
+        altup_streams: Some(streams),
         layers,
     })
 }

@@ -4,6 +4,7 @@
 //! [`build_graph`] (one layer builder for every phase) → [`Model`] and
 //! [`Session`] (chunked prefill, decode, prefix reuse) → [`sampling`].
 
+mod altup;
 pub mod builder;
 pub mod config;
 pub mod generate;

@@ -11,22 +11,24 @@
 //!   (`hf-dequant-<TYPE>`); the bound is llama.cpp's error on the same file
 //!   against the same reference, recomputed here from its stored logits.
 //!
-//! Per-type figures (all prompts together; printed with `--nocapture`) are
-//! listed in `tests/fixtures/tiny/README.md`.
+//! Per-file figures (all prompts together) are printed with `--nocapture`.
+//! llama.cpp is far off on the tiny Gemma 3n (relative L2 near 0.9): it
+//! hardcodes the production models' layer counts for KV sharing and
+//! sparsity, which a 4-layer model does not have.
 
 mod common;
 
 use std::path::Path;
 
 use common::{fixtures, read_npy, rel_l2};
-use rlx_gemma::{ConfigError, Model, ModelError, ModelOptions, SessionOptions};
+use rlx_gemma::{Model, ModelOptions, SessionOptions};
 use rlx_runtime::cpu::matmul::Precision;
 use serde_json::Value;
 
 const F32_BOUND: f64 = 1e-4;
 
 /// Models whose every file must be checked.
-const SUPPORTED: [&str; 8] = [
+const SUPPORTED: [&str; 9] = [
     "gemma",
     "gemma2",
     "gemma3",
@@ -35,9 +37,8 @@ const SUPPORTED: [&str; 8] = [
     "gemma4-dense",
     "gemma4-ple",
     "gemma4-moe",
+    "gemma3n",
 ];
-/// Models the engine does not run yet: loading them must say so clearly.
-const NOT_YET: [&str; 1] = ["gemma3n"];
 
 fn manifest(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap()
@@ -129,23 +130,4 @@ fn every_file_of_every_supported_model_matches_its_reference() {
         report.len() >= 10,
         "expected files for every supported model"
     );
-}
-
-#[test]
-fn unsupported_generations_are_refused_with_a_clear_error() {
-    let root = fixtures().join("tiny");
-    for name in NOT_YET {
-        let path = root.join(name).join("model-f32.gguf");
-        if !path.exists() {
-            // Some tiny variants could not be converted; see the fixtures README.
-            continue;
-        }
-        match Model::load(&path, ModelOptions::default()) {
-            Err(ModelError::Config(ConfigError::Unsupported { arch, .. })) => {
-                assert!(name.starts_with(arch), "{name}: {arch}");
-            }
-            Err(e) => panic!("{name}: unexpected error {e}"),
-            Ok(_) => panic!("{name} loads now: move it to SUPPORTED"),
-        }
-    }
 }

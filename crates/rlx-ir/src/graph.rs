@@ -216,6 +216,10 @@ impl Graph {
         self.push(Op::Scale { factor }, vec![x])
     }
 
+    pub fn add_const(&mut self, x: NodeId, value: f32) -> Result<NodeId> {
+        self.push(Op::AddConst { value }, vec![x])
+    }
+
     pub fn rms_norm(&mut self, x: NodeId, gamma: Option<NodeId>, eps: f32) -> Result<NodeId> {
         let mut inputs = vec![x];
         inputs.extend(gamma);
@@ -226,6 +230,21 @@ impl Graph {
             }),
             inputs,
         )
+    }
+
+    /// Per-token matrix product `[n, p, q] · [n, q, r]` of two activations.
+    pub fn batch_matmul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.push(Op::BatchMatMul, vec![a, b])
+    }
+
+    /// `x` rescaled per row to the RMS of `target`; see [`Op::MatchRms`].
+    pub fn match_rms(&mut self, x: NodeId, target: NodeId, floor: f32) -> Result<NodeId> {
+        self.push(Op::MatchRms { floor }, vec![x, target])
+    }
+
+    /// See [`Op::GaussianTopK`].
+    pub fn gaussian_topk(&mut self, x: NodeId, std_multiplier: f32) -> Result<NodeId> {
+        self.push(Op::GaussianTopK { std_multiplier }, vec![x])
     }
 
     pub fn gelu(&mut self, x: NodeId) -> Result<NodeId> {
@@ -464,9 +483,7 @@ impl Graph {
                 arity(2)?;
                 let a = f32_in(0)?;
                 let b = weight_or_f32(node(1)?, &err)?;
-                let (ra, rb) = (a.shape.rank(), b.shape.rank());
-                let scalar = b.shape.fixed_numel() == Some(1);
-                if !scalar && (rb > ra || a.shape.0[ra - rb..] != b.shape.0[..]) {
+                if !broadcasts(&b.shape, &a.shape) {
                     return Err(err(format!(
                         "cannot broadcast {} onto {}",
                         b.shape, a.shape
@@ -474,7 +491,32 @@ impl Graph {
                 }
                 Ok((f32, a.shape.clone()))
             }
-            Op::Scale { .. } | Op::Gelu | Op::Softcap { .. } => {
+            Op::BatchMatMul => {
+                arity(2)?;
+                let (a, b) = (f32_in(0)?, f32_in(1)?);
+                match (&a.shape.0[..], &b.shape.0[..]) {
+                    ([n, p, q], [m, q2, Dim::Fixed(r)]) if n == m && q == q2 => {
+                        Ok((f32, Shape::new([*n, *p, Dim::Fixed(*r)])))
+                    }
+                    _ => Err(err(format!(
+                        "expects [n, p, q] and [n, q, r], got {} and {}",
+                        a.shape, b.shape
+                    ))),
+                }
+            }
+            Op::MatchRms { .. } => {
+                arity(2)?;
+                let (x, t) = (f32_in(0)?, f32_in(1)?);
+                if x.shape != t.shape {
+                    return Err(err(format!("x {} and target {} differ", x.shape, t.shape)));
+                }
+                Ok((f32, x.shape.clone()))
+            }
+            Op::GaussianTopK { .. } => {
+                arity(1)?;
+                Ok((f32, f32_in(0)?.shape.clone()))
+            }
+            Op::Scale { .. } | Op::AddConst { .. } | Op::Gelu | Op::Softcap { .. } => {
                 arity(1)?;
                 Ok((f32, f32_in(0)?.shape.clone()))
             }
@@ -757,6 +799,17 @@ fn check_positions(p: &Node, n: Dim, err: &dyn Fn(String) -> IrError) -> Result<
         )));
     }
     Ok(())
+}
+
+/// Whether `b` broadcasts onto `a` NumPy-style: aligned from the last axis,
+/// each of `b`'s dimensions equals `a`'s or is 1.
+pub fn broadcasts(b: &Shape, a: &Shape) -> bool {
+    let (ra, rb) = (a.rank(), b.rank());
+    rb <= ra
+        && b.0
+            .iter()
+            .zip(&a.0[ra - rb..])
+            .all(|(db, da)| db == da || *db == Dim::Fixed(1))
 }
 
 fn same_numel(a: &Shape, b: &Shape) -> bool {

@@ -91,13 +91,23 @@ pub enum Op {
     /// input 1 is the norm weight and `x` is first normalised:
     /// `MatMul{norm} = Concat(MatMul(RmsNorm(x, γ), wᵢ)…)`.
     MatMul { norm: Option<NormSpec> },
-    /// Elementwise `a + b`; `b`'s shape must be a suffix of `a`'s, or hold a
-    /// single value (broadcast).
+    /// Elementwise `a + b`; `b` broadcasts NumPy-style (aligned from the last
+    /// axis, each dimension equal or 1).
     Add,
     /// Elementwise `a · b`, broadcasting like `Add`.
     Mul,
+    /// Per-token product of activations: `[n, p, q] · [n, q, r] → [n, p, r]`.
+    BatchMatMul,
+    /// Per row: `x · rms(target) / sqrt(max(mean(x²), floor))`. Stands for
+    /// two row means of squares, a clamp, a square root, a mul and a div.
+    MatchRms { floor: f32 },
+    /// Per row: `relu(x − (mean(x) + std_multiplier · std(x)))`, population
+    /// std. Stands for row mean, row std, scale, sub and relu.
+    GaussianTopK { std_multiplier: f32 },
     /// `x · factor`.
     Scale { factor: f32 },
+    /// `x + value`.
+    AddConst { value: f32 },
     /// `x / sqrt(mean(x²) + eps) · γ` over the last axis; inputs `[x]` or `[x, γ]`.
     RmsNorm(NormSpec),
     /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
@@ -155,7 +165,11 @@ impl Op {
             Op::MatMul { norm: Some(_) } => "norm_matmul",
             Op::Add => "add",
             Op::Mul => "mul",
+            Op::BatchMatMul => "batch_matmul",
+            Op::MatchRms { .. } => "match_rms",
+            Op::GaussianTopK { .. } => "gaussian_topk",
             Op::Scale { .. } => "scale",
+            Op::AddConst { .. } => "add_const",
             Op::RmsNorm(_) => "rms_norm",
             Op::Gelu => "gelu",
             Op::GeGlu => "geglu",

@@ -596,9 +596,50 @@ impl Plan {
                 let mut scratch = self.scratch.borrow_mut();
                 matmul::matmul(pool, &opts, x, m, &ws, out, &mut scratch)?;
             }
-            Op::Add => elementwise::add(f32v(0), &vector(1), out),
-            Op::Mul => elementwise::mul(f32v(0), &vector(1), out),
+            Op::Add | Op::Mul => {
+                let b_vals = vector(1);
+                let b_dims = g.node(n.inputs[1]).shape.resolve(b).expect("bound");
+                let suffix = b_vals.len() == 1 || dims.ends_with(&b_dims);
+                match (&n.op, suffix) {
+                    (Op::Add, true) => elementwise::add(f32v(0), &b_vals, out),
+                    (Op::Mul, true) => elementwise::mul(f32v(0), &b_vals, out),
+                    (Op::Add, false) => elementwise::broadcast_binary(
+                        f32v(0),
+                        &dims,
+                        &b_vals,
+                        &b_dims,
+                        out,
+                        |x, y| x + y,
+                    ),
+                    _ => elementwise::broadcast_binary(
+                        f32v(0),
+                        &dims,
+                        &b_vals,
+                        &b_dims,
+                        out,
+                        |x, y| x * y,
+                    ),
+                }
+            }
+            Op::BatchMatMul => {
+                let ad = g.node(n.inputs[0]).shape.resolve(b).expect("bound");
+                elementwise::batch_matmul(f32v(0), f32v(1), ad[0], ad[1], ad[2], dims[2], out);
+            }
+            Op::MatchRms { floor } => {
+                elementwise::match_rms(f32v(0), f32v(1), *dims.last().expect("rank"), *floor, out)
+            }
+            Op::GaussianTopK { std_multiplier } => elementwise::gaussian_topk(
+                f32v(0),
+                *dims.last().expect("rank"),
+                *std_multiplier,
+                out,
+            ),
             Op::Scale { factor } => elementwise::scale(f32v(0), *factor, out),
+            Op::AddConst { value } => {
+                for (o, &v) in out.iter_mut().zip(f32v(0)) {
+                    *o = v + value;
+                }
+            }
             Op::Gelu => elementwise::gelu(f32v(0), out),
             Op::GeGlu => elementwise::geglu(f32v(0), f32v(1), out),
             Op::Softcap { cap } => elementwise::softcap(f32v(0), *cap, out),

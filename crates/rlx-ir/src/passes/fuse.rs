@@ -71,7 +71,10 @@ fn group_and_geglu(g: &Graph, opts: &FuseOptions) -> Result<Graph> {
     if opts.group_matmuls {
         for id in g.ids() {
             let n = g.node(id);
-            if is_plain_matmul(&n.op) && n.inputs.len() == 2 {
+            // Only weights that are leaves can be grouped: the fused node is
+            // placed at the first member, where later-built inputs do not exist.
+            let leaf_weight = n.inputs.len() == 2 && g.node(n.inputs[1]).inputs.is_empty();
+            if is_plain_matmul(&n.op) && leaf_weight {
                 groups.entry(n.inputs[0]).or_default().push(id);
             }
         }
