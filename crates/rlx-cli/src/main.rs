@@ -27,6 +27,10 @@ enum Command {
     ///
     /// Example: rlx generate -m model.gguf --tokens 2,818,5279 -n 16 --temp 0 --json
     Generate(cmd::generate::GenerateArgs),
+    /// Prompt-processing and generation speed, like llama-bench.
+    ///
+    /// Example: rlx bench -m model.gguf -p 512 -n 128 -t 2 -r 5
+    Bench(cmd::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +39,7 @@ fn main() -> ExitCode {
         Command::Info(args) => cmd::info::run(&args),
         Command::Score(args) => cmd::score::run(&args),
         Command::Generate(args) => cmd::generate::run(&args),
+        Command::Bench(args) => cmd::bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

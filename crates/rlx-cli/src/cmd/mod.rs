@@ -1,3 +1,4 @@
+pub mod bench;
 pub mod common;
 pub mod generate;
 pub mod info;
