@@ -58,6 +58,7 @@ os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(LLAMA_BIN))
 import gguf  # noqa: E402
 import gguf.quants  # noqa: E402
 
+import readme  # noqa: E402
 import specs as S  # noqa: E402
 import tiny_tokenizer as T  # noqa: E402
 
@@ -107,8 +108,18 @@ def new_model(cfg, arch):
     _, model_cls = hf_classes(arch)
     t.manual_seed(0)
     m = model_cls(cfg)
-    m.config._attn_implementation = "eager"
+    _eager(m)
     return m.float().eval()
+
+
+def _eager(m):
+    """Plain eager attention and (gemma4 MoE) eager per-expert loops rather than grouped_mm."""
+    for mod in m.modules():
+        c = getattr(mod, "config", None)
+        if c is not None:
+            c._attn_implementation = "eager"
+            c._experts_implementation = "eager"
+    return m
 
 
 INIT_DEFAULTS = dict(
@@ -301,6 +312,25 @@ def gemma3n_as_llama_cpp(hf_dir: Path, model, prompts) -> dict[str, np.ndarray]:
         G.Gemma3nTextMLP._gaussian_topk = orig
 
 
+def hf_logits_f16_gelu(model, prompts) -> dict[str, np.ndarray]:
+    """HF logits with ggml's CPU GELU emulated: for -10 < x < 10 the input is rounded to f16 and the
+    result read from an f16 table (GGML_GELU_FP16); x <= -10 gives 0, x >= 10 gives x."""
+    from transformers.activations import ACT2FN
+    t = _torch()
+    cls = type(ACT2FN["gelu_pytorch_tanh"])
+    orig = cls.forward
+
+    def f16_gelu(self, x):
+        y = t.nn.functional.gelu(x.half().float(), approximate="tanh").half().float()
+        return t.where(x <= -10, t.zeros_like(x), t.where(x >= 10, x, y))
+
+    cls.forward = f16_gelu
+    try:
+        return hf_logits(model, prompts)
+    finally:
+        cls.forward = orig
+
+
 # --------------------------------------------------------------------------------------------
 # GGUF -> HF state dict (for the dequantized references)
 
@@ -387,7 +417,7 @@ def load_state(model_template, cfg, arch, sd):
     if missing or unexpected:
         raise ValueError(f"state dict mismatch: missing {missing} unexpected {unexpected}")
     m.tie_weights()
-    return m.eval()
+    return _eager(m).eval()
 
 
 # --------------------------------------------------------------------------------------------
@@ -414,13 +444,17 @@ _llama_mod = None
 PROBE = False
 
 
-def llama_logits(path: Path, prompts: dict[str, list[int]], f32_kv: bool = True) -> dict[str, np.ndarray]:
+def _llama():
     global _llama_mod
     if _llama_mod is None:
         sys.path.insert(0, str(LLAMA_PY))
         import llama_cpp
         _llama_mod = llama_cpp
-    lc = _llama_mod
+    return _llama_mod
+
+
+def llama_logits(path: Path, prompts: dict[str, list[int]], f32_kv: bool = True) -> dict[str, np.ndarray]:
+    lc = _llama()
     kw = dict(type_k=lc.GGML_TYPE_F32, type_v=lc.GGML_TYPE_F32) if f32_kv else {}
     m = lc.Llama(model_path=str(path), logits_all=True, verbose=False, n_ctx=128, n_batch=128, n_ubatch=128,
                  n_threads=2, n_threads_batch=2, flash_attn=False, seed=0, **kw)
@@ -462,6 +496,14 @@ def save_logits(d: Path, logits: dict[str, np.ndarray]) -> None:
     for k, v in logits.items():
         assert v.dtype == np.float32
         np.save(d / f"{k}.npy", v)
+
+
+def dump_json(obj) -> str:
+    """json with lists of numbers kept on one line."""
+    import re
+    txt = json.dumps(obj, indent=1, ensure_ascii=False)
+    return re.sub(r"\[\s*((?:-?[0-9][0-9.eE+-]*|true|false|-?Infinity|NaN)(?:,\s*(?:-?[0-9][0-9.eE+-]*|true|false|-?Infinity|NaN))*)\s*\]",
+                  lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", txt) + "\n"
 
 
 def sha256(p: Path) -> str:
@@ -511,13 +553,22 @@ def build_one(spec: dict, out_root: Path, work: Path, spm_path: Path, prompts: d
     T.write_tokenizer_files(hf_dir, spm_path, S.VOCAB, with_json=(arch == "gemma4"))
     # reload from disk: the reference is the saved checkpoint
     _, model_cls = hf_classes(arch)
-    model = model_cls.from_pretrained(hf_dir, dtype=_torch().float32, attn_implementation="eager").eval()
+    model = _eager(model_cls.from_pretrained(hf_dir, dtype=_torch().float32, attn_implementation="eager")).eval()
     cfg = model.config
 
-    (out / "prompts.json").write_text(json.dumps(prompts, indent=1) + "\n")
+    (out / "prompts.json").write_text(dump_json(prompts))
     ref = hf_logits(model, prompts)
     save_logits(out / "hf-f32", ref)
 
+    # the float32 round-off floor: the same HF model in float64
+    t = _torch()
+    m64 = copy.deepcopy(model).to(t.float64)
+    with t.no_grad():
+        ref64 = {k: m64(input_ids=t.tensor([ids]), use_cache=False).logits[0].numpy().astype(np.float64)
+                 for k, ids in prompts.items()}
+    del m64
+    f64_floor = compare(ref, ref64)
+    log(f"[{name}] hf f32 vs f64: rel_l2 {f64_floor['all']['rel_l2']:.2e}")
     sens = sensitivity(model, arch, prompts, ref)
     log(f"[{name}] sensitivity: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                                              for k, v in sens.items()))
@@ -584,10 +635,19 @@ def build_one(spec: dict, out_root: Path, work: Path, spm_path: Path, prompts: d
         }
         if committed:
             entry["llama_logits"] = f"llama-{label}"
+        if label == "f32" and arch != "gemma3n":
+            entry["llama_vs_hf_with_ggml_f16_gelu"] = compare(ll, hf_logits_f16_gelu(model, prompts))
+            log(f"[{name}] llama f32 vs HF with ggml's f16-table GELU: "
+                f"{entry['llama_vs_hf_with_ggml_f16_gelu']['all']['rel_l2']:.3e}")
         if arch == "gemma3n" and label == "f32":
             entry["llama_vs_hf_with_llama_cpp_gemma3n_constants"] = compare(ll, gemma3n_as_llama_cpp(hf_dir, model, prompts))
             log(f"[{name}] llama f32 vs HF with llama.cpp's gemma3n constants: "
                 f"{entry['llama_vs_hf_with_llama_cpp_gemma3n_constants']['all']['rel_l2']:.3e}")
+        if q is None and label != "f32":
+            # not stored: how much of llama.cpp's error is the f16/bf16 rounding of the weights
+            dq16 = hf_logits(load_state(model, cfg, arch, gguf_state_dict(path, model, arch)), prompts)
+            entry["llama_vs_hf_dequant"] = compare(ll, dq16)
+            entry["hf_dequant_vs_hf_f32"] = compare(dq16, ref)
         if qerr is not None:
             entry["reference_vs_hf_f32"] = qerr
             entry["llama_vs_hf_f32"] = compare(ll, ref)
@@ -609,11 +669,48 @@ def build_one(spec: dict, out_root: Path, work: Path, spm_path: Path, prompts: d
         "files": files,
         "failed": failed,
         "sensitivity_rel_l2": sens,
+        "hf_f32_vs_hf_f64": f64_floor,
         "notes": spec.get("notes", []),
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
+    (out / "manifest.json").write_text(dump_json(manifest))
     log(f"[{name}] done in {time.time() - t0:.1f}s")
     return manifest
+
+
+TOKENIZE_TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "    indented  two  spaces\nnew line\n\n",
+    "Numbers 12345 and 3.14!",
+    "Caf\u00e9 na\u00efve \u4e2d\u6587 \U0001f642",
+    "<start_of_turn>user\nhello<end_of_turn>\n<start_of_turn>model\n",
+    " leading space",
+]
+
+
+def tokenizer_fixture(out_root: Path, spm_path: Path, log) -> None:
+    """tokenizer/tokenize.json: ids of a few strings from SentencePiece, the HF tokenizer.json and
+    llama.cpp (SPM vocab of gemma3/model-f32.gguf, BPE vocab of gemma4-dense/model-f32.gguf),
+    without BOS, special tokens parsed."""
+    import sentencepiece as spm
+    from tokenizers import Tokenizer
+    sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    tk = Tokenizer.from_file(str(out_root / "tokenizer/tokenizer.json"))
+    rows = []
+    llamas = {}
+    for key, f in (("llama_spm_gemma3", "gemma3"), ("llama_bpe_gemma4", "gemma4-dense")):
+        p = out_root / f / "model-f32.gguf"
+        if p.exists():
+            llamas[key] = _llama().Llama(model_path=str(p), vocab_only=True, verbose=False)
+    for text in TOKENIZE_TEXTS:
+        r = {"text": text, "sentencepiece": [int(i) for i in sp.encode(text)],
+             "hf_tokenizer_json": tk.encode(text, add_special_tokens=False).ids}
+        for key, m in llamas.items():
+            r[key] = list(m.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+        r["all_agree"] = all(r[k] == r["sentencepiece"] for k in r if k not in ("text",))
+        if not r["all_agree"]:
+            log(f"tokenizer disagreement on {text!r}: {r}")
+        rows.append(r)
+    (out_root / "tokenizer/tokenize.json").write_text(dump_json(rows))
 
 
 def dir_size(p: Path) -> int:
@@ -641,7 +738,7 @@ def main() -> int:
     spm_path = T.train_spm(args.work / "tokenizer", S.VOCAB)
     T.write_tokenizer_files(tokdir, spm_path, S.VOCAB, with_json=True)
     prompts = make_prompts()
-    (args.out / "prompts.json").write_text(json.dumps(prompts, indent=1) + "\n")
+    (args.out / "prompts.json").write_text(dump_json(prompts))
 
     global PROBE
     PROBE = args.probe
@@ -652,6 +749,9 @@ def main() -> int:
             continue
         manifests.append(build_one(spec, args.out, args.work, spm_path, prompts, log))
 
+    if not PROBE:
+        tokenizer_fixture(args.out, spm_path, log)
+
     log("\nmodel            file                     MB     ref               relL2(llama)   top1   relL2(f16 KV)")
     for m in manifests:
         for fn, e in m["files"].items():
@@ -659,6 +759,8 @@ def main() -> int:
             b = e["llama_f16_kv_vs_reference"]["all"]
             log(f"{m['name']:16s} {fn:22s} {e['bytes']/1e6:7.3f} {e['reference']:17s} {a['rel_l2']:.3e}  "
                 f"{a['top1']:.3f}  {b['rel_l2']:.3e}{'' if e['committed'] else '  (not committed)'}")
+    if not PROBE:
+        readme.write(args.out, readme.tool_versions(LLAMA_SRC, LLAMA_PY))
     log(f"total size of {args.out}: {dir_size(args.out)/1e6:.2f} MB")
     return 0
 

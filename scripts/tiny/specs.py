@@ -9,7 +9,7 @@ Sizes are chosen so that all of tests/fixtures/tiny stays around 12 MB:
 
 from __future__ import annotations
 
-VOCAB = 512          # SentencePiece vocab; the HF vocab_size equals it
+VOCAB = 384          # SentencePiece vocab; the HF vocab_size equals it
 WINDOW = 8           # sliding window for every SWA model
 PROMPT_LENS = (5, 12, 20)
 
@@ -32,6 +32,7 @@ _common = dict(
 SPECS: list[dict] = [
     dict(
         name="gemma",
+        about='Gemma 1: pre-norms only, MQA (H 2 / Hkv 1), head_dim 64 != hidden/H (16), tied head, norm weights stored as 1+w.',
         arch="gemma",
         seed=101,
         hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -43,6 +44,7 @@ SPECS: list[dict] = [
     ),
     dict(
         name="gemma2",
+        about='Gemma 2: sandwich norms, GQA 4/2 with head_dim 16, layer 0 sliding (window 8) and layer 1 global, attention softcap 10 and final softcap 15 (non-default values, read from the GGUF).',
         arch="gemma2",
         seed=202,
         hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -56,6 +58,7 @@ SPECS: list[dict] = [
     ),
     dict(
         name="gemma3",
+        about='Gemma 3 (1B-like): QK-norm, GQA 4/2, layers 0-4 sliding (theta 10k), layer 5 global (theta 1M), no softcap.',
         arch="gemma3",
         seed=303,
         hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
@@ -67,10 +70,11 @@ SPECS: list[dict] = [
                                  "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
                 hidden_activation="gelu_pytorch_tanh"),
         outtypes=[],
-        quants=BLOCK32_QUANTS,
+        quants=["Q8_0"],
     ),
     dict(
         name="gemma3-linear8",
+        about='Gemma 3 (4B/12B/27B-like): as gemma3 but RoPE linear scaling x8 on the global layer only.',
         arch="gemma3",
         seed=304,
         hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
@@ -89,6 +93,7 @@ SPECS: list[dict] = [
         # superblocks per ffn_down row), one sliding layer (llama.cpp's period-6 default makes
         # layer 0 local, as HF's layer_types say)
         name="gemma3-q",
+        about='Quantization matrix: Gemma 3 with hidden 256, one sliding layer, H 2 / Hkv 1 with head_dim 128, n_ff 512 (two 256-superblocks per ffn_down row).',
         arch="gemma3",
         seed=305,
         hf=dict(_common, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
@@ -105,6 +110,7 @@ SPECS: list[dict] = [
     ),
     dict(
         name="gemma3n",
+        about='Gemma 3n: AltUp (4 streams), LAuReL (rank 64), per-layer embeddings (256 per layer), activation sparsity 0.95 on layers 0-1, KV sharing on layers 2-3 (2 <- 0 sliding, 3 <- 1 global), V-norm, final softcap 30, layers S,G,S,G.',
         arch="gemma3n",
         seed=404,
         hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
@@ -121,13 +127,15 @@ SPECS: list[dict] = [
                 num_kv_shared_layers=2,
                 activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0],
                 hidden_activation="gelu_pytorch_tanh"),
-        init=dict(final_gain=8.0),  # logits std ~8 so the final softcap (30) bites
+        init=dict(final_gain=8.0, qk_norm_gain=0.6),  # logits std ~8 so the final softcap (30) bites;
+        # attention-score std ~2.5 (3n/4 use no 1/sqrt(hd) scale)
         outtypes=[],
         quants=[],
     ),
     dict(
         # E2B-like: per-layer embeddings, KV sharing, double-wide MLP on shared layers
         name="gemma4-ple",
+        about='Gemma 4 E2B-like: per-layer embeddings (32 per layer), KV sharing on layers 2-3 (2 <- 0, 3 <- 1), double-wide MLP on the shared layers (n_ff 64/128 per layer), local head_dim 32 / global 64 with proportional RoPE (partial 0.25), layer_output_scale.',
         arch="gemma4",
         seed=505,
         hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
@@ -142,13 +150,14 @@ SPECS: list[dict] = [
                 num_kv_shared_layers=2, use_double_wide_mlp=True,
                 attention_k_eq_v=False, enable_moe_block=False,
                 hidden_activation="gelu_pytorch_tanh"),
-        init=dict(final_gain=8.0),
+        init=dict(final_gain=8.0, qk_norm_gain=0.6),
         outtypes=[],
         quants=["Q8_0"],
     ),
     dict(
         # 31B-like: different local/global head dims and KV head counts, K = V on global layers
         name="gemma4-dense",
+        about='Gemma 4 31B-like: local head_dim 32 / global 64, KV heads 2 local / 1 global (per-layer array), attention_k_eq_v on the global layer (no attn_v), final softcap 20 (not the default 30).',
         arch="gemma4",
         seed=506,
         hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
@@ -163,13 +172,14 @@ SPECS: list[dict] = [
                 hidden_size_per_layer_input=0, vocab_size_per_layer_input=VOCAB,
                 num_kv_shared_layers=0, attention_k_eq_v=True, enable_moe_block=False,
                 hidden_activation="gelu_pytorch_tanh"),
-        init=dict(final_gain=6.0),
+        init=dict(final_gain=6.0, qk_norm_gain=0.6),
         outtypes=[],
         quants=["Q8_0"],
     ),
     dict(
         # 26B-A4B-like: shared expert + routed experts on every layer, K = V on global layers
         name="gemma4-moe",
+        about='Gemma 4 26B-A4B-like: every layer has a shared expert (n_ff 64) plus 4 routed experts (n_ff 32), top-2, router scale and per-expert scale; K = V on the global layer.',
         arch="gemma4",
         seed=507,
         hf=dict(_common, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -185,7 +195,7 @@ SPECS: list[dict] = [
                 num_kv_shared_layers=0, attention_k_eq_v=True,
                 enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
                 hidden_activation="gelu_pytorch_tanh"),
-        init=dict(final_gain=8.0),
+        init=dict(final_gain=8.0, qk_norm_gain=0.6),
         outtypes=[],
         quants=["Q8_0"],
     ),
