@@ -31,6 +31,22 @@ enum Command {
     ///
     /// Example: rlx bench -m model.gguf -p 512 -n 128 -t 2 -r 5
     Bench(cmd::bench::BenchArgs),
+    /// Generate text from a prompt (streamed).
+    ///
+    /// Example: rlx run "Write a haiku about the sea" -n 64 --temp 0.7 --seed 1
+    Run(cmd::run::RunArgs),
+    /// Perplexity of a text file, computed as llama-perplexity does.
+    ///
+    /// Example: rlx perplexity -f wiki.txt -c 128
+    Perplexity(cmd::perplexity::PerplexityArgs),
+    /// Text to token ids.
+    ///
+    /// Example: rlx tokenize --text "Hello world" --ids
+    Tokenize(cmd::tokenize::TokenizeArgs),
+    /// Token ids to text.
+    ///
+    /// Example: rlx detokenize --tokens 2,9259,1902
+    Detokenize(cmd::tokenize::DetokenizeArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +56,10 @@ fn main() -> ExitCode {
         Command::Score(args) => cmd::score::run(&args),
         Command::Generate(args) => cmd::generate::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),
+        Command::Run(args) => cmd::run::run(&args),
+        Command::Perplexity(args) => cmd::perplexity::run(&args),
+        Command::Tokenize(args) => cmd::tokenize::run_tokenize(&args),
+        Command::Detokenize(args) => cmd::tokenize::run_detokenize(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,7 @@
 //! The generation loop: sample, stop on end-of-generation tokens.
 
+use std::time::Instant;
+
 use crate::model::{Result, Session};
 use crate::sampling::Sampler;
 
@@ -14,6 +16,16 @@ pub enum StopReason {
     Caller,
 }
 
+/// What a generation cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GenerateStats {
+    /// Prompt tokens actually run (a reused cached prefix is not counted).
+    pub prefilled: usize,
+    pub prefill_secs: f64,
+    pub generated: usize,
+    pub decode_secs: f64,
+}
+
 /// Feeds `prompt` (reusing any cached prefix) and generates up to
 /// `max_tokens`, calling `on_token` for each; it returns `false` to stop
 /// (stop strings live with the caller, who has the text). Prompt tokens are
@@ -25,11 +37,17 @@ pub fn generate(
     sampler: &mut Sampler,
     stop_tokens: &[u32],
     on_token: &mut dyn FnMut(u32) -> bool,
-) -> Result<(Vec<u32>, StopReason)> {
+) -> Result<(Vec<u32>, StopReason, GenerateStats)> {
     for &t in prompt {
         sampler.accept(t);
     }
+    let mut stats = GenerateStats::default();
+    let before = session.computed_tokens();
+    let t0 = Instant::now();
     let mut logits = session.feed_prompt(prompt)?;
+    stats.prefill_secs = t0.elapsed().as_secs_f64();
+    stats.prefilled = session.computed_tokens() - before;
+    let t1 = Instant::now();
     let mut out = Vec::new();
     for i in 0..max_tokens {
         let tok = sampler
@@ -38,15 +56,23 @@ pub fn generate(
         sampler.accept(tok);
         out.push(tok);
         let go_on = on_token(tok);
-        if stop_tokens.contains(&tok) {
-            return Ok((out, StopReason::StopToken));
-        }
-        if !go_on {
-            return Ok((out, StopReason::Caller));
+        let stop = if stop_tokens.contains(&tok) {
+            Some(StopReason::StopToken)
+        } else if !go_on {
+            Some(StopReason::Caller)
+        } else {
+            None
+        };
+        if let Some(reason) = stop {
+            stats.generated = out.len();
+            stats.decode_secs = t1.elapsed().as_secs_f64();
+            return Ok((out, reason, stats));
         }
         if i + 1 < max_tokens {
             logits = session.feed(&[tok])?;
         }
     }
-    Ok((out, StopReason::Length))
+    stats.generated = out.len();
+    stats.decode_secs = t1.elapsed().as_secs_f64();
+    Ok((out, StopReason::Length, stats))
 }

@@ -142,7 +142,7 @@ fn greedy_continuations_follow_the_exact_reference() {
             })
             .unwrap();
         let mut sampler = Sampler::new(SamplerConfig::default()).unwrap();
-        let (ours, _) =
+        let (ours, _, _) =
             generate(&mut s, &prompt, hf.len(), &mut sampler, &[], &mut |_| true).unwrap();
         let agree = ours.iter().zip(&hf).take_while(|(a, b)| a == b).count();
         eprintln!(

@@ -6,10 +6,13 @@ use anyhow::{bail, Context, Result};
 use rlx_gemma::{Model, ModelOptions};
 use rlx_runtime::cpu::matmul::Precision;
 
+/// The model used when `-m` is not given (fetched by scripts/fetch-model.sh).
+pub const DEFAULT_MODEL: &str = "gemma-3-270m-q4_k_m";
+
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
     /// Model: a GGUF path or the name of a cached model.
-    #[arg(short = 'm', long = "model")]
+    #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads")]

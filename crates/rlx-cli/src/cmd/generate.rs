@@ -60,7 +60,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     } else {
         eog_tokens(model.file())
     };
-    let (tokens, _) = generate(
+    let (tokens, _, _) = generate(
         &mut session,
         &prompt,
         args.n,

@@ -2,4 +2,8 @@ pub mod bench;
 pub mod common;
 pub mod generate;
 pub mod info;
+pub mod perplexity;
+pub mod run;
+pub mod sample_args;
 pub mod score;
+pub mod tokenize;

@@ -1,0 +1,166 @@
+//! `rlx run`: a prompt in, streamed text out.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use rlx_gemma::generate::{generate, StopReason};
+use rlx_gemma::SessionOptions;
+use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Tokenizer};
+use serde_json::json;
+
+use super::common::ModelArgs;
+use super::sample_args::SampleArgs;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sample: SampleArgs,
+    /// The prompt (or use -p, -f, or stdin).
+    pub prompt: Option<String>,
+    #[arg(short = 'p', long = "prompt", conflicts_with = "prompt")]
+    pub prompt_flag: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long)]
+    pub file: Option<PathBuf>,
+    /// Do not apply the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// System message (chat template only).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Context length in tokens (default: prompt + -n).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx: Option<usize>,
+    /// Print one JSON object (text, token ids, timings) instead of streaming.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Whether the file carries a chat template (instruction-tuned models do).
+pub fn has_chat_template(file: &rlx_gguf::GgufFile) -> bool {
+    file.get("tokenizer.chat_template").is_some()
+}
+
+/// Prompt tokens: through the chat template for instruction-tuned models,
+/// else the raw text with BOS.
+pub fn prompt_tokens(
+    tok: &Tokenizer,
+    file: &rlx_gguf::GgufFile,
+    messages: &[ChatMessage],
+    raw: bool,
+) -> Result<Vec<u32>> {
+    if raw || !has_chat_template(file) {
+        let text: String = messages
+            .iter()
+            .map(|m| m.content.as_str())
+            .collect::<Vec<_>>()
+            .join("\n\n");
+        return Ok(tok.encode(&text, EncodeOptions::default()));
+    }
+    let template = ChatTemplate::from_gguf(file)?;
+    let rendered = template.render(
+        messages,
+        &ChatOptions {
+            add_generation_prompt: true,
+            enable_thinking: None,
+        },
+    )?;
+    Ok(tok.encode_chat(&rendered))
+}
+
+pub fn run(args: &RunArgs) -> Result<()> {
+    let prompt = match (&args.prompt, &args.prompt_flag, &args.file) {
+        (Some(p), _, _) | (None, Some(p), _) => p.clone(),
+        (None, None, Some(f)) => {
+            std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?
+        }
+        (None, None, None) => {
+            if std::io::stdin().is_terminal() {
+                bail!("give a prompt: rlx run \"...\", -p, -f FILE, or stdin");
+            }
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s)?;
+            s
+        }
+    };
+    let t_load = Instant::now();
+    let model = args.model.load()?;
+    let tok = Tokenizer::from_gguf(model.file())?;
+    let load_secs = t_load.elapsed().as_secs_f64();
+    let mut messages = Vec::new();
+    if let Some(sys) = &args.system {
+        messages.push(ChatMessage::system(sys.clone()));
+    }
+    messages.push(ChatMessage::user(prompt));
+    let ids = prompt_tokens(&tok, model.file(), &messages, args.raw)?;
+    let mut session = model.session(SessionOptions {
+        context: Some(args.ctx.unwrap_or(ids.len() + args.sample.n)),
+        ..SessionOptions::default()
+    })?;
+    let mut sampler = args.sample.sampler()?;
+    let stops: Vec<u32> = if args.sample.ignore_eos {
+        Vec::new()
+    } else {
+        tok.eog_ids().to_vec()
+    };
+    let mut decoder = tok.stream_decoder(false);
+    let mut text = String::new();
+    let mut stdout = std::io::stdout().lock();
+    let stream = !args.json;
+    let (tokens, reason, stats) = generate(
+        &mut session,
+        &ids,
+        args.sample.n,
+        &mut sampler,
+        &stops,
+        &mut |t| {
+            if tok.is_eog(t) && !args.sample.ignore_eos {
+                return false;
+            }
+            let piece = decoder.push(&tok, t);
+            text.push_str(&piece);
+            if stream {
+                let _ = stdout.write_all(piece.as_bytes());
+                let _ = stdout.flush();
+            }
+            !args.sample.stop.iter().any(|s| text.contains(s.as_str()))
+        },
+    )?;
+    // Cut the text at the first stop string.
+    if let Some(at) = args
+        .sample
+        .stop
+        .iter()
+        .filter_map(|s| text.find(s.as_str()))
+        .min()
+    {
+        text.truncate(at);
+    }
+    let prefill_tps = stats.prefilled as f64 / stats.prefill_secs.max(1e-9);
+    let decode_tps = stats.generated.saturating_sub(1) as f64 / stats.decode_secs.max(1e-9);
+    if args.json {
+        let v = json!({
+            "text": text,
+            "tokens": tokens,
+            "prompt_tokens": ids.len(),
+            "stop": match reason { StopReason::StopToken => "eog", StopReason::Length => "length", StopReason::Caller => "stop_string" },
+            "timings": {"load_s": load_secs, "prefill_s": stats.prefill_secs, "decode_s": stats.decode_secs,
+                        "prefill_tokens_per_s": prefill_tps, "decode_tokens_per_s": decode_tps},
+        });
+        serde_json::to_writer(&mut stdout, &v)?;
+    }
+    writeln!(stdout)?;
+    eprintln!(
+        "prompt {} tokens, generated {} tokens | prefill {:.1} t/s, decode {:.1} t/s | load {:.0} ms",
+        ids.len(),
+        tokens.len(),
+        prefill_tps,
+        decode_tps,
+        load_secs * 1e3
+    );
+    Ok(())
+}
