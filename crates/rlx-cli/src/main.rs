@@ -35,6 +35,12 @@ enum Command {
     ///
     /// Example: rlx run "Write a haiku about the sea" -n 64 --temp 0.7 --seed 1
     Run(cmd::run::RunArgs),
+    /// An interactive conversation in the terminal.
+    ///
+    /// Example: rlx chat --system "Answer briefly." --temp 0.7
+    Chat(cmd::chat::ChatArgs),
+    /// List the models in the cache ($RLX_HOME or ~/.cache/rlx/models).
+    Models,
     /// Perplexity of a text file, computed as llama-perplexity does.
     ///
     /// Example: rlx perplexity -f wiki.txt -c 128
@@ -57,6 +63,8 @@ fn main() -> ExitCode {
         Command::Generate(args) => cmd::generate::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),
         Command::Run(args) => cmd::run::run(&args),
+        Command::Chat(args) => cmd::chat::run(&args),
+        Command::Models => cmd::models::run(),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Tokenize(args) => cmd::tokenize::run_tokenize(&args),
         Command::Detokenize(args) => cmd::tokenize::run_detokenize(&args),

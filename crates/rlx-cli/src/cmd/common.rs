@@ -46,10 +46,7 @@ pub fn resolve_model(given: &std::path::Path) -> Result<PathBuf> {
     if given.exists() {
         return Ok(given.to_owned());
     }
-    let home = std::env::var_os("RLX_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models")));
-    if let Some(dir) = home {
+    if let Some(dir) = super::models::cache_dir() {
         for candidate in [dir.join(given), dir.join(given).with_extension("gguf")] {
             if candidate.exists() {
                 return Ok(candidate);

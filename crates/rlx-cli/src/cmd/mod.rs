@@ -1,7 +1,9 @@
 pub mod bench;
+pub mod chat;
 pub mod common;
 pub mod generate;
 pub mod info;
+pub mod models;
 pub mod perplexity;
 pub mod run;
 pub mod sample_args;

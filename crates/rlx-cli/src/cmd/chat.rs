@@ -1,0 +1,171 @@
+//! `rlx chat`: an interactive conversation. The KV cache is kept between
+//! turns: each turn re-renders the conversation and runs only the tokens
+//! after the prefix the cache already holds.
+
+use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use rlx_gemma::generate::generate;
+use rlx_gemma::{ModelError, SessionOptions};
+use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, Tokenizer};
+
+use super::common::ModelArgs;
+use super::sample_args::SampleArgs;
+
+#[derive(clap::Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sample: SampleArgs,
+    /// System message.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Context length in tokens.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx: usize,
+}
+
+const HELP: &str =
+    "commands: /reset (new conversation), /system TEXT (set the system message and reset), \
+/save FILE (write the conversation as JSON), /help, /quit; Ctrl-C stops a reply";
+
+pub fn run(args: &ChatArgs) -> Result<()> {
+    let model = args.model.load()?;
+    let tok = Tokenizer::from_gguf(model.file())?;
+    let template = ChatTemplate::from_gguf(model.file())?;
+    let mut session = model.session(SessionOptions {
+        context: Some(args.ctx),
+        ..SessionOptions::default()
+    })?;
+    // Ctrl-C during a reply stops the reply; at the prompt it ends the program.
+    let generating = Arc::new(AtomicBool::new(false));
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let (g, i) = (Arc::clone(&generating), Arc::clone(&interrupted));
+        ctrlc::set_handler(move || {
+            if g.load(Ordering::SeqCst) {
+                i.store(true, Ordering::SeqCst);
+            } else {
+                std::process::exit(130);
+            }
+        })
+        .context("cannot install the Ctrl-C handler")?;
+    }
+    let mut system = args.system.clone();
+    let mut history: Vec<ChatMessage> = Vec::new();
+    let mut err = std::io::stderr();
+    writeln!(err, "rlx chat — {HELP}")?;
+    let stdin = std::io::stdin();
+    loop {
+        write!(err, "> ")?;
+        err.flush()?;
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            break;
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        if line.trim().is_empty() {
+            continue;
+        }
+        if let Some(cmd) = line.strip_prefix('/') {
+            let (name, rest) = cmd.split_once(' ').unwrap_or((cmd, ""));
+            match name {
+                "quit" | "exit" => break,
+                "help" => writeln!(err, "{HELP}")?,
+                "reset" => {
+                    history.clear();
+                    session.reset();
+                    writeln!(err, "(new conversation)")?;
+                }
+                "system" => {
+                    system = (!rest.trim().is_empty()).then(|| rest.trim().to_owned());
+                    history.clear();
+                    session.reset();
+                    writeln!(err, "(system message set; new conversation)")?;
+                }
+                "save" => {
+                    let msgs: Vec<_> = system
+                        .iter()
+                        .map(|s| serde_json::json!({"role": "system", "content": s}))
+                        .chain(
+                            history
+                                .iter()
+                                .map(|m| serde_json::json!({"role": m.role, "content": m.content})),
+                        )
+                        .collect();
+                    std::fs::write(rest.trim(), serde_json::to_string_pretty(&msgs)?)
+                        .with_context(|| format!("cannot write {}", rest.trim()))?;
+                    writeln!(err, "(saved {} messages to {})", msgs.len(), rest.trim())?;
+                }
+                other => writeln!(err, "unknown command /{other}; {HELP}")?,
+            }
+            continue;
+        }
+        history.push(ChatMessage::user(line.to_owned()));
+        let mut messages: Vec<ChatMessage> = system
+            .iter()
+            .map(|s| ChatMessage::system(s.clone()))
+            .collect();
+        messages.extend(history.iter().cloned());
+        let rendered = template.render(
+            &messages,
+            &ChatOptions {
+                add_generation_prompt: true,
+                enable_thinking: None,
+            },
+        )?;
+        let ids = tok.encode_chat(&rendered);
+        let mut sampler = args.sample.sampler()?;
+        let mut decoder = tok.stream_decoder(false);
+        let mut reply = String::new();
+        let mut out = std::io::stdout().lock();
+        interrupted.store(false, Ordering::SeqCst);
+        generating.store(true, Ordering::SeqCst);
+        let stops = tok.eog_ids().to_vec();
+        let result = generate(
+            &mut session,
+            &ids,
+            args.sample.n,
+            &mut sampler,
+            &stops,
+            &mut |t| {
+                if !tok.is_eog(t) {
+                    let piece = decoder.push(&tok, t);
+                    reply.push_str(&piece);
+                    let _ = out.write_all(piece.as_bytes());
+                    let _ = out.flush();
+                }
+                !interrupted.load(Ordering::SeqCst)
+                    && !args.sample.stop.iter().any(|s| reply.contains(s.as_str()))
+            },
+        );
+        generating.store(false, Ordering::SeqCst);
+        writeln!(out)?;
+        match result {
+            Ok((_, _, stats)) => {
+                writeln!(
+                    err,
+                    "[prompt {} tokens, {} run ({} reused from the cache), {} generated, {:.1} t/s]",
+                    ids.len(),
+                    stats.prefilled,
+                    ids.len() - stats.prefilled,
+                    stats.generated,
+                    stats.generated as f64 / stats.decode_secs.max(1e-9)
+                )?;
+                history.push(ChatMessage::assistant(reply.trim().to_owned()));
+            }
+            Err(ModelError::ContextFull { tokens, context }) => {
+                history.pop();
+                writeln!(
+                    err,
+                    "context is full ({tokens} of {context} tokens); /reset to start over or use a larger -c"
+                )?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
