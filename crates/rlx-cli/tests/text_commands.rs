@@ -1,0 +1,146 @@
+//! `rlx run`, `tokenize`, `detokenize` and `perplexity` on the tiny and the
+//! real models.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn rlx() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rlx"))
+}
+
+fn tiny() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny/gemma3/model-f32.gguf")
+}
+
+fn real_model() -> PathBuf {
+    let path = std::env::var_os("RLX_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap())
+                .join(".cache/rlx/models/gemma-3-270m-q4_k_m.gguf")
+        });
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/fetch-model.sh",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn run_streams_text_and_reports_json() {
+    let out = rlx()
+        .args(["run", "-m"])
+        .arg(real_model())
+        .args([
+            "The capital of France is",
+            "-n",
+            "8",
+            "--temp",
+            "0",
+            "--json",
+            "-t",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 8);
+    assert!(v["text"].as_str().unwrap().starts_with(" the"), "{v}");
+    assert_eq!(v["prompt_tokens"], 6);
+    let summary = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        summary.contains("prompt 6 tokens, generated 8 tokens"),
+        "{summary}"
+    );
+}
+
+#[test]
+fn tokenize_and_detokenize_round_trip() {
+    let out = rlx()
+        .args(["tokenize", "-m"])
+        .arg(real_model())
+        .args(["--text", "The capital of France is", "--ids"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let ids = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(ids.trim(), "2,818,5279,529,7001,563");
+    let out = rlx()
+        .args(["detokenize", "-m"])
+        .arg(real_model())
+        .args(["--tokens", ids.trim()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim_end(),
+        "The capital of France is"
+    );
+    // --jsonl: one array per line, the model loaded once.
+    let mut child = rlx()
+        .args(["tokenize", "-m"])
+        .arg(real_model())
+        .arg("--jsonl")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"\"Hello world\"\n\"\"\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let lines: Vec<&str> = std::str::from_utf8(&out.stdout).unwrap().lines().collect();
+    assert_eq!(lines, ["[2,9259,1902]", "[2]"]);
+}
+
+#[test]
+fn perplexity_prints_llama_style_final_estimate() {
+    let dir = std::env::temp_dir().join(format!("rlx-ppl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("t.txt");
+    std::fs::write(
+        &text,
+        "the quick brown fox jumps over the lazy dog. ".repeat(20),
+    )
+    .unwrap();
+    let out = rlx()
+        .args(["perplexity", "-m"])
+        .arg(tiny())
+        .arg("-f")
+        .arg(&text)
+        .args(["-c", "16", "-t", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.starts_with("Final estimate: PPL = "), "{stdout}");
+    let progress = String::from_utf8(out.stderr).unwrap();
+    assert!(progress.starts_with("[1]"), "{progress}");
+    // Too short a text is an error that says how many tokens are needed.
+    std::fs::write(&text, "short").unwrap();
+    let out = rlx()
+        .args(["perplexity", "-m"])
+        .arg(tiny())
+        .arg("-f")
+        .arg(&text)
+        .args(["-c", "16"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 32"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
