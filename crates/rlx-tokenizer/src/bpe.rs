@@ -2,15 +2,12 @@
 //! `gemma4` pre-tokenizer: split the (▁-escaped) text into lines and runs of
 //! newlines, emit a newline run whole when it is a token, otherwise merge the
 //! adjacent pair with the lowest rank in `tokenizer.ggml.merges`, then fall
-//! back to `<0xHH>` tokens.
-
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+//! back to `<0xHH>` tokens (dropping bytes that have none).
 
 use rlx_gguf::GgufFile;
 
 use crate::hash::FxHashMap;
-use crate::spm::{split_chars, Symbol, NONE};
+use crate::merge::{for_each_word, MergeSession, SpaceJunctions};
 use crate::vocab::Vocab;
 use crate::TokenizerError;
 
@@ -23,13 +20,13 @@ pub(crate) struct Merges {
 impl Merges {
     pub fn from_gguf(file: &GgufFile) -> Result<Merges, TokenizerError> {
         let key = "tokenizer.ggml.merges";
-        let list = file
-            .get_array(key)?
-            .as_strings()
-            .ok_or_else(|| TokenizerError::BadMetadata {
-                key: key.to_owned(),
-                reason: "expected an array of strings".to_owned(),
-            })?;
+        let list =
+            file.get_array(key)?
+                .as_strings()
+                .ok_or_else(|| TokenizerError::BadMetadata {
+                    key: key.to_owned(),
+                    reason: "expected an array of strings".to_owned(),
+                })?;
         let mut ranks = FxHashMap::default();
         ranks.reserve(list.len());
         let mut scratch = Vec::new();
@@ -71,115 +68,67 @@ fn key_into(scratch: &mut Vec<u8>, left: &[u8], right: &[u8]) {
     scratch.extend_from_slice(right);
 }
 
-struct Bigram {
-    rank: u32,
-    left: usize,
-    right: usize,
-    size: usize,
+/// Merges `(left, right)` with `right` starting with ▁, as the strings they
+/// produce: the only merges that could cross a cut before a ▁.
+pub(crate) fn space_junctions(merges: &Merges) -> SpaceJunctions {
+    let spans = merges
+        .ranks
+        .keys()
+        .filter_map(|key| {
+            let left_len = u32::from_le_bytes(key[..4].try_into().ok()?) as usize;
+            let pair = &key[4..];
+            (left_len > 0 && pair[left_len..].starts_with("\u{2581}".as_bytes()))
+                .then(|| (pair.into(), vec![left_len]))
+        })
+        .collect();
+    SpaceJunctions::new(spans)
 }
 
-impl PartialEq for Bigram {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Bigram {}
-impl PartialOrd for Bigram {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Bigram {
-    /// Lowest rank first; on a tie, the leftmost pair.
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .rank
-            .cmp(&self.rank)
-            .then_with(|| other.left.cmp(&self.left))
-    }
-}
-
-#[derive(Default)]
-pub(crate) struct BpeSession {
-    symbols: Vec<Symbol>,
-    queue: BinaryHeap<Bigram>,
-    scratch: Vec<u8>,
-}
-
-impl BpeSession {
-    /// Tokenizes one raw fragment whose spaces are already escaped to ▁.
-    pub fn tokenize(&mut self, vocab: &Vocab, merges: &Merges, text: &[u8], out: &mut Vec<u32>) {
-        let text = llama_utf8_roundtrip(text);
-        let text = text.as_ref();
-        let mut start = 0;
-        while start < text.len() {
-            let newline = text[start] == b'\n';
-            let len = text[start..]
-                .iter()
-                .position(|&b| (b == b'\n') != newline)
-                .unwrap_or(text.len() - start);
-            let word = &text[start..start + len];
-            start += len;
-            if newline {
-                if let Some(id) = vocab.id(word) {
-                    out.push(id);
-                    continue;
-                }
-            }
-            self.tokenize_word(vocab, merges, word, out);
-        }
-    }
-
-    fn tokenize_word(&mut self, vocab: &Vocab, merges: &Merges, word: &[u8], out: &mut Vec<u32>) {
-        split_chars(word, &mut self.symbols);
-        self.queue.clear();
-        for i in 1..self.symbols.len() {
-            self.try_add_bigram(merges, word, i - 1, i);
-        }
-        while let Some(bigram) = self.queue.pop() {
-            let (l, r) = (self.symbols[bigram.left], self.symbols[bigram.right]);
-            // Stale when either side changed; then the concatenation differs
-            // from the one that was ranked, and so does its length.
-            if l.len == 0 || r.len == 0 || l.len + r.len != bigram.size {
+/// Tokenizes one raw fragment whose spaces are already escaped to ▁.
+pub(crate) fn tokenize(
+    session: &mut MergeSession,
+    scratch: &mut Vec<u8>,
+    vocab: &Vocab,
+    merges: &Merges,
+    junctions: &SpaceJunctions,
+    text: &[u8],
+    out: &mut Vec<u32>,
+) {
+    let text = llama_utf8_roundtrip(text);
+    let text = text.as_ref();
+    let mut start = 0;
+    while start < text.len() {
+        let newline = text[start] == b'\n';
+        let len = text[start..]
+            .iter()
+            .position(|&b| (b == b'\n') != newline)
+            .unwrap_or(text.len() - start);
+        let chunk = &text[start..start + len];
+        start += len;
+        if newline {
+            if let Some(id) = vocab.id(chunk) {
+                out.push(id);
                 continue;
             }
-            self.symbols[bigram.left].len += r.len;
-            self.symbols[bigram.right].len = 0;
-            self.symbols[bigram.left].next = r.next;
-            if r.next != NONE {
-                self.symbols[r.next].prev = bigram.left;
-            }
-            self.try_add_bigram(merges, word, l.prev, bigram.left);
-            self.try_add_bigram(merges, word, bigram.left, r.next);
         }
-        let mut i = if self.symbols.is_empty() { NONE } else { 0 };
-        while i != NONE {
-            let s = self.symbols[i];
-            let bytes = &word[s.start..s.start + s.len];
-            match vocab.id(bytes) {
-                Some(id) => out.push(id),
-                // Missing byte tokens are dropped, as in llama.cpp.
-                None => out.extend(bytes.iter().filter_map(|&b| vocab.byte_tokens[b as usize])),
-            }
-            i = s.next;
-        }
-    }
-
-    fn try_add_bigram(&mut self, merges: &Merges, word: &[u8], left: usize, right: usize) {
-        if left == NONE || right == NONE {
-            return;
-        }
-        let (l, r) = (self.symbols[left], self.symbols[right]);
-        let lb = &word[l.start..l.start + l.len];
-        let rb = &word[r.start..r.start + r.len];
-        if let Some(rank) = merges.rank(&mut self.scratch, lb, rb) {
-            self.queue.push(Bigram {
-                rank,
-                left,
-                right,
-                size: l.len + r.len,
-            });
-        }
+        for_each_word(chunk, junctions, |word| {
+            session.merge(
+                word,
+                // Lowest rank first.
+                |pair, split| {
+                    merges
+                        .rank(scratch, &pair[..split], &pair[split..])
+                        .map(|r| u32::MAX - r)
+                },
+                |symbol| match vocab.id(symbol) {
+                    Some(id) => out.push(id),
+                    // Missing byte tokens are dropped, as in llama.cpp.
+                    None => {
+                        out.extend(symbol.iter().filter_map(|&b| vocab.byte_tokens[b as usize]))
+                    }
+                },
+            )
+        });
     }
 }
 
@@ -263,15 +212,24 @@ mod tests {
 
     #[test]
     fn roundtrip_matches_llama_decoder() {
-        assert_eq!(&*llama_utf8_roundtrip("héllo".as_bytes()), "héllo".as_bytes());
+        assert_eq!(
+            &*llama_utf8_roundtrip("héllo".as_bytes()),
+            "héllo".as_bytes()
+        );
         // A lone continuation byte and a truncated sequence become U+FFFD each.
         assert_eq!(
             &*llama_utf8_roundtrip(b"a\x80b\xe2\x96"),
             "a\u{fffd}b\u{fffd}\u{fffd}".as_bytes()
         );
         // An overlong NUL is decoded by value.
-        assert_eq!(&*llama_utf8_roundtrip(b"\xc0\x80x\xff"), b"\x00x\xef\xbf\xbd");
+        assert_eq!(
+            &*llama_utf8_roundtrip(b"\xc0\x80x\xff"),
+            b"\x00x\xef\xbf\xbd"
+        );
         // Surrogates pass through.
-        assert_eq!(&*llama_utf8_roundtrip(b"\xed\xa0\x80\xff"), b"\xed\xa0\x80\xef\xbf\xbd");
+        assert_eq!(
+            &*llama_utf8_roundtrip(b"\xed\xa0\x80\xff"),
+            b"\xed\xa0\x80\xef\xbf\xbd"
+        );
     }
 }

@@ -210,7 +210,7 @@ impl ChatTemplate {
         match &self.format {
             Format::Gemma => Ok(self.render_gemma(messages, opts)),
             Format::Gemma4 => Ok(self.render_gemma4(messages, opts)),
-            Format::Jinja { .. } => {
+            Format::Jinja { env, name, source } => {
                 let list: Vec<Value> = messages
                     .iter()
                     .map(|m| {
@@ -220,7 +220,7 @@ impl ChatTemplate {
                         ])
                     })
                     .collect();
-                self.render_jinja(Value::from(list), None, opts)
+                self.render_jinja(env, name, source, Value::from(list), None, opts)
             }
         }
     }
@@ -243,9 +243,9 @@ impl ChatTemplate {
             })
         };
         let messages = parse("chat messages", messages_json)?;
-        if !self.is_builtin() {
+        if let Format::Jinja { env, name, source } = &self.format {
             let tools = tools_json.map(|t| parse("chat tools", t)).transpose()?;
-            return self.render_jinja(messages, tools, opts);
+            return self.render_jinja(env, name, source, messages, tools, opts);
         }
         let mut plain = Vec::new();
         let Ok(iter) = messages.try_iter() else {
@@ -267,22 +267,25 @@ impl ChatTemplate {
 
     fn render_jinja(
         &self,
+        env: &Environment<'static>,
+        name: &str,
+        source: &str,
         messages: Value,
         tools: Option<Value>,
         opts: &ChatOptions,
     ) -> Result<String, TokenizerError> {
-        let Format::Jinja { env, name, source } = &self.format else {
-            unreachable!("render_jinja is only called for Jinja templates");
-        };
         let mut ctx: Vec<(&str, Value)> = vec![
             ("messages", messages),
-            ("add_generation_prompt", Value::from(opts.add_generation_prompt)),
+            (
+                "add_generation_prompt",
+                Value::from(opts.add_generation_prompt),
+            ),
             ("bos_token", Value::from(self.bos_token.as_str())),
             ("eos_token", Value::from(self.eos_token.as_str())),
+            // Defined but none when absent, as transformers passes them.
+            ("tools", tools.unwrap_or(Value::from(()))),
+            ("documents", Value::from(())),
         ];
-        if let Some(t) = tools {
-            ctx.push(("tools", t));
-        }
         if let Some(on) = opts.enable_thinking {
             ctx.push(("enable_thinking", Value::from(on)));
         }

@@ -45,7 +45,7 @@ impl StreamDecoder {
                 }
                 Err(e) => {
                     let (valid, tail) = rest.split_at(e.valid_up_to());
-                    // SAFETY-free: `valid` is exactly the part from_utf8 accepted.
+                    // `valid` is the prefix from_utf8 accepted; this cannot fail.
                     out.push_str(std::str::from_utf8(valid).unwrap_or_default());
                     match e.error_len() {
                         // Incomplete character at the end: wait for more bytes.

@@ -36,7 +36,10 @@ fn template_message(
 ) -> String {
     match (line, source_line) {
         (Some(l), Some(text)) => {
-            format!("chat template {name}, line {l}: {message}\n  {l} | {}", text.trim_end())
+            format!(
+                "chat template {name}, line {l}: {message}\n  {l} | {}",
+                text.trim_end()
+            )
         }
         (Some(l), None) => format!("chat template {name}, line {l}: {message}"),
         _ => format!("chat template {name}: {message}"),

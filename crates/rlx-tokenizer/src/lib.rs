@@ -24,6 +24,7 @@ mod chat;
 mod decode;
 mod error;
 mod hash;
+mod merge;
 mod special;
 mod spm;
 mod vocab;
@@ -35,9 +36,9 @@ pub use vocab::{TokenKind, TokenizerModel};
 
 use rlx_gguf::GgufFile;
 
-use bpe::{BpeSession, Merges};
+use bpe::Merges;
+use merge::{MergeSession, SpaceJunctions};
 use special::{Fragment, SpecialSplitter};
-use spm::SpmSession;
 use vocab::Vocab;
 
 /// How to encode a text.
@@ -49,8 +50,10 @@ pub struct EncodeOptions {
     /// for Gemma). This is llama.cpp's `add_special`.
     pub add_bos: bool,
     /// Turn the text of CONTROL and UNKNOWN tokens (`<start_of_turn>`,
-    /// `<bos>`, ...) into those tokens. USER_DEFINED tokens are always
-    /// recognized.
+    /// `<bos>`, ...) into those tokens. USER_DEFINED tokens (whitespace runs,
+    /// HTML tags) are always recognized, except the ones llama.cpp turns into
+    /// CONTROL because they end generation (`</s>` in Gemma 3,
+    /// `<|tool_response>` in Gemma 4).
     pub parse_special: bool,
 }
 
@@ -79,6 +82,7 @@ pub struct Tokenizer {
     splitter: SpecialSplitter,
     /// Present for the Gemma 4 BPE.
     merges: Option<Merges>,
+    junctions: SpaceJunctions,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -94,17 +98,27 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 impl Tokenizer {
+    /// Opens a GGUF file and reads its tokenizer.
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<Tokenizer, TokenizerError> {
+        Tokenizer::from_gguf(&GgufFile::open(path)?)
+    }
+
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         let vocab = Vocab::from_gguf(file)?;
         let merges = match vocab.model {
             TokenizerModel::SentencePiece => None,
             TokenizerModel::Gemma4Bpe => Some(Merges::from_gguf(file)?),
         };
-        let splitter = SpecialSplitter::new(&vocab);
+        let splitter = SpecialSplitter::new(&vocab)?;
+        let junctions = match &merges {
+            None => spm::space_junctions(&vocab),
+            Some(m) => bpe::space_junctions(m),
+        };
         Ok(Tokenizer {
             vocab,
             splitter,
             merges,
+            junctions,
         })
     }
 
@@ -126,9 +140,9 @@ impl Tokenizer {
             out.extend(v.bos);
         }
         let mut escaped = Vec::new();
+        let mut session = MergeSession::default();
         match &self.merges {
             None => {
-                let mut session = SpmSession::default();
                 let mut prev_special = true;
                 for f in fragments {
                     match f {
@@ -139,7 +153,7 @@ impl Tokenizer {
                                 escaped.extend_from_slice(ESCAPED_SPACE);
                             }
                             escape_spaces(&text[start..end], &mut escaped);
-                            session.tokenize(v, &escaped, &mut out);
+                            spm::tokenize(&mut session, v, &self.junctions, &escaped, &mut out);
                             prev_special = false;
                         }
                         Fragment::Token(id) => {
@@ -150,13 +164,21 @@ impl Tokenizer {
                 }
             }
             Some(merges) => {
-                let mut session = BpeSession::default();
+                let mut scratch = Vec::new();
                 for f in fragments {
                     match f {
                         Fragment::Raw { start, end } => {
                             escaped.clear();
                             escape_spaces(&text[start..end], &mut escaped);
-                            session.tokenize(v, merges, &escaped, &mut out);
+                            bpe::tokenize(
+                                &mut session,
+                                &mut scratch,
+                                v,
+                                merges,
+                                &self.junctions,
+                                &escaped,
+                                &mut out,
+                            );
                         }
                         Fragment::Token(id) => out.push(id),
                     }
@@ -291,4 +313,14 @@ fn escape_spaces(text: &[u8], out: &mut Vec<u8>) {
         rest = &rest[i + 1..];
     }
     out.extend_from_slice(rest);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tokenizer_can_be_shared_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<super::Tokenizer>();
+        assert_send_sync::<super::ChatTemplate>();
+    }
 }

@@ -412,16 +412,16 @@ fn read_scores(file: &GgufFile, n: usize) -> Result<Vec<f32>, TokenizerError> {
         Some(v) => return Err(bad(key, format!("expected f32[] or i32[], found {v}"))),
     };
     if scores.len() < n {
-        return Err(bad(
-            key,
-            format!("{} scores for {n} tokens", scores.len()),
-        ));
+        return Err(bad(key, format!("{} scores for {n} tokens", scores.len())));
     }
     scores.truncate(n);
-    // A NaN would make the merge heap's order meaningless.
+    // The merge queue orders scores by their bits: a NaN would be
+    // meaningless there, and -0.0 must equal 0.0 as it does for `<`.
     for s in &mut scores {
         if s.is_nan() {
             *s = f32::MIN;
+        } else if *s == 0.0 {
+            *s = 0.0;
         }
     }
     Ok(scores)

@@ -2,7 +2,8 @@
 //!
 //! Reference: tests/fixtures/tokenizer/gemma3-270m.jsonl, from llama.cpp's own tokenizer
 //! (scripts/tokenizer/reference_ids.py) on tests/fixtures/tokenizer/corpus.jsonl. Tolerance:
-//! none; every mismatch is listed.
+//! none; every mismatch is listed. `$RLX_TOKENIZER_CORPUS` and `$RLX_TOKENIZER_REFERENCE` run
+//! the same check on a larger, generated corpus.
 
 mod common;
 
@@ -11,15 +12,49 @@ use rlx_tokenizer::{EncodeOptions, TokenKind, TokenizerModel};
 #[test]
 fn corpus_matches_llama_cpp_token_for_token() {
     let (_, tok) = common::gemma3();
+    let head = &common::read_jsonl(&common::fixture("gemma3-270m-pieces.jsonl"))[0];
+    assert_eq!(
+        common::vocab_fnv1a64(tok),
+        head["vocab_fnv1a64"].as_str().unwrap(),
+        "{} is not the vocabulary the references were taken on ({})",
+        common::model_path().display(),
+        head["model"]
+    );
     let corpus = common::corpus();
-    let refs = common::read_jsonl(&common::fixture("gemma3-270m.jsonl"));
-    assert_eq!(corpus.len(), refs.len(), "corpus and reference files disagree; regenerate both");
-    assert!(corpus.len() >= 300, "corpus has only {} strings", corpus.len());
+    let refs = common::read_jsonl(&common::reference_path());
+    assert_eq!(
+        corpus.len(),
+        refs.len(),
+        "corpus and reference files disagree; regenerate both"
+    );
+    assert!(
+        corpus.len() >= 300,
+        "corpus has only {} strings",
+        corpus.len()
+    );
 
     let variants = [
-        ("bos_plain", EncodeOptions { add_bos: true, parse_special: false }),
-        ("bos_special", EncodeOptions { add_bos: true, parse_special: true }),
-        ("plain", EncodeOptions { add_bos: false, parse_special: false }),
+        (
+            "bos_plain",
+            EncodeOptions {
+                add_bos: true,
+                parse_special: false,
+            },
+        ),
+        (
+            "bos_special",
+            EncodeOptions {
+                add_bos: true,
+                parse_special: true,
+            },
+        ),
+        (
+            "plain",
+            EncodeOptions {
+                add_bos: false,
+                parse_special: false,
+            },
+        ),
     ];
     let mut mismatches = Vec::new();
     let mut checked = 0;
@@ -30,10 +65,17 @@ fn corpus_matches_llama_cpp_token_for_token() {
             let got = tok.encode_bytes(&entry.bytes, opts);
             checked += 1;
             if got != want {
-                let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+                let at = got
+                    .iter()
+                    .zip(&want)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(got.len().min(want.len()));
                 let show = |ids: &[u32]| -> Vec<String> {
-                    ids.iter().skip(at.saturating_sub(2)).take(8)
-                        .map(|&i| format!("{i}:{:?}", tok.piece(i).unwrap_or("?"))).collect()
+                    ids.iter()
+                        .skip(at.saturating_sub(2))
+                        .take(8)
+                        .map(|&i| format!("{i}:{:?}", tok.piece(i).unwrap_or("?")))
+                        .collect()
                 };
                 mismatches.push(format!(
                     "{} [{key}] input {:?}: first difference at {at}\n  llama.cpp {:?}\n  rlx       {:?}",
@@ -48,8 +90,16 @@ fn corpus_matches_llama_cpp_token_for_token() {
     for m in &mismatches {
         eprintln!("{m}");
     }
-    eprintln!("{} of {checked} encodings of {} strings match llama.cpp", checked - mismatches.len(), corpus.len());
-    assert!(mismatches.is_empty(), "{} encodings differ from llama.cpp", mismatches.len());
+    eprintln!(
+        "{} of {checked} encodings of {} strings match llama.cpp",
+        checked - mismatches.len(),
+        corpus.len()
+    );
+    assert!(
+        mismatches.is_empty(),
+        "{} encodings differ from llama.cpp",
+        mismatches.len()
+    );
 }
 
 #[test]
@@ -69,14 +119,23 @@ fn pieces_and_special_ids_match_llama_cpp() {
         for (key, special) in [("plain", false), ("special", true)] {
             let want = common::b64(r[key].as_str().unwrap());
             if tok.token_bytes(id, special) != want.as_slice() {
-                bad.push(format!("{id} {:?} [{key}]: llama.cpp {want:?}, rlx {:?}", tok.piece(id), tok.token_bytes(id, special)));
+                bad.push(format!(
+                    "{id} {:?} [{key}]: llama.cpp {want:?}, rlx {:?}",
+                    tok.piece(id),
+                    tok.token_bytes(id, special)
+                ));
             }
         }
     }
     for b in &bad {
         eprintln!("{b}");
     }
-    assert!(bad.is_empty(), "{} of {} pieces differ", bad.len(), 2 * (rows.len() - 1));
+    assert!(
+        bad.is_empty(),
+        "{} of {} pieces differ",
+        bad.len(),
+        2 * (rows.len() - 1)
+    );
 }
 
 #[test]
@@ -91,7 +150,16 @@ fn known_ids_and_kinds() {
     assert!(tok.is_eog(1) && tok.is_eog(106) && !tok.is_eog(2));
     assert!(tok.add_bos());
     assert_eq!(tok.encode("", EncodeOptions::default()), vec![2]);
-    assert_eq!(tok.encode("", EncodeOptions { add_bos: false, parse_special: false }), Vec::<u32>::new());
+    assert_eq!(
+        tok.encode(
+            "",
+            EncodeOptions {
+                add_bos: false,
+                parse_special: false
+            }
+        ),
+        Vec::<u32>::new()
+    );
 }
 
 #[test]
@@ -101,5 +169,8 @@ fn set_add_bos_switches_bos_off() {
     let file = rlx_gguf::GgufFile::open(&path).unwrap();
     let mut tok = rlx_tokenizer::Tokenizer::from_gguf(&file).unwrap();
     tok.set_add_bos(false);
-    assert_eq!(tok.encode("Hello world", EncodeOptions::default()), vec![9259, 1902]);
+    assert_eq!(
+        tok.encode("Hello world", EncodeOptions::default()),
+        vec![9259, 1902]
+    );
 }

@@ -1,6 +1,9 @@
 //! decode(encode(s)) == s on the corpus and on random strings, and streaming decode equals
-//! whole-sequence decode. The one exception is built into SentencePiece: a literal U+2581 (▁)
-//! in the input decodes as a space, like an escaped space.
+//! whole-sequence decode. Two exceptions follow from matching llama.cpp: a literal U+2581 (▁)
+//! in the input decodes as a space, like an escaped space; and in invalid UTF-8 a bad lead byte
+//! swallows the following bytes into one byte-fallback symbol, so an escaped space right after
+//! it comes back as the bytes of ▁. Invalid inputs are therefore compared with ▁ read as space
+//! on both sides.
 
 mod common;
 
@@ -35,7 +38,11 @@ fn stream(tok: &Tokenizer, ids: &[u32], render_special: bool) -> String {
 #[test]
 fn corpus_roundtrips() {
     let (_, tok) = common::gemma3();
-    let bos = tok.piece(tok.bos_id().unwrap()).unwrap().as_bytes().to_vec();
+    let bos = tok
+        .piece(tok.bos_id().unwrap())
+        .unwrap()
+        .as_bytes()
+        .to_vec();
     let mut failures = Vec::new();
     let corpus = common::corpus();
     for e in &corpus {
@@ -43,29 +50,59 @@ fn corpus_roundtrips() {
         // Plain: special text stays text; BOS renders as nothing.
         let ids = tok.encode_bytes(&e.bytes, EncodeOptions::default());
         assert_eq!(ids.first(), tok.bos_id().as_ref(), "{}: BOS first", e.name);
-        let got = tok.decode_bytes(&ids, false);
+        let mut got = tok.decode_bytes(&ids, false);
+        if !e.valid_utf8 {
+            got = expected_bytes(&got);
+        }
         if got != want {
-            failures.push(format!("{} plain: {:?} -> {:?}", e.name, String::from_utf8_lossy(&e.bytes), String::from_utf8_lossy(&got)));
+            failures.push(format!(
+                "{} plain: {:?} -> {:?}",
+                e.name,
+                String::from_utf8_lossy(&e.bytes),
+                String::from_utf8_lossy(&got)
+            ));
         }
         // Special parsing on and special rendering on: the text comes back behind "<bos>".
-        let ids = tok.encode_bytes(&e.bytes, EncodeOptions { add_bos: true, parse_special: true });
-        let got = tok.decode_bytes(&ids, true);
+        let ids = tok.encode_bytes(
+            &e.bytes,
+            EncodeOptions {
+                add_bos: true,
+                parse_special: true,
+            },
+        );
+        let mut got = tok.decode_bytes(&ids, true);
+        if !e.valid_utf8 {
+            got = expected_bytes(&got);
+        }
         if got != [bos.as_slice(), &want].concat() {
-            failures.push(format!("{} special: {:?} -> {:?}", e.name, String::from_utf8_lossy(&e.bytes), String::from_utf8_lossy(&got)));
+            failures.push(format!(
+                "{} special: {:?} -> {:?}",
+                e.name,
+                String::from_utf8_lossy(&e.bytes),
+                String::from_utf8_lossy(&got)
+            ));
         }
         // Streaming gives the same text as decoding the whole sequence.
         for special in [false, true] {
             let whole = tok.decode(&ids, special);
             let streamed = stream(tok, &ids, special);
             if whole != streamed {
-                failures.push(format!("{} stream (special {special}): {whole:?} vs {streamed:?}", e.name));
+                failures.push(format!(
+                    "{} stream (special {special}): {whole:?} vs {streamed:?}",
+                    e.name
+                ));
             }
         }
     }
     for f in &failures {
         eprintln!("{f}");
     }
-    assert!(failures.is_empty(), "{} of {} corpus strings fail to roundtrip", failures.len(), corpus.len());
+    assert!(
+        failures.is_empty(),
+        "{} of {} corpus strings fail to roundtrip",
+        failures.len(),
+        corpus.len()
+    );
 }
 
 #[test]
@@ -73,8 +110,18 @@ fn stream_holds_back_a_split_character() {
     let (_, tok) = common::gemma3();
     // A private-use character is no piece, so it falls back to four byte tokens.
     let s = "a\u{10fffd}b";
-    let ids = tok.encode(s, EncodeOptions { add_bos: false, parse_special: false });
-    let bytes_tokens: Vec<u32> = ids.iter().copied().filter(|&i| tok.piece(i).unwrap().starts_with("<0x")).collect();
+    let ids = tok.encode(
+        s,
+        EncodeOptions {
+            add_bos: false,
+            parse_special: false,
+        },
+    );
+    let bytes_tokens: Vec<u32> = ids
+        .iter()
+        .copied()
+        .filter(|&i| tok.piece(i).unwrap().starts_with("<0x"))
+        .collect();
     assert_eq!(bytes_tokens.len(), 4, "{ids:?}");
     let mut dec = tok.stream_decoder(false);
     let outputs: Vec<String> = ids.iter().map(|&i| dec.push(tok, i)).collect();
@@ -128,7 +175,7 @@ proptest! {
     fn random_bytes_roundtrip(b in proptest::collection::vec(any::<u8>(), 0..80)) {
         let tok = gemma();
         let ids = tok.encode_bytes(&b, EncodeOptions { add_bos: false, parse_special: true });
-        prop_assert_eq!(tok.decode_bytes(&ids, true), expected_bytes(&b));
+        prop_assert_eq!(expected_bytes(&tok.decode_bytes(&ids, true)), expected_bytes(&b));
     }
 
     #[test]

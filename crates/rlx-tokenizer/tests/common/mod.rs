@@ -23,7 +23,9 @@ pub fn model_path() -> PathBuf {
     }
     let dir = match std::env::var("RLX_HOME") {
         Ok(h) => PathBuf::from(h),
-        Err(_) => PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/rlx/models"),
+        Err(_) => {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/rlx/models")
+        }
     };
     dir.join("gemma-3-270m-q4_k_m.gguf")
 }
@@ -52,7 +54,9 @@ pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
 }
 
 pub fn b64(s: &str) -> Vec<u8> {
-    base64::engine::general_purpose::STANDARD.decode(s).expect("base64")
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .expect("base64")
 }
 
 pub struct CorpusEntry {
@@ -61,21 +65,59 @@ pub struct CorpusEntry {
     pub valid_utf8: bool,
 }
 
+/// The corpus file; `$RLX_TOKENIZER_CORPUS` points the tests at another one
+/// (with `$RLX_TOKENIZER_REFERENCE` for its llama.cpp ids).
+pub fn corpus_path() -> PathBuf {
+    std::env::var("RLX_TOKENIZER_CORPUS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| fixture("corpus.jsonl"))
+}
+
+pub fn reference_path() -> PathBuf {
+    std::env::var("RLX_TOKENIZER_REFERENCE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| fixture("gemma3-270m.jsonl"))
+}
+
 pub fn corpus() -> Vec<CorpusEntry> {
-    read_jsonl(&fixture("corpus.jsonl"))
+    read_jsonl(&corpus_path())
         .into_iter()
         .map(|r| {
             let name = r["name"].as_str().unwrap().to_owned();
             if r["invalid_utf8"].as_bool() == Some(true) {
-                CorpusEntry { name, bytes: b64(r["b64"].as_str().unwrap()), valid_utf8: false }
+                CorpusEntry {
+                    name,
+                    bytes: b64(r["b64"].as_str().unwrap()),
+                    valid_utf8: false,
+                }
             } else {
                 let text = r["text"].as_str().unwrap().to_owned();
-                CorpusEntry { name, bytes: text.into_bytes(), valid_utf8: true }
+                CorpusEntry {
+                    name,
+                    bytes: text.into_bytes(),
+                    valid_utf8: true,
+                }
             }
         })
         .collect()
 }
 
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// FNV-1a over every piece and a NUL, as scripts/tokenizer/reference_ids.py writes it into the
+/// pieces fixtures: tells whether a model file still has the vocabulary a reference was taken on.
+pub fn vocab_fnv1a64(tok: &Tokenizer) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for id in 0..tok.vocab_size() as u32 {
+        for &b in tok.piece(id).unwrap().as_bytes().iter().chain(&[0u8]) {
+            h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+    }
+    format!("{h:016x}")
 }
