@@ -146,3 +146,31 @@ fn bad_input_is_one_error_line_and_a_failing_exit() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("fetch-model"));
 }
+
+#[test]
+fn bench_reports_llama_bench_style_json() {
+    let out = rlx()
+        .args(["bench", "-m"])
+        .arg(tiny())
+        .args(["-p", "8", "-n", "4", "-r", "2", "-t", "1", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v.as_array().unwrap();
+    let tests: Vec<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(tests, ["pp8", "tg4"]);
+    for r in rows {
+        assert!(r["tokens_per_second"].as_f64().unwrap() > 0.0);
+        assert!(r["stddev"].as_f64().unwrap() >= 0.0);
+        assert_eq!(r["threads"], 1);
+    }
+    let out = rlx()
+        .args(["bench", "-m"])
+        .arg(tiny())
+        .args(["-p", "4", "-n", "0", "-r", "1", "-d", "6"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("| pp4 @ d6 |"), "{table}");
+}

@@ -38,13 +38,34 @@ pub fn generate(
     stop_tokens: &[u32],
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<(Vec<u32>, StopReason, GenerateStats)> {
+    generate_with_progress(
+        session,
+        prompt,
+        max_tokens,
+        sampler,
+        stop_tokens,
+        on_token,
+        &mut |_, _| {},
+    )
+}
+
+/// [`generate`], reporting prompt prefill progress as `(done, total)`.
+pub fn generate_with_progress(
+    session: &mut Session<'_>,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    stop_tokens: &[u32],
+    on_token: &mut dyn FnMut(u32) -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<(Vec<u32>, StopReason, GenerateStats)> {
     for &t in prompt {
         sampler.accept(t);
     }
     let mut stats = GenerateStats::default();
     let before = session.computed_tokens();
     let t0 = Instant::now();
-    let mut logits = session.feed_prompt(prompt)?;
+    let mut logits = session.feed_prompt_with_progress(prompt, progress)?;
     stats.prefill_secs = t0.elapsed().as_secs_f64();
     stats.prefilled = session.computed_tokens() - before;
     let t1 = Instant::now();

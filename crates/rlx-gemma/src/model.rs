@@ -289,8 +289,18 @@ impl Session<'_> {
     /// Appends `tokens` (prefilled in chunks) and returns the logits of the
     /// last one.
     pub fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.feed_with_progress(tokens, &mut |_, _| {})
+    }
+
+    /// Like [`Session::feed`], calling `progress(done, total)` after each chunk.
+    pub fn feed_with_progress(
+        &mut self,
+        tokens: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<f32>> {
         self.check(tokens)?;
         let mut last = Vec::new();
+        let mut done = 0;
         for chunk in tokens.chunks(self.chunk) {
             let plan = if chunk.len() == 1 {
                 &mut self.decode
@@ -300,6 +310,8 @@ impl Session<'_> {
             last = Self::step(plan, &mut self.kv, chunk)?;
             self.tokens.extend_from_slice(chunk);
             self.computed += chunk.len();
+            done += chunk.len();
+            progress(done, tokens.len());
         }
         Ok(last)
     }
@@ -344,6 +356,15 @@ impl Session<'_> {
     /// Continues from `tokens`, reusing the cached prefix they share with
     /// what the session holds; returns the logits of the last token.
     pub fn feed_prompt(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.feed_prompt_with_progress(tokens, &mut |_, _| {})
+    }
+
+    /// Like [`Session::feed_prompt`], reporting prefill progress.
+    pub fn feed_prompt_with_progress(
+        &mut self,
+        tokens: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<f32>> {
         let common = self
             .tokens
             .iter()
@@ -354,7 +375,7 @@ impl Session<'_> {
         let keep = common.min(tokens.len().saturating_sub(1));
         self.rewind(keep)?;
         let keep = self.tokens.len();
-        self.feed(&tokens[keep..])
+        self.feed_with_progress(&tokens[keep..], progress)
     }
 
     pub fn reset(&mut self) {

@@ -5,6 +5,7 @@ pub mod generate;
 pub mod info;
 pub mod models;
 pub mod perplexity;
+pub mod progress;
 pub mod run;
 pub mod sample_args;
 pub mod score;

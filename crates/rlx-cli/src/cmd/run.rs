@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use rlx_gemma::generate::{generate, StopReason};
+use rlx_gemma::generate::{generate_with_progress, StopReason};
 use rlx_gemma::SessionOptions;
 use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Tokenizer};
 use serde_json::json;
@@ -88,9 +88,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
         }
     };
     let t_load = Instant::now();
+    let spinner = super::progress::spinner("loading model");
     let model = args.model.load()?;
     let tok = Tokenizer::from_gguf(model.file())?;
     let load_secs = t_load.elapsed().as_secs_f64();
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
     let mut messages = Vec::new();
     if let Some(sys) = &args.system {
         messages.push(ChatMessage::system(sys.clone()));
@@ -111,13 +115,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let mut text = String::new();
     let mut stdout = std::io::stdout().lock();
     let stream = !args.json;
-    let (tokens, reason, stats) = generate(
+    let bar = super::progress::prefill_bar(ids.len());
+    let (tokens, reason, stats) = generate_with_progress(
         &mut session,
         &ids,
         args.sample.n,
         &mut sampler,
         &stops,
         &mut |t| {
+            if let Some(b) = &bar {
+                b.finish_and_clear();
+            }
             if tok.is_eog(t) && !args.sample.ignore_eos {
                 return false;
             }
@@ -128,6 +136,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 let _ = stdout.flush();
             }
             !args.sample.stop.iter().any(|s| text.contains(s.as_str()))
+        },
+        &mut |done, _| {
+            if let Some(b) = &bar {
+                b.set_position(done as u64);
+            }
         },
     )?;
     // Cut the text at the first stop string.
