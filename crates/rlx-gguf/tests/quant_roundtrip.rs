@@ -60,11 +60,14 @@ const TYPES: [GgmlType; 12] = [
 ];
 
 /// 1–3 super-blocks of values: gaussian-ish or uniform, at a random scale,
-/// sometimes with an outlier.
+/// sometimes with an outlier. Scales stay where the formats' f16 block scales
+/// are normal numbers (values ≳ 0.1): below that the scales go subnormal and
+/// lose relative precision by design of the formats (bit-exactness there is
+/// covered by the reference fixtures).
 fn inputs() -> impl Strategy<Value = Vec<f32>> {
     (
         1usize..=3,
-        -6i32..=6,
+        -2i32..=6,
         any::<bool>(),
         any::<u64>(),
         proptest::option::of(0usize..256),
