@@ -44,6 +44,71 @@ pub struct BenchArgs {
 struct Row {
     test: String,
     tps: Vec<f64>,
+    /// For generation tests: bytes read per token (weights + KV cache).
+    bytes_per_token: Option<f64>,
+}
+
+/// Read bandwidth of this machine in bytes/s: `threads` threads summing a
+/// buffer much larger than the caches (best of a few passes).
+fn memory_bandwidth(threads: usize) -> f64 {
+    const BYTES: usize = 512 << 20;
+    let buf: Vec<u64> = (0..BYTES / 8).map(|i| i as u64).collect();
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let sum: u64 = std::thread::scope(|s| {
+            let chunk = buf.len().div_ceil(threads);
+            let handles: Vec<_> = buf
+                .chunks(chunk)
+                .map(|c| s.spawn(move || sum_lanes(c)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(sum);
+        best = best.max(BYTES as f64 / start.elapsed().as_secs_f64());
+    }
+    best
+}
+
+/// A sum the compiler vectorises (eight independent lanes), so the loop is
+/// bound by memory, not by a dependency chain.
+fn sum_lanes(c: &[u64]) -> u64 {
+    let mut lanes = [0u64; 8];
+    for block in c.chunks_exact(8) {
+        for (l, &v) in lanes.iter_mut().zip(block) {
+            *l = l.wrapping_add(v);
+        }
+    }
+    lanes.iter().fold(0, |a, &b| a.wrapping_add(b))
+}
+
+/// Bytes a decode step reads: every weight once (the per-layer embedding
+/// table is gathered by rows, so it does not count), plus K/V of the context.
+fn decode_bytes(model: &Model, context: usize) -> f64 {
+    let weights: u64 = model
+        .file()
+        .tensors()
+        .iter()
+        .filter(|t| t.name != "per_layer_token_embd.weight")
+        .map(|t| t.n_bytes)
+        .sum();
+    let kv: usize = model
+        .config()
+        .layers
+        .iter()
+        .filter(|l| l.kv_source.is_none())
+        .map(|l| {
+            let rows = match l.attention {
+                rlx_gemma::AttentionKind::Sliding { window } => context.min(window),
+                rlx_gemma::AttentionKind::Global => context,
+            };
+            rows * l.n_head_kv * l.head_dim * 2 * 4
+        })
+        .sum();
+    weights as f64 + kv as f64
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {
@@ -118,6 +183,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         rows.push(Row {
             test: suffix(format!("pp{p}")),
             tps,
+            bytes_per_token: None,
         });
     }
     for &n in args.gen.iter().filter(|&&n| n > 0) {
@@ -128,8 +194,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         rows.push(Row {
             test: suffix(format!("tg{n}")),
             tps,
+            bytes_per_token: Some(decode_bytes(&model, args.depth + n / 2)),
         });
     }
+    let bandwidth = if rows.iter().any(|r| r.bytes_per_token.is_some()) {
+        memory_bandwidth(threads)
+    } else {
+        0.0
+    };
+    // Fraction of the bandwidth roofline a generation test reaches.
+    let roofline = |r: &Row| {
+        r.bytes_per_token
+            .map(|b| mean_std(&r.tps).0 / (bandwidth / b))
+    };
     let mut out = std::io::stdout().lock();
     let file_bytes = model.file().file_len();
     let name = args.model.model.display().to_string();
@@ -147,6 +224,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     "repetitions": r.tps.len(),
                     "precision": args.model.precision,
                     "model_bytes": file_bytes,
+                    "bytes_per_token": r.bytes_per_token,
+                    "memory_bandwidth_bytes_per_s": (bandwidth > 0.0).then_some(bandwidth),
+                    "roofline_fraction": roofline(r),
                 })
             })
             .collect();
@@ -155,17 +235,28 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         writeln!(
             out,
-            "| model | size | backend | threads | precision | test | t/s |"
+            "| model | size | backend | threads | precision | test | t/s | roofline |"
         )?;
-        writeln!(out, "| --- | ---: | --- | ---: | --- | ---: | ---: |")?;
+        writeln!(
+            out,
+            "| --- | ---: | --- | ---: | --- | ---: | ---: | ---: |"
+        )?;
         for r in &rows {
             let (mean, std) = mean_std(&r.tps);
             writeln!(
                 out,
-                "| {name} | {:.2} MiB | CPU | {threads} | {} | {} | {mean:.2} ± {std:.2} |",
+                "| {name} | {:.2} MiB | CPU | {threads} | {} | {} | {mean:.2} ± {std:.2} | {} |",
                 file_bytes as f64 / (1024.0 * 1024.0),
                 args.model.precision,
-                r.test
+                r.test,
+                roofline(r).map_or(String::new(), |f| format!("{:.0} %", f * 100.0))
+            )?;
+        }
+        if bandwidth > 0.0 {
+            writeln!(
+                out,
+                "\nroofline: measured read bandwidth {:.1} GB/s with {threads} threads; a generated token reads every weight and the K/V of its context once",
+                bandwidth / 1e9
             )?;
         }
     }
