@@ -155,7 +155,11 @@ fn bench_reports_llama_bench_style_json() {
         .args(["-p", "8", "-n", "4", "-r", "2", "-t", "1", "--json"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v.as_array().unwrap();
     let tests: Vec<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();

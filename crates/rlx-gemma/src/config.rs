@@ -527,13 +527,7 @@ fn gemma4(
     let base_global = m.f32_opt("rope.freq_base")?.unwrap_or(10000.0);
     let base_local = m.f32_opt("rope.freq_base_swa")?.unwrap_or(10000.0);
     let n_shared = m.usize_opt("attention.shared_kv_layers")?.unwrap_or(0);
-    if n_shared >= n_layers {
-        return Err(ConfigError::Invalid {
-            key: key("attention.shared_kv_layers"),
-            msg: format!("{n_shared} shared layers of {n_layers}"),
-        });
-    }
-    let first_shared = n_layers - n_shared;
+    let sources = kv_sources(m, &sliding, n_shared)?;
     let per_layer_input = m
         .usize_opt("embedding_length_per_layer_input")?
         .unwrap_or(0);
@@ -561,19 +555,7 @@ fn gemma4(
     let mut layers: Vec<LayerSpec> = Vec::with_capacity(n_layers);
     for l in 0..n_layers {
         let local = sliding[l];
-        // A shared layer reads the last owning layer of its own type.
-        let kv_source = if l >= first_shared {
-            let src = (0..first_shared)
-                .rev()
-                .find(|&j| sliding[j] == local)
-                .ok_or_else(|| ConfigError::Invalid {
-                    key: key("attention.shared_kv_layers"),
-                    msg: format!("layer {l} has no earlier layer of its type to share K/V with"),
-                })?;
-            Some(src)
-        } else {
-            None
-        };
+        let kv_source = sources[l];
         layers.push(LayerSpec {
             index: l,
             attention: if local {
@@ -608,12 +590,36 @@ fn gemma4(
             sparsity: None,
         });
     }
+    normed_config(
+        Arch::Gemma4,
+        m,
+        (n_embd, n_vocab, context_length),
+        rms_eps,
+        lm_head,
+        per_layer_input,
+        None,
+        layers,
+    )
+}
+
+/// The config of the QK-normed generations (3n, 4), whose final softcap is 30
+/// when the key is absent.
+#[allow(clippy::too_many_arguments)]
+fn normed_config(
+    arch: Arch,
+    m: &Meta,
+    (n_embd, n_vocab, context_length): (usize, usize, usize),
+    rms_eps: f32,
+    lm_head: String,
+    per_layer_input: usize,
+    altup_streams: Option<usize>,
+    layers: Vec<LayerSpec>,
+) -> Result<GemmaConfig, ConfigError> {
     validate_layers(m, &layers)?;
-    // The reference applies a final softcap of 30 when the key is absent.
     let final_softcap =
         Some(m.f32_opt("final_logit_softcapping")?.unwrap_or(30.0)).filter(|&c| c > 0.0);
     Ok(GemmaConfig {
-        arch: Arch::Gemma4,
+        arch,
         n_embd,
         n_vocab,
         context_length,
@@ -622,7 +628,7 @@ fn gemma4(
         final_softcap,
         lm_head,
         per_layer_input,
-        altup_streams: None,
+        altup_streams,
         layers,
     })
 }
@@ -744,20 +750,14 @@ fn gemma3n(
             sparsity: sparsity[l],
         });
     }
-    validate_layers(m, &layers)?;
-    let final_softcap =
-        Some(m.f32_opt("final_logit_softcapping")?.unwrap_or(30.0)).filter(|&c| c > 0.0);
-    Ok(GemmaConfig {
-        arch: Arch::Gemma3n,
-        n_embd,
-        n_vocab,
-        context_length,
+    normed_config(
+        Arch::Gemma3n,
+        m,
+        (n_embd, n_vocab, context_length),
         rms_eps,
-        embed_scale: (n_embd as f32).sqrt(),
-        final_softcap,
         lm_head,
         per_layer_input,
-        altup_streams: Some(streams),
+        Some(streams),
         layers,
-    })
+    )
 }

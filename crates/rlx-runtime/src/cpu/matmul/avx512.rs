@@ -10,8 +10,8 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{arr, f16_at, f16_product, hsum_ps as hsum_ps256, load256, nibbles};
-use super::scalar::{f32_at, scale_min_k4, Q8_0_BYTES, Q8_K_BYTES};
+use super::avx2::{arr, f16_at, hsum_ps as hsum_ps256, load256};
+use super::scalar::{f32_at, scale_min_k4, Q8_K_BYTES};
 
 /// f32 dot: element `i` goes to accumulator `(i / 16) % 4`, lane `i % 16`
 /// (FMA; the last partial vector is a zero-filled masked load); accumulators
@@ -43,6 +43,43 @@ pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
     hsum_ps(v)
 }
 
+/// [`dot_f32`] of `M` activation rows against one weight row at once, each
+/// output bit-identical to its own [`dot_f32`] call: the weight vector is
+/// loaded once for the `M` rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn dot_f32_rows<const M: usize>(xs: [&[f32]; M], w: &[f32]) -> [f32; M] {
+    let n = xs.iter().fold(w.len(), |n, x| n.min(x.len()));
+    let w = &w[..n];
+    let xs = xs.map(|x| &x[..n]);
+    let mut acc = [[_mm512_setzero_ps(); 4]; M];
+    let full = n / 64 * 64;
+    for c in (0..full).step_by(64) {
+        for j in 0..4 {
+            let wv = _mm512_loadu_ps(w[c + 16 * j..c + 16 * j + 16].as_ptr());
+            for (a, x) in acc.iter_mut().zip(&xs) {
+                let xv = _mm512_loadu_ps(x[c + 16 * j..c + 16 * j + 16].as_ptr());
+                a[j] = _mm512_fmadd_ps(xv, wv, a[j]);
+            }
+        }
+    }
+    for (j, c) in (full..n).step_by(16).enumerate() {
+        let len = (n - c).min(16);
+        // Masked lanes are neither read nor faulted on.
+        let mask: __mmask16 = ((1u32 << len) - 1) as u16;
+        let wv = _mm512_maskz_loadu_ps(mask, w[c..].as_ptr());
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            let xv = _mm512_maskz_loadu_ps(mask, x[c..].as_ptr());
+            a[j] = _mm512_fmadd_ps(xv, wv, a[j]);
+        }
+    }
+    acc.map(|a| {
+        hsum_ps(_mm512_add_ps(
+            _mm512_add_ps(a[0], a[1]),
+            _mm512_add_ps(a[2], a[3]),
+        ))
+    })
+}
+
 // ---- AVX-512 VNNI integer dot products ----
 //
 // `vpdpbusd` (u8 × i8, four products summed into each i32 lane) replaces
@@ -55,94 +92,12 @@ unsafe fn load512(b: &[u8; 64]) -> __m512i {
     _mm512_loadu_si512(b.as_ptr().cast())
 }
 
-/// Two 256-bit halves as one 512-bit register.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
-    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-}
-
-/// `lo` in lanes 0..8 and `hi` in lanes 8..16.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn join_ps(lo: f32, hi: f32) -> __m512 {
-    let lo = _mm512_castps256_ps512(_mm256_set1_ps(lo));
-    let hi = _mm256_castps_pd(_mm256_set1_ps(hi));
-    _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(lo), hi, 1))
-}
-
-/// i8 × i8 dot of 64 bytes into 16 i32 lanes: `|x| · sign(y, x)` through
-/// `vpdpbusd`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_i8(x: __m512i, y: __m512i) -> __m512i {
-    let neg = _mm512_movepi8_mask(x);
-    let sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
-    _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(x), sy)
-}
-
-/// Same, 32 bytes into 8 lanes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_i8_256(x: __m256i, y: __m256i) -> __m256i {
-    let sy = _mm256_sign_epi8(y, x);
-    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), sy)
-}
-
 /// Lane `l` plus lane `l + 8`, then [`hsum_ps256`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn hsum_ps(v: __m512) -> f32 {
+pub(super) unsafe fn hsum_ps(v: __m512) -> f32 {
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
     hsum_ps256(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
-}
-
-/// Weight formats [`q8_0_pairs`] handles.
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-
-/// A weight block's 32 signed codes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn codes<const TYPE: u8>(wb: &[u8]) -> __m256i {
-    match TYPE {
-        Q8_0 => load256(arr(&wb[2..])),
-        _ => _mm256_sub_epi8(nibbles(arr(&wb[2..])), _mm256_set1_epi8(8)),
-    }
-}
-
-/// 32-element blocks (`WB` bytes, f16 scale first) against Q8_0, two blocks
-/// per 512-bit step and a 256-bit step for an odd last block.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q8_0_pairs<const TYPE: u8, const WB: usize>(w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = _mm512_setzero_ps();
-    let ws = w.chunks_exact(2 * WB);
-    let as_ = a.chunks_exact(2 * Q8_0_BYTES);
-    let (wr, ar) = (ws.remainder(), as_.remainder());
-    for (wp, ap) in ws.zip(as_) {
-        let (w1, a1) = (&wp[WB..], &ap[Q8_0_BYTES..]);
-        let qx = join(codes::<TYPE>(wp), codes::<TYPE>(w1));
-        let qy = join(load256(arr(&ap[2..])), load256(arr(&a1[2..])));
-        let d = join_ps(f16_product(wp, 0, ap, 0), f16_product(w1, 0, a1, 0));
-        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot_i8(qx, qy)), acc);
-    }
-    let mut sum = hsum_ps(acc);
-    if wr.len() >= WB && ar.len() >= Q8_0_BYTES {
-        let p = dot_i8_256(codes::<TYPE>(wr), load256(arr(&ar[2..])));
-        sum += f16_product(wr, 0, ar, 0) * hsum_ps256(_mm256_cvtepi32_ps(p));
-    }
-    sum
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    q8_0_pairs::<Q8_0, 34>(w, a)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
-    q8_0_pairs::<Q4_0, 18>(w, a)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -260,4 +215,34 @@ pub(super) unsafe fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps256(acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::features::Isa;
+
+    #[test]
+    fn dot_f32_rows_matches_dot_f32_bit_for_bit() {
+        if Isa::detect() < Isa::Avx512 {
+            return;
+        }
+        let mut s = 7u64;
+        let mut next = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        for n in [1, 15, 16, 33, 64, 100, 640] {
+            let w: Vec<f32> = (0..n).map(|_| next()).collect();
+            let xs: Vec<Vec<f32>> = (0..4).map(|_| (0..n).map(|_| next()).collect()).collect();
+            // SAFETY: checked above that the CPU has AVX-512.
+            let got = unsafe { super::dot_f32_rows::<4>(std::array::from_fn(|i| &xs[i][..]), &w) };
+            for (x, g) in xs.iter().zip(got) {
+                // SAFETY: as above.
+                let want = unsafe { super::dot_f32(x, &w) };
+                assert_eq!(g.to_bits(), want.to_bits(), "n={n}");
+            }
+        }
+    }
 }

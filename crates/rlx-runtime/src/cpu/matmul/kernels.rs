@@ -13,6 +13,31 @@ use super::{exact, scalar, Precision};
 /// the same length. Unsafe only because SIMD kernels need their ISA.
 pub(super) type VecDot = unsafe fn(w: &[u8], a: &[u8]) -> f32;
 
+/// `out[i][col + r]` = row `r` of `w` (consecutive rows of `row_bytes`) ·
+/// quantized activation row `i` of `acts` (rows of `act_row_bytes`), for
+/// every row of `w` and `i < out.len()`. Unsafe only because SIMD kernels
+/// need their ISA.
+pub(super) type RowsDot = unsafe fn(
+    w: &[u8],
+    row_bytes: usize,
+    acts: &[u8],
+    act_row_bytes: usize,
+    out: &mut [&mut [f32]],
+    col: usize,
+);
+
+/// An integer dot kernel: one row per call, or many.
+#[derive(Clone, Copy)]
+pub(super) enum QuantDot {
+    Row(VecDot),
+    Rows(RowsDot),
+}
+
+/// `out[r]` = row `r` of `w` (consecutive rows of `row_bytes`) · the f32 row
+/// `x`, bit-identical to dequantizing the rows and using [`f32_dot`] at the
+/// same ISA. Unsafe only because SIMD kernels need their ISA.
+pub(super) type FusedDot = unsafe fn(w: &[u8], row_bytes: usize, x: &[f32], out: &mut [f32]);
+
 /// f32 dot product over `min(x.len(), w.len())` elements. Unsafe only because
 /// SIMD kernels need their ISA.
 pub(super) type DotF32 = unsafe fn(x: &[f32], w: &[f32]) -> f32;
@@ -44,8 +69,15 @@ impl Dequant {
 /// How one weight's outputs are computed.
 #[derive(Clone, Copy)]
 pub(super) enum RowKernel {
-    Quant { fmt: ActFormat, dot: VecDot },
-    Exact { dequant: Dequant },
+    Quant {
+        fmt: ActFormat,
+        dot: QuantDot,
+    },
+    Exact {
+        dequant: Dequant,
+        /// Dequantize-and-dot in registers, for a single activation row.
+        fused: Option<FusedDot>,
+    },
 }
 
 impl RowKernel {
@@ -65,12 +97,35 @@ pub(super) fn row_kernel(ty: GgmlType, precision: Precision, isa: Isa) -> RowKer
     }
     RowKernel::Exact {
         dequant: dequant(ty, isa),
+        fused: fused_dot(ty, isa),
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn fused_dot(ty: GgmlType, isa: Isa) -> Option<FusedDot> {
+    use super::avx512_fused as f;
+    use GgmlType as T;
+    if isa < Isa::Avx512 {
+        return None;
+    }
+    Some(match ty {
+        T::Q8_0 => f::rows::<{ f::Q8_0 }>,
+        T::Q4_0 => f::rows::<{ f::Q4_0 }>,
+        T::Q5_0 => f::rows::<{ f::Q5_0 }>,
+        T::Q4_K => f::rows::<{ f::Q4_K }>,
+        T::Q6_K => f::rows::<{ f::Q6_K }>,
+        _ => return None,
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn fused_dot(_ty: GgmlType, _isa: Isa) -> Option<FusedDot> {
+    None
 }
 
 /// The activation format and best integer dot kernel for `ty` at `isa`, or
 /// `None` if `ty` has no quantized kernel.
-pub(super) fn quant_dot(ty: GgmlType, isa: Isa) -> Option<(ActFormat, VecDot)> {
+pub(super) fn quant_dot(ty: GgmlType, isa: Isa) -> Option<(ActFormat, QuantDot)> {
     use GgmlType as T;
     let fmt = match ty {
         T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::MXFP4 => ActFormat::Q8_0,
@@ -78,7 +133,7 @@ pub(super) fn quant_dot(ty: GgmlType, isa: Isa) -> Option<(ActFormat, VecDot)> {
         T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K | T::IQ4_XS => ActFormat::Q8_K,
         _ => return None,
     };
-    let dot = simd_quant_dot(ty, isa).or_else(|| scalar_quant_dot(ty))?;
+    let dot = simd_quant_dot(ty, isa).or_else(|| scalar_quant_dot(ty).map(QuantDot::Row))?;
     Some((fmt, dot))
 }
 
@@ -106,16 +161,17 @@ fn scalar_quant_dot(ty: GgmlType) -> Option<VecDot> {
 /// VNNI kernels where written (they need AVX-512 VNNI on top of
 /// [`Isa::Avx512`]), else the AVX2 ones.
 #[cfg(target_arch = "x86_64")]
-fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<VecDot> {
+fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
     use super::super::features::has_avx512_vnni;
-    use super::{avx2, avx512};
+    use super::{avx2, avx512, vnni_rows as v};
     use GgmlType as T;
     if isa >= Isa::Avx512 && has_avx512_vnni() {
-        let f: Option<VecDot> = match ty {
-            T::Q8_0 => Some(avx512::vec_dot_q8_0),
-            T::Q4_0 => Some(avx512::vec_dot_q4_0),
-            T::Q4_K => Some(avx512::vec_dot_q4_k),
-            T::Q6_K => Some(avx512::vec_dot_q6_k),
+        let f = match ty {
+            T::Q8_0 => Some(QuantDot::Rows(v::rows::<{ v::Q8_0 }>)),
+            T::Q4_0 => Some(QuantDot::Rows(v::rows::<{ v::Q4_0 }>)),
+            T::Q5_0 => Some(QuantDot::Rows(v::rows::<{ v::Q5_0 }>)),
+            T::Q4_K => Some(QuantDot::Row(avx512::vec_dot_q4_k)),
+            T::Q6_K => Some(QuantDot::Row(avx512::vec_dot_q6_k)),
             _ => None,
         };
         if f.is_some() {
@@ -125,7 +181,7 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<VecDot> {
     if isa < Isa::Avx2 {
         return None;
     }
-    Some(match ty {
+    Some(QuantDot::Row(match ty {
         T::Q4_0 => avx2::vec_dot_q4_0,
         T::Q4_1 => avx2::vec_dot_q4_1,
         T::Q5_0 => avx2::vec_dot_q5_0,
@@ -140,12 +196,23 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<VecDot> {
         T::Q6_K => avx2::vec_dot_q6_k,
         T::IQ4_XS => avx2::vec_dot_iq4_xs,
         _ => return None,
-    })
+    }))
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn simd_quant_dot(_ty: GgmlType, _isa: Isa) -> Option<VecDot> {
+fn simd_quant_dot(_ty: GgmlType, _isa: Isa) -> Option<QuantDot> {
     None
+}
+
+/// Four [`DotF32`]s of one weight row, each bit-identical to [`f32_dot`]'s.
+pub(super) type DotF32x4 = unsafe fn(xs: [&[f32]; 4], w: &[f32]) -> [f32; 4];
+
+pub(super) fn f32_dot_x4(isa: Isa) -> Option<DotF32x4> {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => Some(super::avx512::dot_f32_rows::<4>),
+        _ => None,
+    }
 }
 
 pub(super) fn f32_dot(isa: Isa) -> DotF32 {

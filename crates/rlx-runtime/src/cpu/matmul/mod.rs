@@ -5,7 +5,9 @@
 //! * [`Precision::Exact`]: the weights are exactly `rlx_gguf::dequantize`'s
 //!   f32 values and the products and sums are f32. Each task dequantizes a tile
 //!   of weight rows once into a per-thread buffer (F32 weights are read in
-//!   place) and reuses it for all `m` activation rows. Dots accumulate in
+//!   place) and reuses it for all `m` activation rows (AVX-512: four rows per
+//!   weight-vector load); with `m = 1`, Q4_0/Q5_0/Q8_0/Q4_K/Q6_K skip the tile
+//!   and dequantize each block in registers. Either way dots accumulate in
 //!   fixed lanes — 8 for [`Isa::Scalar`], 4×8 for [`Isa::Avx2`], 4×16 for
 //!   [`Isa::Avx512`], element `i` going to lane `i mod width` — then add the
 //!   lanes as a pairwise tree (each dot kernel documents its exact order,
@@ -15,7 +17,8 @@
 //!   Q8_0, IQ4_NL, MXFP4; Q8_1 for Q4_1, Q5_1; Q8_K for Q2_K..Q6_K, IQ4_XS),
 //!   shared by every weight of that format, and every output is an integer dot
 //!   product scaled in f32 (scalar reference kernels for all of these, AVX2
-//!   for all, AVX-512 VNNI for Q8_0, Q4_0, Q4_K and Q6_K). Weight types without a quantized kernel (F32, F16,
+//!   for all, AVX-512 VNNI for Q8_0, Q4_0, Q5_0 (4 weight rows × 4 activation
+//!   rows per register tile), Q4_K and Q6_K). Weight types without a quantized kernel (F32, F16,
 //!   BF16, the IQ1/IQ2/IQ3 codebooks, TQ*, NVFP4, Q1_0, Q2_0, Q8_1, Q8_K, the
 //!   integer and F64 types) use the Exact path instead.
 //!
@@ -31,9 +34,14 @@ mod avx2;
 mod avx2_dequant;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_fused;
 mod exact;
 mod kernels;
 mod scalar;
+mod table;
+#[cfg(target_arch = "x86_64")]
+mod vnni_rows;
 
 use std::ops::Range;
 use std::sync::Mutex;
@@ -43,7 +51,7 @@ use rlx_gguf::GgmlType;
 use super::features::Isa;
 use super::pool::{split_range, ThreadPool};
 use act::ActFormat;
-use kernels::{RowKernel, VecDot};
+use kernels::{QuantDot, RowKernel};
 
 /// `rows` rows of `k` elements in GGUF row-major packed blocks:
 /// `data.len() == rows * k / ty.block_elems() * ty.block_bytes()`.
@@ -185,6 +193,7 @@ pub fn matmul(
         acts: &scratch.acts,
         segments: &segments,
         dot_f32: kernels::f32_dot(opts.isa),
+        dot_f32x4: kernels::f32_dot_x4(opts.isa),
         tiles: &scratch.tiles,
     };
     pool.for_each(out.n_tasks, &|t| {
@@ -313,6 +322,7 @@ struct Job<'a> {
     acts: &'a [Vec<u8>; ActFormat::COUNT],
     segments: &'a [Segment<'a>],
     dot_f32: kernels::DotF32,
+    dot_f32x4: Option<kernels::DotF32x4>,
     tiles: &'a Mutex<Vec<Vec<f32>>>,
 }
 
@@ -329,7 +339,16 @@ impl Job<'_> {
             let out0 = start - cols.start;
             match s.kernel {
                 RowKernel::Quant { fmt, dot } => self.run_quant(s, fmt, dot, local, out0, rows),
-                RowKernel::Exact { dequant } => self.run_exact(s, dequant, local, out0, rows),
+                RowKernel::Exact {
+                    fused: Some(fused), ..
+                } if rows.len() == 1 => {
+                    let w = &s.w.data[local.start * s.row_bytes..local.end * s.row_bytes];
+                    let y = &mut rows[0][out0..out0 + local.len()];
+                    // SAFETY: `kernels::row_kernel` picked this for `opts.isa`,
+                    // which `matmul` checked.
+                    unsafe { fused(w, s.row_bytes, self.x, y) };
+                }
+                RowKernel::Exact { dequant, .. } => self.run_exact(s, dequant, local, out0, rows),
             }
         }
     }
@@ -338,7 +357,7 @@ impl Job<'_> {
         &self,
         s: &Segment,
         fmt: ActFormat,
-        dot: VecDot,
+        dot: QuantDot,
         local: Range<usize>,
         out0: usize,
         rows: &mut [&mut [f32]],
@@ -348,13 +367,24 @@ impl Job<'_> {
         let tile = (QUANT_TILE_BYTES / s.row_bytes.max(1)).max(1);
         for r0 in local.clone().step_by(tile) {
             let r1 = (r0 + tile).min(local.end);
-            for (i, out) in rows.iter_mut().enumerate() {
-                let a = &act[i * act_row_bytes..(i + 1) * act_row_bytes];
-                for r in r0..r1 {
-                    let w = &s.w.data[r * s.row_bytes..(r + 1) * s.row_bytes];
-                    // SAFETY: `kernels::row_kernel` hands out a SIMD kernel only
-                    // for `opts.isa`, and `matmul` checked `opts.isa <= Isa::detect()`.
-                    out[out0 + r - local.start] = unsafe { dot(w, a) };
+            let o = out0 + r0 - local.start..out0 + r1 - local.start;
+            match dot {
+                QuantDot::Row(dot) => {
+                    for (i, out) in rows.iter_mut().enumerate() {
+                        let a = &act[i * act_row_bytes..(i + 1) * act_row_bytes];
+                        for (r, y) in (r0..r1).zip(&mut out[o.clone()]) {
+                            let w = &s.w.data[r * s.row_bytes..(r + 1) * s.row_bytes];
+                            // SAFETY: `kernels::row_kernel` hands out a SIMD kernel
+                            // only for `opts.isa`, and `matmul` checked
+                            // `opts.isa <= Isa::detect()`.
+                            *y = unsafe { dot(w, a) };
+                        }
+                    }
+                }
+                QuantDot::Rows(dot) => {
+                    let w = &s.w.data[r0 * s.row_bytes..r1 * s.row_bytes];
+                    // SAFETY: as above.
+                    unsafe { dot(w, s.row_bytes, act, act_row_bytes, rows, o.start) };
                 }
             }
         }
@@ -385,7 +415,25 @@ impl Job<'_> {
                     dst
                 }
             };
-            for (i, out) in rows.iter_mut().enumerate() {
+            // Groups of activation rows share each weight vector load.
+            let mut groups = 0;
+            if let Some(dot4) = self.dot_f32x4 {
+                groups = rows.len() / 4;
+                for (g, out) in rows.chunks_exact_mut(4).enumerate() {
+                    let xs: [&[f32]; 4] =
+                        std::array::from_fn(|j| &self.x[(4 * g + j) * k..(4 * g + j + 1) * k]);
+                    for r in r0..r1 {
+                        let w = &wt[(r - r0) * k..(r - r0 + 1) * k];
+                        // SAFETY: `kernels::f32_dot_x4` picked this for
+                        // `opts.isa`, which `matmul` checked.
+                        let y = unsafe { dot4(xs, w) };
+                        for (out, y) in out.iter_mut().zip(y) {
+                            out[out0 + r - local.start] = y;
+                        }
+                    }
+                }
+            }
+            for (i, out) in rows.iter_mut().enumerate().skip(4 * groups) {
                 let xi = &self.x[i * k..(i + 1) * k];
                 for r in r0..r1 {
                     let w = &wt[(r - r0) * k..(r - r0 + 1) * k];

@@ -1,0 +1,218 @@
+//! AVX-512 VNNI kernels for the 32-element block formats (Q4_0, Q5_0, Q8_0)
+//! against Q8_0 activations, several weight rows per call.
+//!
+//! Each activation block is loaded once and dotted with 4 weight rows. The
+//! weight codes are made unsigned (`q + C`, with `C` = 8, 16 or 128), so one
+//! `vpdpbusd` forms `Σ (q + C)·x`; its accumulator starts at `−C·Σx` (computed
+//! once per activation block), which leaves the exact `Σ q·x`. Per block, per
+//! row: `acc += (f32(Σ) · d_x) · d_w` in 8 lanes, reduced once per row. A row's
+//! operations don't depend on which rows share its call, so results don't
+//! depend on the task split.
+//!
+//! # Safety
+//! Every function needs AVX-512 F + BW + VL + VNNI (on top of AVX2, FMA,
+//! F16C): `kernels` hands them out only when `has_avx512_vnni()` and the
+//! requested ISA is `Isa::Avx512`, which `matmul` checks against the CPU. The
+//! entry points check the slice lengths before any raw-pointer read.
+
+use std::arch::x86_64::*;
+
+use super::avx2::hsum_ps;
+use super::scalar::Q8_0_BYTES;
+use super::table::f16_table;
+
+/// Weight formats [`rows`] handles.
+pub(super) const Q8_0: u8 = 0;
+pub(super) const Q4_0: u8 = 1;
+pub(super) const Q5_0: u8 = 2;
+
+/// Bytes ahead of each row's read position to prefetch: a large LM head
+/// streams from DRAM, and one core's demand misses alone reach only part of
+/// the bandwidth. Prefetches past the end of `w` are harmless hints.
+const PREFETCH: usize = 8192;
+
+/// Weight rows and activation rows in one register tile.
+const ROWS: usize = 4;
+const ACTS: usize = 4;
+
+/// `(block bytes, code offset C)` of a format.
+const fn layout(ty: u8) -> (usize, i8) {
+    match ty {
+        // 128 as the byte `vpdpbusd` reads unsigned.
+        Q8_0 => (34, -128),
+        Q4_0 => (18, 8),
+        _ => (22, 16),
+    }
+}
+
+/// The block's 32 codes plus `C`, as u8.
+///
+/// # Safety
+/// `wb` points at a whole block of format `TYPE`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn codes<const TYPE: u8>(wb: *const u8) -> __m256i {
+    match TYPE {
+        Q8_0 => _mm256_xor_si256(
+            _mm256_loadu_si256(wb.add(2).cast()),
+            _mm256_set1_epi8(0x80u8 as i8),
+        ),
+        _ => {
+            let qs = if TYPE == Q4_0 { wb.add(2) } else { wb.add(6) };
+            // Low nibbles in bytes 0..16, high nibbles in 16..32.
+            let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.cast()));
+            let shifts = _mm256_set_epi64x(0x0004_0004_0004_0004, 0x0004_0004_0004_0004, 0, 0);
+            let nib = _mm256_and_si256(_mm256_srlv_epi16(both, shifts), _mm256_set1_epi8(0xF));
+            if TYPE == Q4_0 {
+                nib
+            } else {
+                // Bit e of qh is element e's fifth bit.
+                let qh = wb.add(2).cast::<u32>().read_unaligned();
+                // Nibbles are < 16, so adding 16 sets the bit.
+                _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(0x10))
+            }
+        }
+    }
+}
+
+/// `R` weight rows starting at `w`, `row_bytes` apart, each `nb` blocks,
+/// against `M` activation rows starting at `a`, `a_row_bytes` apart:
+/// `out[i][r]` = weight row `r` · activation row `i`. Codes are unpacked once
+/// per weight block and reused for the `M` activation rows.
+///
+/// # Safety
+/// `w + r·row_bytes` for `r < R` and `a + i·a_row_bytes` for `i < M` point at
+/// `nb` whole blocks each.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile<const TYPE: u8, const R: usize, const M: usize>(
+    w: *const u8,
+    row_bytes: usize,
+    nb: usize,
+    a: *const u8,
+    a_row_bytes: usize,
+    table: &[f32; 65536],
+) -> [[f32; R]; M] {
+    let (wb_bytes, c) = layout(TYPE);
+    let cv = _mm256_set1_epi8(c);
+    let zero = _mm256_setzero_si256();
+    let mut acc = [[_mm256_setzero_ps(); R]; M];
+    for b in 0..nb {
+        let mut q = [zero; R];
+        let mut dw = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            let wb = w.add(r * row_bytes + b * wb_bytes);
+            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
+            q[r] = codes::<TYPE>(wb);
+            dw[r] = _mm256_set1_ps(table[usize::from(wb.cast::<u16>().read_unaligned())]);
+        }
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let ab = a.add(i * a_row_bytes + b * Q8_0_BYTES);
+            let x = _mm256_loadu_si256(ab.add(2).cast());
+            let start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, cv, x));
+            let dx = _mm256_set1_ps(table[usize::from(ab.cast::<u16>().read_unaligned())]);
+            for r in 0..R {
+                let sum = _mm256_dpbusd_epi32(start, q[r], x);
+                let t = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), dx);
+                acc[r] = _mm256_fmadd_ps(t, dw[r], acc[r]);
+            }
+        }
+    }
+    acc.map(|row| row.map(|v| hsum_ps(v)))
+}
+
+/// Weight rows `r0..r0 + R` of `w` against every activation row; writes
+/// `out[i][col + r - r0]`.
+///
+/// # Safety
+/// The rows lie inside `w`, `a` holds `out.len()` rows of `nb` blocks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn row_group<const TYPE: u8, const R: usize>(
+    w: *const u8,
+    row_bytes: usize,
+    nb: usize,
+    a: *const u8,
+    a_row_bytes: usize,
+    table: &[f32; 65536],
+    out: &mut [&mut [f32]],
+    col: usize,
+) {
+    let done = out.len() / ACTS * ACTS;
+    let mut groups = out.chunks_exact_mut(ACTS);
+    for (g, o) in (&mut groups).enumerate() {
+        let y = tile::<TYPE, R, ACTS>(
+            w,
+            row_bytes,
+            nb,
+            a.add(g * ACTS * a_row_bytes),
+            a_row_bytes,
+            table,
+        );
+        for (o, y) in o.iter_mut().zip(y) {
+            o[col..col + R].copy_from_slice(&y);
+        }
+    }
+    for (i, o) in groups.into_remainder().iter_mut().enumerate() {
+        let [y] = tile::<TYPE, R, 1>(
+            w,
+            row_bytes,
+            nb,
+            a.add((done + i) * a_row_bytes),
+            a_row_bytes,
+            table,
+        );
+        o[col..col + R].copy_from_slice(&y);
+    }
+}
+
+/// `out[i][col + r]` = row `r` of `w` (rows of `row_bytes`) · Q8_0 activation
+/// row `i` of `acts` (rows of `a_row_bytes`), for every row of `w` and every
+/// `i < out.len()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn rows<const TYPE: u8>(
+    w: &[u8],
+    row_bytes: usize,
+    acts: &[u8],
+    a_row_bytes: usize,
+    out: &mut [&mut [f32]],
+    col: usize,
+) {
+    let nb = row_bytes / layout(TYPE).0;
+    let n = w.len() / row_bytes.max(1);
+    assert!(nb * Q8_0_BYTES <= a_row_bytes && acts.len() >= out.len() * a_row_bytes);
+    assert!(out.iter().all(|o| o.len() >= col + n));
+    let table = f16_table();
+    let (w, a) = (w.as_ptr(), acts.as_ptr());
+    let mut r = 0;
+    while r + ROWS <= n {
+        // SAFETY: rows r..r + ROWS lie inside `w`, and `acts` holds
+        // `out.len()` rows of `nb` blocks (asserted above).
+        row_group::<TYPE, ROWS>(
+            w.add(r * row_bytes),
+            row_bytes,
+            nb,
+            a,
+            a_row_bytes,
+            table,
+            out,
+            col + r,
+        );
+        r += ROWS;
+    }
+    while r < n {
+        // SAFETY: as above, for row `r`.
+        row_group::<TYPE, 1>(
+            w.add(r * row_bytes),
+            row_bytes,
+            nb,
+            a,
+            a_row_bytes,
+            table,
+            out,
+            col + r,
+        );
+        r += 1;
+    }
+}
