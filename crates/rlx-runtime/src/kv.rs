@@ -139,6 +139,19 @@ impl RowsView<'_> {
         }
     }
 
+    /// The `buf.len()` elements at `start` as f32: borrowed in place for f32
+    /// storage, converted into `buf` otherwise.
+    #[inline]
+    pub fn row<'b>(&'b self, start: usize, buf: &'b mut [f32]) -> &'b [f32] {
+        match self {
+            RowsView::F32(v) => &v[start..start + buf.len()],
+            _ => {
+                self.read(start, buf);
+                buf
+            }
+        }
+    }
+
     /// Copies `out.len()` elements starting at `start` into `out` as f32.
     #[inline]
     pub fn read(&self, start: usize, out: &mut [f32]) {

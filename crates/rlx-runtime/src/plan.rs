@@ -14,7 +14,7 @@ use rlx_ir::passes::{self, FuseOptions};
 use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, NodeId, Op, Shape, Start, WeightId};
 
 use crate::cpu::kernels::{attention, elementwise, moe, norm, rope, shape as shape_k};
-use crate::cpu::matmul::{self, MatmulOptions, MatmulScratch, Precision, WeightMatrix};
+use crate::cpu::matmul::{self, F32Dot, MatmulOptions, MatmulScratch, Precision, WeightMatrix};
 use crate::cpu::CpuDevice;
 use crate::kv::{KvCache, KvError, RowsView};
 use crate::memory::{plan_memory, BufferRequest};
@@ -698,7 +698,14 @@ impl Plan {
                             span: None,
                             heads: dims[1],
                         };
-                        attention::attention(pool, params, &queries, &rows, out);
+                        attention::attention(
+                            pool,
+                            F32Dot::new(self.device.isa()),
+                            params,
+                            &queries,
+                            &rows,
+                            out,
+                        );
                     }
                     KvSource::Cache(slot) => {
                         let cache = kv.ok_or(RunError::NoCache)?;
@@ -722,7 +729,14 @@ impl Plan {
                             span: qspan,
                             heads: dims[1],
                         };
-                        attention::attention(pool, params, &queries, &rows, out);
+                        attention::attention(
+                            pool,
+                            F32Dot::new(self.device.isa()),
+                            params,
+                            &queries,
+                            &rows,
+                            out,
+                        );
                     }
                 }
             }

@@ -2,6 +2,7 @@
 
 use rlx_ir::Mask;
 
+use crate::cpu::matmul::F32Dot;
 use crate::cpu::pool::{split_range, ThreadPool};
 use crate::cpu::SharedMut;
 use crate::kv::RowsView;
@@ -50,64 +51,79 @@ pub struct Params {
 }
 
 /// `out[i, h] = Σ_t softmax_t(softcap(scale·q·k_t) + mask) · v_t` with query
-/// head `h` reading KV head `h / (q_heads / kv_heads)`. A query that sees no
-/// key gets zeros.
-pub fn attention(pool: &ThreadPool, p: Params, q: &Queries, kv: &KvRows, out: &mut [f32]) {
+/// head `h` reading KV head `h / (q_heads / kv_heads)`. The heads sharing a
+/// KV head are done together, so each K and V row is read once per query.
+/// A query that sees no key gets zeros.
+pub fn attention(
+    pool: &ThreadPool,
+    dot: F32Dot,
+    p: Params,
+    q: &Queries,
+    kv: &KvRows,
+    out: &mut [f32],
+) {
     let n = q.pos.len();
     let (hq, hd, hdv) = (q.heads, kv.head_dim, kv.v_head_dim);
     let group = hq / kv.kv_heads;
     let rows = kv.pos.len();
-    let jobs = n * hq;
+    let jobs = n * kv.kv_heads;
     let parts = (pool.threads() * 4).min(jobs).max(1);
     let out_ptr = SharedMut::new(out);
     pool.for_each(parts, &|part| {
-        let mut scores = vec![0f32; rows];
+        let mut scores = vec![0f32; group * rows];
         let mut krow = vec![0f32; hd];
         let mut vrow = vec![0f32; hdv];
-        let mut acc = vec![0f32; hdv];
+        let mut acc = vec![0f32; group * hdv];
+        let mut visible_rows = Vec::with_capacity(rows);
         for job in split_range(jobs, parts, part) {
-            let (i, h) = (job / hq, job % hq);
-            let g = h / group;
-            let qv = &q.q[(i * hq + h) * hd..][..hd];
+            let (i, g) = (job / kv.kv_heads, job % kv.kv_heads);
             let qp = q.pos[i];
             let qs = q.span.map_or(0, |s| s[i]);
-            let mut max = f32::NEG_INFINITY;
-            for (t, score) in scores.iter_mut().enumerate() {
-                let kp = kv.pos[t];
-                if kp < 0 || !visible(p.mask, qp, kp, qs, kv.span[t]) {
-                    *score = f32::NEG_INFINITY;
-                    continue;
+            visible_rows.clear();
+            visible_rows.extend(
+                (0..rows)
+                    .filter(|&t| kv.pos[t] >= 0 && visible(p.mask, qp, kv.pos[t], qs, kv.span[t])),
+            );
+            let mut max = vec![f32::NEG_INFINITY; group];
+            for (vi, &t) in visible_rows.iter().enumerate() {
+                let k = kv.k.row((t * kv.kv_heads + g) * hd, &mut krow);
+                for j in 0..group {
+                    let h = g * group + j;
+                    let qv = &q.q[(i * hq + h) * hd..][..hd];
+                    let mut s = dot.dot(qv, k) * p.scale;
+                    if let Some(c) = p.softcap {
+                        s = (s / c).tanh() * c;
+                    }
+                    scores[j * rows + vi] = s;
+                    max[j] = max[j].max(s);
                 }
-                kv.k.read((t * kv.kv_heads + g) * hd, &mut krow);
-                let dot: f32 = qv.iter().zip(&krow).map(|(a, b)| a * b).sum();
-                let mut s = dot * p.scale;
-                if let Some(c) = p.softcap {
-                    s = (s / c).tanh() * c;
-                }
-                *score = s;
-                max = max.max(s);
             }
             acc.fill(0.0);
-            if max > f32::NEG_INFINITY {
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                for (t, &s) in scores.iter().enumerate() {
-                    if s == 0.0 {
-                        continue;
+            let nv = visible_rows.len();
+            if nv > 0 {
+                let mut sum = vec![0f32; group];
+                for j in 0..group {
+                    for s in &mut scores[j * rows..j * rows + nv] {
+                        *s = (*s - max[j]).exp();
+                        sum[j] += *s;
                     }
-                    let w = s / sum;
-                    kv.v.read((t * kv.kv_heads + g) * hdv, &mut vrow);
-                    for (a, &v) in acc.iter_mut().zip(&vrow) {
-                        *a += w * v;
+                }
+                for (vi, &t) in visible_rows.iter().enumerate() {
+                    let v = kv.v.row((t * kv.kv_heads + g) * hdv, &mut vrow);
+                    for j in 0..group {
+                        let w = scores[j * rows + vi] / sum[j];
+                        for (a, &x) in acc[j * hdv..(j + 1) * hdv].iter_mut().zip(v) {
+                            *a += w * x;
+                        }
                     }
                 }
             }
-            // SAFETY: each (i, h) job writes its own hdv-long row of `out`.
-            let dst = unsafe { out_ptr.slice((i * hq + h) * hdv, hdv) };
-            dst.copy_from_slice(&acc);
+            for j in 0..group {
+                let h = g * group + j;
+                // SAFETY: each (i, h) output row is written by exactly one job.
+                let dst = unsafe { out_ptr.slice((i * hq + h) * hdv, hdv) };
+                dst.copy_from_slice(&acc[j * hdv..(j + 1) * hdv]);
+            }
         }
     });
 }
