@@ -3,7 +3,8 @@
 //! `cargo run --release -p rlx-runtime --example matmul_bench [-- FILTER [M]]`
 //! prints GB/s of packed weight bytes for every (shape, threads, precision);
 //! FILTER keeps shapes whose name contains it, M (default 1) is the number of
-//! activation rows (GB/s then counts the weight bytes once per call).
+//! activation rows; with M > 1 it prints GFLOP/s (2·M·rows·k per call) instead,
+//! since prefill is compute-bound.
 
 use std::time::{Duration, Instant};
 
@@ -75,7 +76,8 @@ fn main() {
         ("q8_0 2048x640", GgmlType::Q8_0, 2048, 640),
     ];
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
-    println!("m = {m}, isa = {}", Isa::detect());
+    let unit = if m > 1 { "GFLOP/s" } else { "GB/s" };
+    println!("m = {m}, isa = {}, {unit}", Isa::detect());
     println!(
         "{:<28} {:>4} {:>10} {:>10}",
         "shape (rows x k)", "thr", "exact", "quant"
@@ -123,7 +125,12 @@ fn main() {
                 let mut scratch = MatmulScratch::default();
                 let mut call = || matmul(pool, &opts, &x, m, &w, &mut y, &mut scratch).unwrap();
                 call();
-                cells.push(data.len() as f64 / best_time(&mut call) / 1e9);
+                let work = if m > 1 {
+                    2.0 * (m * rows * k) as f64
+                } else {
+                    data.len() as f64
+                };
+                cells.push(work / best_time(&mut call) / 1e9);
             }
             println!(
                 "{:<28} {:>4} {:>10.2} {:>10.2}",

@@ -9,6 +9,7 @@
 //! loads that stay inside them.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::avx2::{arr, f16_at, hsum_ps as hsum_ps256, load256};
 use super::scalar::{f32_at, scale_min_k4, Q8_K_BYTES};
@@ -43,41 +44,226 @@ pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
     hsum_ps(v)
 }
 
-/// [`dot_f32`] of `M` activation rows against one weight row at once, each
-/// output bit-identical to its own [`dot_f32`] call: the weight vector is
-/// loaded once for the `M` rows.
+/// Activation rows per prefill register tile: 4 weight rows × 6 activation
+/// rows is 24 zmm accumulators, plus 4 weight vectors and 1 activation vector.
+const TILE_ACTS: usize = 6;
+const TILE_ROWS: usize = 4;
+/// Rows longer than this are taken `SPAN` elements per pass, with
+/// `SPAN_TILES` weight tiles sharing each pass.
+const LONG_ROW: usize = 1024;
+const SPAN: usize = 256;
+const SPAN_TILES: usize = 4;
+
+/// Prefill (`m ≥ 2`) f32 dots: `out[i][col + r]` = row `i` of `x` (rows `k`
+/// apart, `out.len()` of them) · row `r` of `w` (rows `k` apart). Each dot puts
+/// element `e` in lane `e % 16` of its own accumulator (FMA, the last partial
+/// vector a zero-filled masked load), then [`hsum_ps`] — one accumulator per
+/// output instead of [`dot_f32`]'s four, so a 4 × 6 tile fits the registers
+/// and needs ~0.4 loads per FMA. The order depends on neither the tile size
+/// nor the neighbours, so the thread split never shows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) unsafe fn dot_f32_rows<const M: usize>(xs: [&[f32]; M], w: &[f32]) -> [f32; M] {
-    let n = xs.iter().fold(w.len(), |n, x| n.min(x.len()));
-    let w = &w[..n];
-    let xs = xs.map(|x| &x[..n]);
-    let mut acc = [[_mm512_setzero_ps(); 4]; M];
-    let full = n / 64 * 64;
-    for c in (0..full).step_by(64) {
-        for j in 0..4 {
-            let wv = _mm512_loadu_ps(w[c + 16 * j..c + 16 * j + 16].as_ptr());
-            for (a, x) in acc.iter_mut().zip(&xs) {
-                let xv = _mm512_loadu_ps(x[c + 16 * j..c + 16 * j + 16].as_ptr());
-                a[j] = _mm512_fmadd_ps(xv, wv, a[j]);
+pub(super) unsafe fn dot_f32_tile(
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    out: &mut [&mut [f32]],
+    col: usize,
+) {
+    let m = out.len();
+    let n = w.len().checked_div(k).unwrap_or(0);
+    assert!(x.len() >= m * k && out.iter().all(|o| o.len() >= col + n));
+    let w = w.as_ptr();
+    // Each group's rows are copied 64 bytes further apart than `k`: with `k`
+    // a multiple of 1024 they would all share L1 sets and evict each other.
+    let xs = k.next_multiple_of(16) + 16;
+    let mut group = vec![0f32; TILE_ACTS * xs];
+    // Activation groups outer: a group's rows stay in L1 while the weight
+    // rows stream from L2.
+    for (g, out) in out.chunks_mut(TILE_ACTS).enumerate() {
+        let rows = &x[g * TILE_ACTS * k..(g * TILE_ACTS + out.len()) * k];
+        for (d, s) in group.chunks_exact_mut(xs).zip(rows.chunks_exact(k)) {
+            d[..k].copy_from_slice(s);
+        }
+        // SAFETY: `group` holds `out.len()` rows `xs` apart and `w` holds
+        // `n` rows (asserted above).
+        let x = group.as_ptr();
+        match out.len() {
+            6 => act_group::<6>(x, xs, w, n, k, out, col),
+            5 => act_group::<5>(x, xs, w, n, k, out, col),
+            4 => act_group::<4>(x, xs, w, n, k, out, col),
+            3 => act_group::<3>(x, xs, w, n, k, out, col),
+            2 => act_group::<2>(x, xs, w, n, k, out, col),
+            _ => act_group::<1>(x, xs, w, n, k, out, col),
+        }
+    }
+}
+
+/// One row pair of [`dot_f32_tile`]'s layout, for tests.
+#[cfg(test)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn dot_f32_prefill(x: &[f32], w: &[f32]) -> f32 {
+    let k = x.len().min(w.len());
+    tile::<1, 1>(x.as_ptr(), k, w.as_ptr(), k)[0][0]
+}
+
+/// `M` activation rows at `x` (`xs` apart) against the `n` weight rows at
+/// `w`.
+///
+/// # Safety
+/// `x` holds `M` rows and `w` `n` rows of `k` floats; `out` has `M` rows of
+/// at least `col + n`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn act_group<const M: usize>(
+    x: *const f32,
+    xs: usize,
+    w: *const f32,
+    n: usize,
+    k: usize,
+    out: &mut [&mut [f32]],
+    col: usize,
+) {
+    let mut r = 0;
+    if k > LONG_ROW {
+        // Long rows: `M` rows of `x` no longer stay in L1 next to the weight
+        // stream, so take `SPAN` elements at a time for 4 weight tiles.
+        while r + SPAN_TILES * TILE_ROWS <= n {
+            let mut acc = [[[_mm512_setzero_ps(); TILE_ROWS]; M]; SPAN_TILES];
+            for c in (0..k).step_by(SPAN) {
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let wt = w.add((r + t * TILE_ROWS) * k);
+                    tile_span(x, xs, wt, k, c..(c + SPAN).min(k), a);
+                }
+            }
+            for a in &acc {
+                for (o, y) in out.iter_mut().zip(reduce(a)) {
+                    o[col + r..col + r + TILE_ROWS].copy_from_slice(&y);
+                }
+                r += TILE_ROWS;
             }
         }
     }
-    for (j, c) in (full..n).step_by(16).enumerate() {
-        let len = (n - c).min(16);
+    while r + TILE_ROWS <= n {
+        let y = tile::<TILE_ROWS, M>(x, xs, w.add(r * k), k);
+        for (o, y) in out.iter_mut().zip(y) {
+            o[col + r..col + r + TILE_ROWS].copy_from_slice(&y);
+        }
+        r += TILE_ROWS;
+    }
+    while r < n {
+        let y = tile::<1, M>(x, xs, w.add(r * k), k);
+        for (o, [y]) in out.iter_mut().zip(y) {
+            o[col + r] = y;
+        }
+        r += 1;
+    }
+}
+
+/// `out[i][r]` = activation row `i` · weight row `r`, in the
+/// [`dot_f32_tile`] layout.
+///
+/// # Safety
+/// `x` holds `M` rows (`xs` apart) and `w` `R` rows of `k` floats.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn tile<const R: usize, const M: usize>(
+    x: *const f32,
+    xs: usize,
+    w: *const f32,
+    k: usize,
+) -> [[f32; R]; M] {
+    let mut acc = [[_mm512_setzero_ps(); R]; M];
+    tile_span(x, xs, w, k, 0..k, &mut acc);
+    reduce(&acc)
+}
+
+/// Adds elements `span` (16-aligned start; a partial last vector only when
+/// it ends at `k`) of each dot into `acc`, in element order.
+///
+/// # Safety
+/// As for [`tile`], and `span.end <= k`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn tile_span<const R: usize, const M: usize>(
+    x: *const f32,
+    xs: usize,
+    w: *const f32,
+    k: usize,
+    span: Range<usize>,
+    acc: &mut [[__m512; R]; M],
+) {
+    let mut wv = [_mm512_setzero_ps(); R];
+    let mut c = span.start;
+    while c + 16 <= span.end {
+        for (r, v) in wv.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(w.add(r * k + c));
+        }
+        for (i, a) in acc.iter_mut().enumerate() {
+            let xv = _mm512_loadu_ps(x.add(i * xs + c));
+            for (a, &v) in a.iter_mut().zip(&wv) {
+                *a = _mm512_fmadd_ps(xv, v, *a);
+            }
+        }
+        c += 16;
+    }
+    if c < span.end {
         // Masked lanes are neither read nor faulted on.
-        let mask: __mmask16 = ((1u32 << len) - 1) as u16;
-        let wv = _mm512_maskz_loadu_ps(mask, w[c..].as_ptr());
-        for (a, x) in acc.iter_mut().zip(&xs) {
-            let xv = _mm512_maskz_loadu_ps(mask, x[c..].as_ptr());
-            a[j] = _mm512_fmadd_ps(xv, wv, a[j]);
+        let mask: __mmask16 = ((1u32 << (span.end - c)) - 1) as u16;
+        for (r, v) in wv.iter_mut().enumerate() {
+            *v = _mm512_maskz_loadu_ps(mask, w.add(r * k + c));
+        }
+        for (i, a) in acc.iter_mut().enumerate() {
+            let xv = _mm512_maskz_loadu_ps(mask, x.add(i * xs + c));
+            for (a, &v) in a.iter_mut().zip(&wv) {
+                *a = _mm512_fmadd_ps(xv, v, *a);
+            }
         }
     }
-    acc.map(|a| {
-        hsum_ps(_mm512_add_ps(
-            _mm512_add_ps(a[0], a[1]),
-            _mm512_add_ps(a[2], a[3]),
-        ))
-    })
+}
+
+/// Each accumulator's [`hsum_ps`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn reduce<const R: usize, const M: usize>(acc: &[[__m512; R]; M]) -> [[f32; R]; M] {
+    let mut out = [[0f32; R]; M];
+    for (o, a) in out.iter_mut().zip(acc) {
+        if R == 4 {
+            _mm_storeu_ps(o.as_mut_ptr(), hsum_ps_x4([a[0], a[1], a[2], a[3]]));
+        } else {
+            for (o, &v) in o.iter_mut().zip(a) {
+                *o = hsum_ps(v);
+            }
+        }
+    }
+    out
+}
+
+/// [`hsum_ps`] of four vectors at once, the same adds in the same order
+/// (lane `l` + lane `l + 8`, then the 8 lanes as a tree), with the four
+/// reductions side by side in one register.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn hsum_ps_x4(v: [__m512; 4]) -> __m128 {
+    // [p0..8, q0..8] + [p8..16, q8..16]: lane l + lane l + 8.
+    let pq = _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b01_00_01_00>(v[0], v[1]),
+        _mm512_shuffle_f32x4::<0b11_10_11_10>(v[0], v[1]),
+    );
+    let rs = _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b01_00_01_00>(v[2], v[3]),
+        _mm512_shuffle_f32x4::<0b11_10_11_10>(v[2], v[3]),
+    );
+    // Per 128-bit lane, one output's 4 lanes: h_j = s_j + s_{j + 4}.
+    let h = _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b10_00_10_00>(pq, rs),
+        _mm512_shuffle_f32x4::<0b11_01_11_01>(pq, rs),
+    );
+    // (h0 + h2, h1 + h3), then their sum in lane 0 of each 128-bit lane.
+    let q = _mm512_add_ps(h, _mm512_permute_ps::<0b11_10_11_10>(h));
+    let t = _mm512_add_ps(q, _mm512_movehdup_ps(q));
+    let idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, t))
 }
 
 // ---- AVX-512 VNNI integer dot products ----
@@ -139,6 +325,220 @@ pub(super) unsafe fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
         acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc) - mins
+}
+
+/// Activation rows per call of the `vec_dot_q*_k_acts` kernels.
+const K_ACTS: usize = 4;
+
+/// [`vec_dot_q4_k`] for every row of `w` (rows of `row_bytes`) against every
+/// Q8_K activation row of `acts` (rows of `a_row_bytes`): `out[i][col + r]`.
+/// Groups of 4 activation rows share each weight row's unpacked codes and
+/// scales; each output is bit-identical to its own [`vec_dot_q4_k`] call, so
+/// the grouping never shows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn rows_q4_k(
+    w: &[u8],
+    row_bytes: usize,
+    acts: &[u8],
+    a_row_bytes: usize,
+    out: &mut [&mut [f32]],
+    col: usize,
+) {
+    let kernels = (
+        vec_dot_q4_k as RowDot,
+        vec_dot_q4_k_acts::<K_ACTS> as ActsDot,
+    );
+    rows_k(w, row_bytes, acts, a_row_bytes, out, col, kernels);
+}
+
+/// [`rows_q4_k`] for Q6_K, bit-identical to [`vec_dot_q6_k`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn rows_q6_k(
+    w: &[u8],
+    row_bytes: usize,
+    acts: &[u8],
+    a_row_bytes: usize,
+    out: &mut [&mut [f32]],
+    col: usize,
+) {
+    let kernels = (
+        vec_dot_q6_k as RowDot,
+        vec_dot_q6_k_acts::<K_ACTS> as ActsDot,
+    );
+    rows_k(w, row_bytes, acts, a_row_bytes, out, col, kernels);
+}
+
+type RowDot = unsafe fn(&[u8], &[u8]) -> f32;
+type ActsDot = unsafe fn(&[u8], [&[u8]; K_ACTS]) -> [f32; K_ACTS];
+
+/// The loops of [`rows_q4_k`]: groups of [`K_ACTS`] activation rows, then
+/// the rest one at a time.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn rows_k(
+    w: &[u8],
+    row_bytes: usize,
+    acts: &[u8],
+    a_row_bytes: usize,
+    out: &mut [&mut [f32]],
+    col: usize,
+    (one, group): (RowDot, ActsDot),
+) {
+    let n = w.len().checked_div(row_bytes).unwrap_or(0);
+    let act = |i: usize| &acts[i * a_row_bytes..(i + 1) * a_row_bytes];
+    let done = out.len() / K_ACTS * K_ACTS;
+    let mut groups = out.chunks_exact_mut(K_ACTS);
+    for (g, o) in (&mut groups).enumerate() {
+        let a: [&[u8]; K_ACTS] = std::array::from_fn(|j| act(g * K_ACTS + j));
+        for (r, wr) in w.chunks_exact(row_bytes).enumerate() {
+            let y = group(wr, a);
+            for (o, y) in o.iter_mut().zip(y) {
+                o[col + r] = y;
+            }
+        }
+    }
+    for (i, o) in groups.into_remainder().iter_mut().enumerate() {
+        let a = act(done + i);
+        for (r, y) in o[col..col + n].iter_mut().enumerate() {
+            *y = one(&w[r * row_bytes..(r + 1) * row_bytes], a);
+        }
+    }
+}
+
+/// [`vec_dot_q6_k`] of one weight row against `M` activation rows, the same
+/// operations per output in the same order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn vec_dot_q6_k_acts<const M: usize>(w: &[u8], a: [&[u8]; M]) -> [f32; M] {
+    let m4 = _mm512_set1_epi8(0xF);
+    let m2 = _mm512_set1_epi8(3);
+    let mut acc = [_mm256_setzero_ps(); M];
+    for (b, wb) in w.chunks_exact(210).enumerate() {
+        let sc = &wb[192..208];
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
+        // Codes and scales of the four 64-element quarters, as in `vec_dot_q6_k`.
+        let mut q = [_mm512_setzero_si512(); 4];
+        let mut scales = [_mm512_setzero_si512(); 4];
+        for j in 0..2 {
+            let l = load512(arr(&wb[64 * j..64 * j + 64]));
+            let h = _mm512_broadcast_i64x4(load256(arr(&wb[128 + 32 * j..160 + 32 * j])));
+            let h01 = _mm512_srlv_epi16(
+                h,
+                _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
+            );
+            let h23 = _mm512_srlv_epi16(
+                h,
+                _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1),
+            );
+            let halves = [
+                (_mm512_and_si512(l, m4), h01),
+                (_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), h23),
+            ];
+            for (p, (low, hb)) in halves.into_iter().enumerate() {
+                let high = _mm512_slli_epi16(_mm512_and_si512(hb, m2), 4);
+                q[2 * j + p] = _mm512_or_si512(low, high);
+                let s = &sc[8 * j + 4 * p..8 * j + 4 * p + 4];
+                let s = |i: usize| i32::from(s[i] as i8);
+                scales[2 * j + p] = _mm512_set_epi32(
+                    s(3),
+                    s(3),
+                    s(3),
+                    s(3),
+                    s(2),
+                    s(2),
+                    s(2),
+                    s(2),
+                    s(1),
+                    s(1),
+                    s(1),
+                    s(1),
+                    s(0),
+                    s(0),
+                    s(0),
+                    s(0),
+                );
+            }
+        }
+        let dw = f16_at(wb, 208);
+        for (acc, a) in acc.iter_mut().zip(&a) {
+            let ab = &a[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
+            let da = f32_at(ab, 0);
+            let bsums = load256(arr(&ab[260..]));
+            let offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
+            let mut sumi = _mm512_setzero_si512();
+            for (i, (&q, &s)) in q.iter().zip(&scales).enumerate() {
+                let x = load512(arr(&ab[4 + 64 * i..4 + 64 * i + 64]));
+                let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, x);
+                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dot, s));
+            }
+            let sumi = _mm256_sub_epi32(
+                _mm256_add_epi32(
+                    _mm512_castsi512_si256(sumi),
+                    _mm512_extracti64x4_epi64(sumi, 1),
+                ),
+                offset,
+            );
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(sumi), *acc);
+        }
+    }
+    let mut out = [0f32; M];
+    for (o, &acc) in out.iter_mut().zip(&acc) {
+        *o = hsum_ps256(acc);
+    }
+    out
+}
+
+/// [`vec_dot_q4_k`] of one weight row against `M` activation rows, the same
+/// operations per output in the same order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn vec_dot_q4_k_acts<const M: usize>(w: &[u8], a: [&[u8]; M]) -> [f32; M] {
+    let m4 = _mm512_set1_epi8(0xF);
+    let shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    let mut acc = [_mm512_setzero_ps(); M];
+    let mut mins = [0f32; M];
+    for (b, wb) in w.chunks_exact(144).enumerate() {
+        let mut mn = [0i32; 8];
+        let mut scales = [_mm512_setzero_si512(); 4];
+        let mut q = [_mm512_setzero_si512(); 4];
+        for (j, (q, s)) in q.iter_mut().zip(&mut scales).enumerate() {
+            let (s0, m0) = scale_min_k4(2 * j, &wb[4..16]);
+            let (s1, m1) = scale_min_k4(2 * j + 1, &wb[4..16]);
+            (mn[2 * j], mn[2 * j + 1]) = (i32::from(m0), i32::from(m1));
+            *s = _mm512_inserti64x4(
+                _mm512_set1_epi32(i32::from(s0)),
+                _mm256_set1_epi32(i32::from(s1)),
+                1,
+            );
+            let bits = _mm512_broadcast_i64x4(load256(arr(&wb[16 + 32 * j..16 + 32 * j + 32])));
+            *q = _mm512_and_si512(_mm512_srlv_epi16(bits, shifts), m4);
+        }
+        let (dw, dmin) = (f16_at(wb, 0), f16_at(wb, 2));
+        for ((acc, mins), a) in acc.iter_mut().zip(&mut mins).zip(&a) {
+            let ab = &a[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
+            let da = f32_at(ab, 0);
+            let mut summ = 0i32;
+            // Plain loop: a closure here would not inherit the target features
+            // and stays an out-of-line call.
+            for (&mn, bs) in mn.iter().zip(ab[260..292].chunks_exact(4)) {
+                let b0 = i16::from_le_bytes([bs[0], bs[1]]);
+                let b1 = i16::from_le_bytes([bs[2], bs[3]]);
+                summ += mn * (i32::from(b0) + i32::from(b1));
+            }
+            *mins += (da * dmin) * summ as f32;
+            let mut sumi = _mm512_setzero_si512();
+            for (j, (&q, &s)) in q.iter().zip(&scales).enumerate() {
+                let x = load512(arr(&ab[4 + 64 * j..4 + 64 * j + 64]));
+                let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, x);
+                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dot, s));
+            }
+            *acc = _mm512_fmadd_ps(_mm512_set1_ps(da * dw), _mm512_cvtepi32_ps(sumi), *acc);
+        }
+    }
+    let mut out = [0f32; M];
+    for ((o, &acc), &mins) in out.iter_mut().zip(&acc).zip(&mins) {
+        *o = hsum_ps(acc) - mins;
+    }
+    out
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -221,27 +621,94 @@ pub(super) unsafe fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
 mod tests {
     use super::super::super::features::Isa;
 
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The prefill layout in scalar code: 16 FMA lanes, then lane `l` plus
+    /// lane `l + 8` and the 8 lanes as `exact::tree_sum8`.
+    fn prefill_model(x: &[f32], w: &[f32]) -> f32 {
+        let mut lanes = [0f32; 16];
+        for (e, (&xv, &wv)) in x.iter().zip(w).enumerate() {
+            lanes[e % 16] = xv.mul_add(wv, lanes[e % 16]);
+        }
+        super::super::exact::tree_sum8(std::array::from_fn(|l| lanes[l] + lanes[l + 8]))
+    }
+
     #[test]
-    fn dot_f32_rows_matches_dot_f32_bit_for_bit() {
+    fn dot_f32_tile_matches_its_scalar_model_for_every_tile_shape() {
         if Isa::detect() < Isa::Avx512 {
             return;
         }
-        let mut s = 7u64;
-        let mut next = move || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
-        for n in [1, 15, 16, 33, 64, 100, 640] {
-            let w: Vec<f32> = (0..n).map(|_| next()).collect();
-            let xs: Vec<Vec<f32>> = (0..4).map(|_| (0..n).map(|_| next()).collect()).collect();
-            // SAFETY: checked above that the CPU has AVX-512.
-            let got = unsafe { super::dot_f32_rows::<4>(std::array::from_fn(|i| &xs[i][..]), &w) };
-            for (x, g) in xs.iter().zip(got) {
-                // SAFETY: as above.
-                let want = unsafe { super::dot_f32(x, &w) };
-                assert_eq!(g.to_bits(), want.to_bits(), "n={n}");
+        for k in [1, 15, 16, 33, 64, 100, 640, 1100] {
+            for (m, n) in [
+                (1, 1),
+                (2, 3),
+                (6, 4),
+                (7, 9),
+                (13, 5),
+                (12, 8),
+                (7, 19),
+                (2, 16),
+            ] {
+                let x = values(m * k, 7 + k as u64);
+                let w = values(n * k, 9 + m as u64);
+                let mut y = vec![vec![f32::NAN; n + 2]; m];
+                let mut out: Vec<&mut [f32]> = y.iter_mut().map(|r| &mut r[..]).collect();
+                // SAFETY: checked above that the CPU has AVX-512.
+                unsafe { super::dot_f32_tile(&x, &w, k, &mut out, 2) };
+                for (i, yi) in y.iter().enumerate() {
+                    for r in 0..n {
+                        let (xi, wr) = (&x[i * k..(i + 1) * k], &w[r * k..(r + 1) * k]);
+                        let want = prefill_model(xi, wr);
+                        // SAFETY: as above.
+                        let single = unsafe { super::dot_f32_prefill(xi, wr) };
+                        let got = yi[2 + r];
+                        assert_eq!(got.to_bits(), want.to_bits(), "k={k} m={m} n={n}");
+                        assert_eq!(single.to_bits(), want.to_bits(), "k={k}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn k_quant_rows_match_vec_dot_bit_for_bit() {
+        if !super::super::super::features::has_avx512_vnni() {
+            return;
+        }
+        use rlx_gguf::GgmlType;
+        let (k, n, m) = (512, 5, 7);
+        let a = rlx_gguf::quantize_to_vec(GgmlType::Q8_K, &values(m * k, 4)).unwrap();
+        let a_row_bytes = a.len() / m;
+        type Rows = unsafe fn(&[u8], usize, &[u8], usize, &mut [&mut [f32]], usize);
+        let cases: [(GgmlType, Rows, super::RowDot); 2] = [
+            (GgmlType::Q4_K, super::rows_q4_k, super::vec_dot_q4_k),
+            (GgmlType::Q6_K, super::rows_q6_k, super::vec_dot_q6_k),
+        ];
+        for (ty, rows, one) in cases {
+            let w = rlx_gguf::quantize_to_vec(ty, &values(n * k, 3)).unwrap();
+            let row_bytes = w.len() / n;
+            let mut y = vec![vec![f32::NAN; n + 1]; m];
+            let mut out: Vec<&mut [f32]> = y.iter_mut().map(|r| &mut r[..]).collect();
+            // SAFETY: checked above that the CPU has AVX-512 VNNI.
+            unsafe { rows(&w, row_bytes, &a, a_row_bytes, &mut out, 1) };
+            for (i, yi) in y.iter().enumerate() {
+                for r in 0..n {
+                    let wr = &w[r * row_bytes..(r + 1) * row_bytes];
+                    let ai = &a[i * a_row_bytes..(i + 1) * a_row_bytes];
+                    // SAFETY: as above.
+                    let want = unsafe { one(wr, ai) };
+                    assert_eq!(yi[1 + r].to_bits(), want.to_bits(), "{ty} act {i} row {r}");
+                }
             }
         }
     }

@@ -170,8 +170,8 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
             T::Q8_0 => Some(QuantDot::Rows(v::rows::<{ v::Q8_0 }>)),
             T::Q4_0 => Some(QuantDot::Rows(v::rows::<{ v::Q4_0 }>)),
             T::Q5_0 => Some(QuantDot::Rows(v::rows::<{ v::Q5_0 }>)),
-            T::Q4_K => Some(QuantDot::Row(avx512::vec_dot_q4_k)),
-            T::Q6_K => Some(QuantDot::Row(avx512::vec_dot_q6_k)),
+            T::Q4_K => Some(QuantDot::Rows(avx512::rows_q4_k)),
+            T::Q6_K => Some(QuantDot::Rows(avx512::rows_q6_k)),
             _ => None,
         };
         if f.is_some() {
@@ -204,13 +204,19 @@ fn simd_quant_dot(_ty: GgmlType, _isa: Isa) -> Option<QuantDot> {
     None
 }
 
-/// Four [`DotF32`]s of one weight row, each bit-identical to [`f32_dot`]'s.
-pub(super) type DotF32x4 = unsafe fn(xs: [&[f32]; 4], w: &[f32]) -> [f32; 4];
+/// Prefill f32 dots: `out[i][col + r]` = row `i` of `x` · row `r` of `w`
+/// (both rows `k` apart, `out.len()` activation rows), in an order that
+/// depends only on `k` and the ISA. Unsafe only because SIMD kernels need
+/// their ISA.
+pub(super) type DotF32Tile =
+    unsafe fn(x: &[f32], w: &[f32], k: usize, out: &mut [&mut [f32]], col: usize);
 
-pub(super) fn f32_dot_x4(isa: Isa) -> Option<DotF32x4> {
+/// A register-tiled kernel for `m ≥ 2` where written; else callers use
+/// [`f32_dot`] per output.
+pub(super) fn f32_dot_tile(isa: Isa) -> Option<DotF32Tile> {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => Some(super::avx512::dot_f32_rows::<4>),
+        Isa::Avx512 => Some(super::avx512::dot_f32_tile),
         _ => None,
     }
 }

@@ -5,12 +5,14 @@
 //! * [`Precision::Exact`]: the weights are exactly `rlx_gguf::dequantize`'s
 //!   f32 values and the products and sums are f32. Each task dequantizes a tile
 //!   of weight rows once into a per-thread buffer (F32 weights are read in
-//!   place) and reuses it for all `m` activation rows (AVX-512: four rows per
-//!   weight-vector load); with `m = 1`, Q4_0/Q5_0/Q8_0/Q4_K/Q6_K skip the tile
-//!   and dequantize each block in registers. Either way dots accumulate in
-//!   fixed lanes — 8 for [`Isa::Scalar`], 4×8 for [`Isa::Avx2`], 4×16 for
-//!   [`Isa::Avx512`], element `i` going to lane `i mod width` — then add the
-//!   lanes as a pairwise tree (each dot kernel documents its exact order,
+//!   place) and reuses it for all `m` activation rows; with `m = 1`,
+//!   Q4_0/Q5_0/Q8_0/Q4_K/Q6_K skip the tile and dequantize each block in
+//!   registers. Either way dots accumulate in fixed lanes — 8 for
+//!   [`Isa::Scalar`], 4×8 for [`Isa::Avx2`], 4×16 for [`Isa::Avx512`]
+//!   (with `m ≥ 2` AVX-512 uses 1×16 per output, so 4 weight rows × 6
+//!   activation rows fit the registers), element `i` going to lane
+//!   `i mod width` — then add the lanes as a pairwise tree (each dot kernel
+//!   documents its exact order,
 //!   tail included), so a given ISA always gives the same bits.
 //! * [`Precision::Quantized`]: llama.cpp's CPU scheme. `x` is quantized once per
 //!   call into each activation format the weights need (Q8_0 for Q4_0, Q5_0,
@@ -18,7 +20,8 @@
 //!   shared by every weight of that format, and every output is an integer dot
 //!   product scaled in f32 (scalar reference kernels for all of these, AVX2
 //!   for all, AVX-512 VNNI for Q8_0, Q4_0, Q5_0 (4 weight rows × 4 activation
-//!   rows per register tile), Q4_K and Q6_K). Weight types without a quantized kernel (F32, F16,
+//!   rows per register tile), Q4_K and Q6_K (1 weight row × 4 activation
+//!   rows, each output bit-identical to the one-row kernel)). Weight types without a quantized kernel (F32, F16,
 //!   BF16, the IQ1/IQ2/IQ3 codebooks, TQ*, NVFP4, Q1_0, Q2_0, Q8_1, Q8_K, the
 //!   integer and F64 types) use the Exact path instead.
 //!
@@ -193,7 +196,7 @@ pub fn matmul(
         acts: &scratch.acts,
         segments: &segments,
         dot_f32: kernels::f32_dot(opts.isa),
-        dot_f32x4: kernels::f32_dot_x4(opts.isa),
+        dot_f32_tile: kernels::f32_dot_tile(opts.isa),
         tiles: &scratch.tiles,
     };
     pool.for_each(out.n_tasks, &|t| {
@@ -313,7 +316,7 @@ fn task_count(pool: &ThreadPool, n_cols: usize) -> usize {
 /// `m` activation rows pass over it.
 const QUANT_TILE_BYTES: usize = 32 << 10;
 /// Bytes of dequantized f32 rows per Exact tile.
-const EXACT_TILE_BYTES: usize = 96 << 10;
+const EXACT_TILE_BYTES: usize = 512 << 10;
 
 /// Everything a task reads.
 struct Job<'a> {
@@ -322,7 +325,7 @@ struct Job<'a> {
     acts: &'a [Vec<u8>; ActFormat::COUNT],
     segments: &'a [Segment<'a>],
     dot_f32: kernels::DotF32,
-    dot_f32x4: Option<kernels::DotF32x4>,
+    dot_f32_tile: Option<kernels::DotF32Tile>,
     tiles: &'a Mutex<Vec<Vec<f32>>>,
 }
 
@@ -415,31 +418,24 @@ impl Job<'_> {
                     dst
                 }
             };
-            // Groups of activation rows share each weight vector load.
-            let mut groups = 0;
-            if let Some(dot4) = self.dot_f32x4 {
-                groups = rows.len() / 4;
-                for (g, out) in rows.chunks_exact_mut(4).enumerate() {
-                    let xs: [&[f32]; 4] =
-                        std::array::from_fn(|j| &self.x[(4 * g + j) * k..(4 * g + j + 1) * k]);
-                    for r in r0..r1 {
-                        let w = &wt[(r - r0) * k..(r - r0 + 1) * k];
-                        // SAFETY: `kernels::f32_dot_x4` picked this for
-                        // `opts.isa`, which `matmul` checked.
-                        let y = unsafe { dot4(xs, w) };
-                        for (out, y) in out.iter_mut().zip(y) {
-                            out[out0 + r - local.start] = y;
+            let o = out0 + r0 - local.start;
+            match self.dot_f32_tile {
+                // Register tiles for prefill; decode keeps `dot_f32`'s order.
+                Some(tile) if rows.len() >= 2 && k > 0 => {
+                    // SAFETY: `kernels::f32_dot_tile` picked this for
+                    // `opts.isa`, which `matmul` checked.
+                    unsafe { tile(&self.x[..rows.len() * k], wt, k, rows, o) };
+                }
+                _ => {
+                    for (i, out) in rows.iter_mut().enumerate() {
+                        let xi = &self.x[i * k..(i + 1) * k];
+                        for r in 0..r1 - r0 {
+                            let w = &wt[r * k..(r + 1) * k];
+                            // SAFETY: `kernels::f32_dot` picked this for
+                            // `opts.isa`, which `matmul` checked.
+                            out[o + r] = unsafe { (self.dot_f32)(xi, w) };
                         }
                     }
-                }
-            }
-            for (i, out) in rows.iter_mut().enumerate().skip(4 * groups) {
-                let xi = &self.x[i * k..(i + 1) * k];
-                for r in r0..r1 {
-                    let w = &wt[(r - r0) * k..(r - r0 + 1) * k];
-                    // SAFETY: `kernels::f32_dot` picked this for `opts.isa`,
-                    // which `matmul` checked.
-                    out[out0 + r - local.start] = unsafe { (self.dot_f32)(xi, w) };
                 }
             }
         }
