@@ -556,13 +556,9 @@ fn gemma4(
     for l in 0..n_layers {
         let local = sliding[l];
         let kv_source = sources[l];
-        layers.push(LayerSpec {
+        let base = NormedLayer {
             index: l,
-            attention: if local {
-                AttentionKind::Sliding { window }
-            } else {
-                AttentionKind::Global
-            },
+            window: local.then_some(window),
             n_head: n_head[l],
             // A sharing layer has its source's KV heads.
             n_head_kv: kv_source.map_or(n_head_kv[l], |s| layers[s].n_head_kv),
@@ -574,20 +570,15 @@ fn gemma4(
                 // Proportional RoPE: the factors apply to global layers only.
                 freq_factors: if local { None } else { freq_factors.clone() },
             },
-            // The QK-norm takes the place of the query scale.
-            query_scale: 1.0,
-            attn_softcap: None,
-            qk_norm: true,
-            post_norms: true,
             n_ff: n_ff[l],
             kv_source,
-            v_norm: true,
+            per_layer_input: per_layer_input > 0,
+        };
+        layers.push(LayerSpec {
             k_eq_v: kv_source.is_none() && !has(l, "attn_v"),
             output_scale: has(l, "layer_output_scale"),
-            per_layer_input: per_layer_input > 0,
             moe: moe.filter(|_| has(l, "ffn_gate_inp")),
-            laurel: false,
-            sparsity: None,
+            ..base.spec()
         });
     }
     normed_config(
@@ -600,6 +591,50 @@ fn gemma4(
         None,
         layers,
     )
+}
+
+/// What differs between layers of the QK-normed generations (3n, 4).
+struct NormedLayer {
+    index: usize,
+    window: Option<usize>,
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    rope: RopeConfig,
+    n_ff: usize,
+    kv_source: Option<usize>,
+    per_layer_input: bool,
+}
+
+impl NormedLayer {
+    /// QK- and V-norms in place of a query scale, sandwich norms, no
+    /// attention softcap; generation-specific features off.
+    fn spec(self) -> LayerSpec {
+        LayerSpec {
+            index: self.index,
+            attention: match self.window {
+                Some(window) => AttentionKind::Sliding { window },
+                None => AttentionKind::Global,
+            },
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            head_dim: self.head_dim,
+            rope: self.rope,
+            query_scale: 1.0,
+            attn_softcap: None,
+            qk_norm: true,
+            post_norms: true,
+            n_ff: self.n_ff,
+            kv_source: self.kv_source,
+            v_norm: true,
+            k_eq_v: false,
+            output_scale: false,
+            per_layer_input: self.per_layer_input,
+            moe: None,
+            laurel: false,
+            sparsity: None,
+        }
+    }
 }
 
 /// The config of the QK-normed generations (3n, 4), whose final softcap is 30
@@ -719,13 +754,9 @@ fn gemma3n(
     for l in 0..n_layers {
         let local = sliding[l];
         let kv_source = sources[l];
-        layers.push(LayerSpec {
+        let base = NormedLayer {
             index: l,
-            attention: if local {
-                AttentionKind::Sliding { window }
-            } else {
-                AttentionKind::Global
-            },
+            window: local.then_some(window),
             n_head: n_head[l],
             n_head_kv: kv_source.map_or(n_head_kv[l], |s| layers[s].n_head_kv),
             head_dim,
@@ -735,19 +766,14 @@ fn gemma3n(
                 freq_scale: 1.0,
                 freq_factors: None,
             },
-            query_scale: 1.0,
-            attn_softcap: None,
-            qk_norm: true,
-            post_norms: true,
             n_ff: n_ff[l],
             kv_source,
-            v_norm: true,
-            k_eq_v: false,
-            output_scale: false,
             per_layer_input: per_layer_input > 0,
-            moe: None,
+        };
+        layers.push(LayerSpec {
             laurel: has(l, "laurel_l"),
             sparsity: sparsity[l],
+            ..base.spec()
         });
     }
     normed_config(

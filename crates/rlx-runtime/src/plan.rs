@@ -674,46 +674,31 @@ impl Plan {
                     scale: spec.scale,
                     softcap: spec.softcap,
                 };
-                match spec.kv {
+                // Key rows with their positions: the K/V inputs at 0..m (the
+                // queries being the last n of them), or the cache slot.
+                let (kpos, kspan, view);
+                let (rows, qpos, qspan) = match spec.kv {
                     KvSource::Inputs => {
                         let kd = g.node(n.inputs[1]).shape.resolve(b).expect("bound");
                         let vd = g.node(n.inputs[2]).shape.resolve(b).expect("bound");
                         let m = kd[0];
-                        let kpos: Vec<i64> = (0..m as i64).collect();
-                        let spans = vec![0i32; m];
-                        let qpos: Vec<i64> =
-                            (0..n_q).map(|i| (m + i) as i64 - n_q as i64).collect();
+                        kpos = (0..m as i64).collect::<Vec<i64>>();
+                        kspan = vec![0i32; m];
                         let rows = attention::KvRows {
                             k: RowsView::F32(f32v(1)),
                             v: RowsView::F32(f32v(2)),
                             pos: &kpos,
-                            span: &spans,
+                            span: &kspan,
                             kv_heads: kd[1],
                             head_dim: kd[2],
                             v_head_dim: vd[2],
                         };
-                        let queries = attention::Queries {
-                            q,
-                            pos: &qpos,
-                            span: None,
-                            heads: dims[1],
-                        };
-                        attention::attention(
-                            pool,
-                            F32Dot::new(self.device.isa()),
-                            params,
-                            &queries,
-                            &rows,
-                            out,
-                        );
+                        let qpos: Vec<i64> =
+                            (0..n_q).map(|i| (m + i) as i64 - n_q as i64).collect();
+                        (rows, qpos, None)
                     }
                     KvSource::Cache(slot) => {
-                        let cache = kv.ok_or(RunError::NoCache)?;
-                        let view = cache.view(slot)?;
-                        let qpos: Vec<i64> = (0..n_q).map(|i| (start + i) as i64).collect();
-                        let qspan = spec
-                            .bidirectional_spans
-                            .then(|| self.i32_of(n.inputs[2], inputs, b));
+                        view = kv.ok_or(RunError::NoCache)?.view(slot)?;
                         let rows = attention::KvRows {
                             k: view.k,
                             v: view.v,
@@ -723,22 +708,21 @@ impl Plan {
                             head_dim: view.spec.head_dim,
                             v_head_dim: view.spec.v_head_dim,
                         };
-                        let queries = attention::Queries {
-                            q,
-                            pos: &qpos,
-                            span: qspan,
-                            heads: dims[1],
-                        };
-                        attention::attention(
-                            pool,
-                            F32Dot::new(self.device.isa()),
-                            params,
-                            &queries,
-                            &rows,
-                            out,
-                        );
+                        let qpos: Vec<i64> = (0..n_q).map(|i| (start + i) as i64).collect();
+                        let qspan = spec
+                            .bidirectional_spans
+                            .then(|| self.i32_of(n.inputs[2], inputs, b));
+                        (rows, qpos, qspan)
                     }
-                }
+                };
+                let queries = attention::Queries {
+                    q,
+                    pos: &qpos,
+                    span: qspan,
+                    heads: dims[1],
+                };
+                let dot = F32Dot::new(self.device.isa());
+                attention::attention(pool, dot, params, &queries, &rows, out);
             }
             Op::Moe { top_k } => {
                 let stack = |i: usize| -> moe::ExpertStack<'_> {
