@@ -73,44 +73,6 @@ pub fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exp_f32_is_within_two_ulp_of_libm_over_the_range() {
-        let mut worst = 0f64;
-        let mut x = -87.0f32;
-        while x < 88.0 {
-            let want = (x as f64).exp();
-            let got = exp_f32(x) as f64;
-            worst = worst.max(((got - want) / want).abs());
-            x += 0.0137;
-        }
-        // f32 epsilon is 1.19e-7; two ulp is the budget.
-        assert!(worst < 2.4e-7, "worst relative error {worst}");
-    }
-
-    #[test]
-    fn gelu_matches_the_tanh_formula_in_f64() {
-        for i in -2000..2000 {
-            let x = i as f32 * 0.005;
-            let xd = x as f64;
-            let want = 0.5
-                * xd
-                * (1.0
-                    + ((2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd.powi(3))).tanh());
-            let got = gelu_tanh(x) as f64;
-            // The f32 rounding of the cubic inner term is amplified where the
-            // result is a small tail value; 2e-6 relative covers it.
-            assert!(
-                (got - want).abs() <= 2e-6 * want.abs() + 1e-12,
-                "x={x}: {got} vs {want}"
-            );
-        }
-    }
-}
-
 /// `cap · tanh(x / cap)`.
 pub fn softcap(x: &[f32], cap: f32, out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {
@@ -196,6 +158,44 @@ pub fn batch_matmul(a: &[f32], b: &[f32], n: usize, p: usize, q: usize, r: usize
             for j in 0..r {
                 ot[i * r + j] = (0..q).map(|k| at[i * q + k] * bt[k * r + j]).sum();
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_f32_is_within_two_ulp_of_libm_over_the_range() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let want = (x as f64).exp();
+            let got = exp_f32(x) as f64;
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.0137;
+        }
+        // f32 epsilon is 1.19e-7; two ulp is the budget.
+        assert!(worst < 2.4e-7, "worst relative error {worst}");
+    }
+
+    #[test]
+    fn gelu_matches_the_tanh_formula_in_f64() {
+        for i in -2000..2000 {
+            let x = i as f32 * 0.005;
+            let xd = x as f64;
+            let want = 0.5
+                * xd
+                * (1.0
+                    + ((2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd.powi(3))).tanh());
+            let got = gelu_tanh(x) as f64;
+            // The f32 rounding of the cubic inner term is amplified where the
+            // result is a small tail value; 2e-6 relative covers it.
+            assert!(
+                (got - want).abs() <= 2e-6 * want.abs() + 1e-12,
+                "x={x}: {got} vs {want}"
+            );
         }
     }
 }
