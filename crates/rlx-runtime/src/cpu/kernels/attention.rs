@@ -2,6 +2,7 @@
 
 use rlx_ir::Mask;
 
+use crate::cpu::kernels::elementwise::exp_f32;
 use crate::cpu::matmul::F32Dot;
 use crate::cpu::pool::{split_range, ThreadPool};
 use crate::cpu::SharedMut;
@@ -103,10 +104,12 @@ pub fn attention(
             if nv > 0 {
                 let mut sum = vec![0f32; group];
                 for j in 0..group {
-                    for s in &mut scores[j * rows..j * rows + nv] {
-                        *s = (*s - max[j]).exp();
-                        sum[j] += *s;
+                    let row = &mut scores[j * rows..j * rows + nv];
+                    // Exponentials first (a loop that vectorises), then the sum.
+                    for s in row.iter_mut() {
+                        *s = exp_f32(*s - max[j]);
                     }
+                    sum[j] = row.iter().sum();
                 }
                 for (vi, &t) in visible_rows.iter().enumerate() {
                     let v = kv.v.row((t * kv.kv_heads + g) * hdv, &mut vrow);
