@@ -138,7 +138,7 @@ impl Model {
         let context = opts.context.unwrap_or(self.config.context_length).max(1);
         let chunk = opts.prefill_chunk.clamp(1, context);
         let kv_config = self.kv_config(context, chunk, opts.kv_dtype);
-        let kv_bytes = kv_bytes(&kv_config);
+        let kv_bytes = kv_config.memory_bytes();
         // Activations of a chunk: a few rows of the widest values, plus logits.
         let widest = self
             .config
@@ -171,20 +171,6 @@ impl Model {
             computed: 0,
         })
     }
-}
-
-fn kv_bytes(c: &KvCacheConfig) -> usize {
-    c.layers
-        .iter()
-        .filter(|l| l.shares.is_none())
-        .map(|l| {
-            let rows = match l.window {
-                Some(w) if w + c.max_chunk - 1 < c.max_context => w + c.max_chunk - 1,
-                _ => c.max_context,
-            };
-            rows * l.kv_heads * (l.head_dim + l.v_head_dim) * c.dtype.bytes()
-        })
-        .sum()
 }
 
 /// Options of one session.

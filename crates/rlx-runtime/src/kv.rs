@@ -52,6 +52,27 @@ pub struct KvCacheConfig {
     pub dtype: KvDType,
 }
 
+impl KvCacheConfig {
+    /// Rows a layer stores and whether they form a ring: a sliding layer
+    /// needs its window plus one chunk (less one), unless the full context is
+    /// smaller.
+    pub fn rows(&self, spec: &KvLayerSpec) -> (usize, bool) {
+        match spec.window {
+            Some(w) if w + self.max_chunk - 1 < self.max_context => (w + self.max_chunk - 1, true),
+            _ => (self.max_context, false),
+        }
+    }
+
+    /// Bytes of K/V storage a cache of this config allocates.
+    pub fn memory_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| l.shares.is_none())
+            .map(|l| self.rows(l).0 * l.kv_heads * (l.head_dim + l.v_head_dim) * self.dtype.bytes())
+            .sum()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum KvError {
     #[error("KV cache full: {needed} tokens needed, the cache holds {capacity}")]
@@ -219,12 +240,7 @@ impl KvCache {
                 stores.push(None);
                 continue;
             }
-            let (capacity, ring) = match spec.window {
-                Some(w) if w + config.max_chunk - 1 < config.max_context => {
-                    (w + config.max_chunk - 1, true)
-                }
-                _ => (config.max_context, false),
-            };
+            let (capacity, ring) = config.rows(spec);
             stores.push(Some(LayerStore {
                 k: Rows::new(config.dtype, capacity * spec.kv_heads * spec.head_dim),
                 v: Rows::new(config.dtype, capacity * spec.kv_heads * spec.v_head_dim),

@@ -133,6 +133,8 @@ pub struct Plan {
     arena: Arena,
     /// Matmul scratch, borrowed by one step at a time.
     scratch: std::cell::RefCell<MatmulScratch>,
+    /// The normalised input of a norm-folded matmul, reused across steps.
+    norm_buf: std::cell::RefCell<Vec<f32>>,
     opts: CompileOptions,
 }
 
@@ -262,6 +264,7 @@ pub fn compile(
         locs,
         arena: Arena::new(mem.arena_bytes / 4),
         scratch: std::cell::RefCell::new(MatmulScratch::default()),
+        norm_buf: std::cell::RefCell::new(Vec::new()),
         opts: opts.clone(),
     })
 }
@@ -338,7 +341,7 @@ impl Plan {
         inputs: &HashMap<String, HostTensor>,
         kv: Option<&mut KvCache>,
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
-        self.run_with_tap(inputs, kv, &mut |_, _, _| {})
+        self.run_inner(inputs, kv, None)
     }
 
     /// Like [`Plan::run`], calling `tap(name, shape, values)` for every named
@@ -346,8 +349,18 @@ impl Plan {
     pub fn run_with_tap(
         &mut self,
         inputs: &HashMap<String, HostTensor>,
-        mut kv: Option<&mut KvCache>,
+        kv: Option<&mut KvCache>,
         tap: &mut Tap<'_>,
+    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+        self.run_inner(inputs, kv, Some(tap))
+    }
+
+    /// Runs every step; named values go to `tap` when there is one.
+    fn run_inner(
+        &mut self,
+        inputs: &HashMap<String, HostTensor>,
+        mut kv: Option<&mut KvCache>,
+        mut tap: Option<&mut Tap<'_>>,
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
         let b = self.bind(inputs)?;
         let mut wrote: Option<usize> = None;
@@ -357,6 +370,9 @@ impl Plan {
             if let Some(n) = self.exec(id, &b, inputs, kv.as_deref_mut(), start)? {
                 wrote = Some(n);
             }
+            let Some(tap) = tap.as_deref_mut() else {
+                continue;
+            };
             let node = self.graph.node(id);
             if let (Some(name), DType::F32) = (&node.name, node.dtype) {
                 let dims = node.shape.resolve(&b).expect("bound");
@@ -558,7 +574,7 @@ impl Plan {
                     .and_then(|d| d.resolve(b))
                     .expect("bound");
                 let m = x.len() / k_in;
-                let normed;
+                let mut normed = self.norm_buf.borrow_mut();
                 let mut first_w = 1;
                 let x = match norm {
                     Some(spec) => {
@@ -568,9 +584,8 @@ impl Plan {
                         } else {
                             None
                         };
-                        let mut buf = vec![0f32; x.len()];
-                        norm::rms_norm(x, k_in, gamma.as_deref(), spec.eps, &mut buf);
-                        normed = buf;
+                        normed.resize(x.len(), 0.0);
+                        norm::rms_norm(x, k_in, gamma.as_deref(), spec.eps, &mut normed);
                         &normed[..]
                     }
                     None => x,
