@@ -196,7 +196,7 @@ fn ks(ty: GgmlType) -> Vec<usize> {
     }
 }
 
-const MS: [usize; 3] = [1, 3, 7];
+const MS: [usize; 4] = [1, 3, 7, 13];
 const ROWS: [usize; 3] = [1, 5, 33];
 
 fn run(
@@ -315,6 +315,85 @@ fn quantized_stays_within_llama_budget_for_every_type() {
             if act.is_some() {
                 let nmse = err2 / ref2;
                 assert!(nmse <= 5e-4, "{ty} {isa}: NMSE {nmse:e} > 5e-4");
+            }
+        }
+    }
+}
+
+/// Many activation rows (the prefill GEMM where the CPU has it): every
+/// output equals the f64 product of the dequantized weights and the Q8_0
+/// activations to `1e-5 · Σ|w·x|`, and an activation row gives the same bits
+/// whatever its position in the batch, the batch size and the thread count.
+#[test]
+fn many_activation_rows_match_the_q8_0_activation_reference() {
+    use GgmlType as T;
+    let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+    let mut rng = Rng(9);
+    let types = [
+        T::Q4_0,
+        T::Q4_1,
+        T::Q5_0,
+        T::Q5_1,
+        T::Q8_0,
+        T::IQ4_NL,
+        T::Q2_K,
+        T::Q3_K,
+        T::Q4_K,
+        T::Q5_K,
+        T::Q6_K,
+    ];
+    for ty in types {
+        for isa in Isa::supported() {
+            let (rows, k, m) = (37, 512, 29);
+            let data = random_weights(ty, rows, k, &mut rng);
+            let x = rng.vec(m * k);
+            let xq = rlx_gguf::dequantize_to_vec(
+                GgmlType::Q8_0,
+                &rlx_gguf::quantize_to_vec(GgmlType::Q8_0, &x).unwrap(),
+            )
+            .unwrap();
+            let w = [WeightMatrix {
+                ty,
+                rows,
+                k,
+                data: &data,
+            }];
+            let y = run(&pools[0], Precision::Quantized, isa, &x, m, &w);
+            let y3 = run(&pools[1], Precision::Quantized, isa, &x, m, &w);
+            assert!(
+                y.iter().zip(&y3).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{ty} {isa}: 1 vs 3 threads differ"
+            );
+            // Rows 17..29 alone: the same bits as inside the full batch.
+            let tail = run(
+                &pools[0],
+                Precision::Quantized,
+                isa,
+                &x[17 * k..],
+                m - 17,
+                &w,
+            );
+            assert!(
+                tail.iter()
+                    .zip(&y[17 * rows..])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{ty} {isa}: an activation row's result depends on the batch"
+            );
+            // The GEMM and the Q8_0-activation row kernels see exactly the
+            // Q8_0-rounded activations (Q8_1 rounds its sum, Q8_K has other
+            // blocks).
+            let gemm = isa == Isa::Avx512 && rlx_runtime::cpu::features::has_avx512_vnni();
+            if gemm || activation_type(ty) == Some(GgmlType::Q8_0) {
+                let r = reference(ty, &data, rows, k, &xq, m);
+                for (o, &v) in y.iter().enumerate() {
+                    let err = (f64::from(v) - r.y[o]).abs();
+                    let tol = 1e-5 * r.abs[o] + 1e-30;
+                    assert!(
+                        err <= tol,
+                        "{ty} {isa} out {o}: {v} vs {} (err {err:e}, tol {tol:e})",
+                        r.y[o]
+                    );
+                }
             }
         }
     }

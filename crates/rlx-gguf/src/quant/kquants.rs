@@ -39,7 +39,7 @@ pub(crate) fn dequant_q2_k(b: &[u8], y: &mut [f32]) {
 }
 
 /// The 16 signed 6-bit scales of a Q3_K block.
-fn q3_k_scales(s: &[u8]) -> [i8; 16] {
+pub(crate) fn q3_k_scales(s: &[u8]) -> [i8; 16] {
     let mut out = [0i8; 16];
     for (j, o) in out.iter_mut().enumerate() {
         let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };

@@ -5,6 +5,7 @@
 //! float operations in the same order as ggml's reference code (which makes
 //! them bit-identical to it, not just close).
 
+mod codes;
 mod iq;
 mod iq_grids;
 mod kquants;
@@ -12,6 +13,8 @@ mod legacy;
 mod quantize;
 
 use crate::GgmlType;
+
+pub use codes::{affine_codes, affine_sub_block};
 
 /// Why a (de)quantization call was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

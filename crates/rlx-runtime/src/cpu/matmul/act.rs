@@ -4,6 +4,7 @@ use std::sync::Mutex;
 
 use rlx_gguf::GgmlType;
 
+use super::super::features::Isa;
 use super::super::pool::{split_range, ThreadPool};
 
 /// The activation block formats of llama.cpp's CPU dot products.
@@ -45,10 +46,12 @@ impl ActFormat {
 /// enough that decode (m = 1) runs inline.
 const ROWS_PER_TASK: usize = 8;
 
-/// Quantizes the `m` rows of `x` (each `k` long) into `buf` with ggml's
-/// reference quantizer, so the blocks are byte-identical to llama.cpp's.
+/// Quantizes the `m` rows of `x` (each `k` long) into `buf`, byte-identical
+/// to ggml's reference quantizer (and so to llama.cpp's blocks); Q8_0 has a
+/// SIMD version at `isa` ≥ AVX2.
 pub(super) fn quantize_rows(
     pool: &ThreadPool,
+    isa: Isa,
     fmt: ActFormat,
     x: &[f32],
     m: usize,
@@ -65,6 +68,9 @@ pub(super) fn quantize_rows(
         return;
     }
     let quantize = |xs: &[f32], out: &mut [u8]| {
+        if fmt == ActFormat::Q8_0 && q8_0_simd(isa, xs, out) {
+            return;
+        }
         rlx_gguf::quantize(fmt.ty(), xs, out).expect("k was checked against the block size");
     };
     let n_tasks = m.div_ceil(ROWS_PER_TASK).min(pool.threads());
@@ -86,4 +92,125 @@ pub(super) fn quantize_rows(
         let mut band = bands[t].lock().expect("band lock");
         quantize(&x[rows.start * k..rows.end * k], &mut band);
     });
+}
+
+/// Q8_0-quantizes `x` into `out` with SIMD if `isa` allows; false if not.
+fn q8_0_simd(isa: Isa, x: &[f32], out: &mut [u8]) -> bool {
+    assert!(x.len().is_multiple_of(32) && out.len() == x.len() / 32 * 34);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller's `isa` is at most `Isa::detect()` (checked by
+        // `matmul`), and the lengths are asserted above.
+        Isa::Avx512 => unsafe { q8_0_avx512(x, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { q8_0_avx2(x, out) },
+        _ => return false,
+    }
+    true
+}
+
+/// `roundf` (half away from zero) for |v| < 2²³: adding the largest float
+/// below ½ with `v`'s sign and truncating rounds exactly like `roundf`.
+const JUST_BELOW_HALF: f32 = 0.499_999_97;
+
+/// The reference `d` and `1/d` of a block with absolute maximum `amax`.
+#[inline]
+fn scale(amax: f32) -> (u16, f32) {
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    (half::f16::from_f32(d).to_bits(), id)
+}
+
+/// # Safety
+/// The CPU has AVX-512 F + BW; `out.len() == x.len() / 32 * 34`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q8_0_avx512(x: &[f32], out: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let half = _mm512_set1_ps(JUST_BELOW_HALF);
+    let sign = _mm512_set1_ps(-0.0);
+    for (xb, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
+        let v0 = _mm512_loadu_ps(xb.as_ptr());
+        let v1 = _mm512_loadu_ps(xb.as_ptr().add(16));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        let (d, id) = scale(amax);
+        b[..2].copy_from_slice(&d.to_le_bytes());
+        let id = _mm512_set1_ps(id);
+        for (h, v) in [v0, v1].into_iter().enumerate() {
+            let s = _mm512_mul_ps(v, id);
+            let r = _mm512_add_ps(s, _mm512_or_ps(_mm512_and_ps(s, sign), half));
+            let q = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r));
+            _mm_storeu_si128(b.as_mut_ptr().add(2 + 16 * h).cast(), q);
+        }
+    }
+}
+
+/// # Safety
+/// The CPU has AVX2; `out.len() == x.len() / 32 * 34`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn q8_0_avx2(x: &[f32], out: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let half = _mm256_set1_ps(JUST_BELOW_HALF);
+    let sign = _mm256_set1_ps(-0.0);
+    for (xb, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xb.as_ptr().add(8 * i)));
+        let mut m = _mm256_setzero_ps();
+        for &v in &v {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let m1 = _mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1));
+        let (d, id) = scale(_mm_cvtss_f32(m1));
+        b[..2].copy_from_slice(&d.to_le_bytes());
+        let id = _mm256_set1_ps(id);
+        let q: [__m256i; 4] = v.map(|v| {
+            let s = _mm256_mul_ps(v, id);
+            _mm256_cvttps_epi32(_mm256_add_ps(s, _mm256_or_ps(_mm256_and_ps(s, sign), half)))
+        });
+        // i32 → i16 → i8 packs interleave 128-bit lanes; the permute restores
+        // element order.
+        let p01 = _mm256_packs_epi32(q[0], q[1]);
+        let p23 = _mm256_packs_epi32(q[2], q[3]);
+        let p = _mm256_packs_epi16(p01, p23);
+        let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(b.as_mut_ptr().add(2).cast(), p);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every SIMD level gives the reference bytes, ties and zero blocks included.
+    #[test]
+    fn simd_q8_0_is_byte_identical_to_the_reference() {
+        let mut state = 0x1234_5678_9abc_def0u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut x: Vec<f32> = (0..32 * 400)
+            .map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0)
+            .collect();
+        // A block whose amax is 127, so x·id = x and halves are exact ties.
+        for (i, v) in x[..32].iter_mut().enumerate() {
+            *v = if i == 0 { 127.0 } else { i as f32 - 15.5 };
+        }
+        x[32..64].fill(0.0);
+        for (i, v) in x[64..96].iter_mut().enumerate() {
+            *v = -(i as f32) * 1e-3;
+        }
+        let want = rlx_gguf::quantize_to_vec(rlx_gguf::GgmlType::Q8_0, &x).unwrap();
+        for isa in Isa::supported() {
+            let mut got = vec![0u8; want.len()];
+            if q8_0_simd(isa, &x, &mut got) {
+                assert_eq!(got, want, "{isa}");
+            }
+        }
+    }
 }

@@ -40,9 +40,12 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_fused;
 mod exact;
+mod gemm;
 mod kernels;
 mod scalar;
 mod table;
+#[cfg(target_arch = "x86_64")]
+mod vnni_gemm;
 #[cfg(target_arch = "x86_64")]
 mod vnni_rows;
 
@@ -93,6 +96,9 @@ pub struct MatmulScratch {
     acts: [Vec<u8>; ActFormat::COUNT],
     /// Dequantized weight tiles, one per concurrently running task.
     tiles: Mutex<Vec<Vec<f32>>>,
+    /// Prefill GEMM: activations in tile order and per-task weight panels.
+    gemm_acts: gemm::PackedActs,
+    panels: Mutex<Vec<gemm::PanelScratch>>,
 }
 
 /// Why [`matmul`] refused a call.
@@ -183,13 +189,32 @@ pub fn matmul(
     }
 
     let segments = plan(opts, weights);
+    if gemm::applies(opts, &segments, m) {
+        let q8 = &mut scratch.acts[ActFormat::Q8_0.index()];
+        act::quantize_rows(pool, opts.isa, ActFormat::Q8_0, x, m, k, q8);
+        gemm::pack_acts(pool, q8, m, k, &mut scratch.gemm_acts);
+        gemm::run(
+            pool,
+            m,
+            k,
+            &segments,
+            &scratch.gemm_acts,
+            y,
+            &scratch.panels,
+        );
+        return Ok(());
+    }
     for fmt in ActFormat::ALL {
         if segments.iter().any(|s| s.kernel.act_format() == Some(fmt)) {
-            act::quantize_rows(pool, fmt, x, m, k, &mut scratch.acts[fmt.index()]);
+            act::quantize_rows(pool, opts.isa, fmt, x, m, k, &mut scratch.acts[fmt.index()]);
         }
     }
 
-    let out = SharedOutput::new(y, m, n_cols, task_count(pool, n_cols));
+    let n_tasks = task_count(pool, n_cols);
+    let bounds = (0..=n_tasks)
+        .map(|t| split_range(n_cols, n_tasks, t).start)
+        .collect();
+    let out = SharedOutput::with_bounds(y, m, n_cols, bounds);
     let job = Job {
         x,
         k,
@@ -199,7 +224,7 @@ pub fn matmul(
         dot_f32_tile: kernels::f32_dot_tile(opts.isa),
         tiles: &scratch.tiles,
     };
-    pool.for_each(out.n_tasks, &|t| {
+    pool.for_each(n_tasks, &|t| {
         let (cols, mut rows) = out.claim(t);
         job.run(cols, &mut rows);
     });
@@ -455,8 +480,8 @@ impl Job<'_> {
 struct SharedOutput<'a> {
     ptr: *mut f32,
     m: usize,
-    n_cols: usize,
-    n_tasks: usize,
+    /// Task `t` owns columns `bounds[t]..bounds[t + 1]`.
+    bounds: Vec<usize>,
     claimed: Vec<std::sync::atomic::AtomicBool>,
     _y: std::marker::PhantomData<&'a mut [f32]>,
 }
@@ -466,14 +491,16 @@ struct SharedOutput<'a> {
 unsafe impl Sync for SharedOutput<'_> {}
 
 impl<'a> SharedOutput<'a> {
-    fn new(y: &'a mut [f32], m: usize, n_cols: usize, n_tasks: usize) -> Self {
+    /// `bounds` must rise from 0 to `n_cols`; panics otherwise.
+    fn with_bounds(y: &'a mut [f32], m: usize, n_cols: usize, bounds: Vec<usize>) -> Self {
         assert_eq!(y.len(), m * n_cols);
+        assert!(bounds.first() == Some(&0) && bounds.last() == Some(&n_cols));
+        assert!(bounds.windows(2).all(|w| w[0] <= w[1]));
         SharedOutput {
             ptr: y.as_mut_ptr(),
             m,
-            n_cols,
-            n_tasks,
-            claimed: (0..n_tasks).map(|_| Default::default()).collect(),
+            claimed: (1..bounds.len()).map(|_| Default::default()).collect(),
+            bounds,
             _y: std::marker::PhantomData,
         }
     }
@@ -486,17 +513,19 @@ impl<'a> SharedOutput<'a> {
     fn claim(&self, t: usize) -> (Range<usize>, Vec<&mut [f32]>) {
         let already = self.claimed[t].swap(true, std::sync::atomic::Ordering::Relaxed);
         assert!(!already, "matmul task {t} claimed twice");
-        let cols = split_range(self.n_cols, self.n_tasks, t);
+        let cols = self.bounds[t]..self.bounds[t + 1];
+        let n_cols = *self.bounds.last().expect("bounds are non-empty");
         let rows = (0..self.m)
             .map(|i| {
-                // SAFETY: `split_range` partitions `0..n_cols` into `n_tasks`
-                // disjoint ranges and each task index is claimed at most once
-                // (checked above), so no two live slices overlap; each lies
-                // inside row `i` of `y`, which `new` checked is `m * n_cols`
-                // long, and `y` stays mutably borrowed for `'a`.
+                // SAFETY: `bounds` rises monotonically (checked in
+                // `with_bounds`), so tasks' column ranges are disjoint, and
+                // each task index is claimed at most once (checked above), so
+                // no two live slices overlap; each lies inside row `i` of `y`,
+                // which is `m * n_cols` long, and `y` stays mutably borrowed
+                // for `'a`.
                 unsafe {
                     std::slice::from_raw_parts_mut(
-                        self.ptr.add(i * self.n_cols + cols.start),
+                        self.ptr.add(i * n_cols + cols.start),
                         cols.len(),
                     )
                 }

@@ -1,0 +1,280 @@
+//! Prefill matmul for the integer block formats: a blocked matrix-matrix
+//! product on AVX-512 VNNI for [`Precision::Quantized`] calls with many
+//! activation rows.
+//!
+//! * Activations are quantized once to Q8_0 (the same blocks the row kernels
+//!   use) and laid out per tile of [`MT`] rows: for every 4 consecutive
+//!   elements the `MT` rows' bytes side by side, and per sub-block each row's
+//!   scale `d` and `d·Σq`.
+//! * Each task walks 16-row groups of weight rows. A group is decoded once
+//!   per call into a panel (`rlx_gguf::quant::affine_codes`: u8 codes, and per
+//!   sub-block a scale and an offset per row) that stays in cache while every
+//!   activation tile passes over it. The packed GGUF weights are not copied
+//!   anywhere else.
+//!
+//! Each output's arithmetic (sub-blocks in order, see `vnni_gemm`) depends
+//! only on its weight row and activation row, so results don't depend on the
+//! thread count, the tile an activation row falls in, or the other weights of
+//! a fused call.
+//!
+//! [`Precision::Quantized`]: super::Precision::Quantized
+
+use std::sync::Mutex;
+
+use rlx_gguf::quant::{affine_codes, affine_sub_block};
+
+use super::super::features::{has_avx512_vnni, Isa};
+use super::super::pool::{split_range, ThreadPool};
+use super::{MatmulOptions, Precision, Segment, SharedOutput};
+
+/// Weight rows per panel: one per lane of a zmm register.
+pub(super) const LANES: usize = 16;
+/// Bytes of a panel sub-block after its codes: 16 f32 scales, 16 f32 offsets.
+pub(super) const PANEL_FACTORS: usize = 2 * LANES * 4;
+/// Activation rows per register tile.
+const MT: usize = 12;
+/// Below this many activation rows the row kernels are faster: decoding the
+/// panel costs about as much as a few matrix-vector passes.
+pub(super) const MIN_ROWS: usize = 8;
+
+/// Whether [`run`] handles a call.
+pub(super) fn applies(opts: &MatmulOptions, segments: &[Segment], m: usize) -> bool {
+    cfg!(target_arch = "x86_64")
+        && m >= MIN_ROWS
+        && opts.precision == Precision::Quantized
+        && opts.isa >= Isa::Avx512
+        && has_avx512_vnni()
+        && segments.iter().all(|s| affine_sub_block(s.w.ty).is_some())
+}
+
+/// Activations in tile order; see the module docs.
+#[derive(Default)]
+pub(super) struct PackedActs {
+    codes: Vec<i8>,
+    /// Per sub-block scales and scaled sums, for 16- and 32-element sub-blocks.
+    ds: [Vec<f32>; 2],
+}
+
+/// Per-task buffers for one panel.
+#[derive(Default)]
+pub(super) struct PanelScratch {
+    codes: Vec<u8>,
+    scale: Vec<f32>,
+    offset: Vec<f32>,
+    panel: Vec<u8>,
+}
+
+/// Index into [`PackedActs::ds`] for a sub-block size.
+fn ds_index(sub: usize) -> usize {
+    usize::from(sub == 32)
+}
+
+/// Lays out Q8_0 activation rows (`m` rows of `k`) in tile order.
+pub(super) fn pack_acts(pool: &ThreadPool, q8: &[u8], m: usize, k: usize, out: &mut PackedActs) {
+    const Q8_0: usize = 34;
+    let row_bytes = k / 32 * Q8_0;
+    out.codes.resize(m * k, 0);
+    for (sub, ds) in [16usize, 32].into_iter().zip(out.ds.iter_mut()) {
+        ds.resize(2 * m * (k / sub), 0.0);
+    }
+    let tiles = m.div_ceil(MT);
+    // Tile t owns rows t·MT.. of every buffer; hand out disjoint bands.
+    let mut codes: Vec<Mutex<&mut [i8]>> = Vec::with_capacity(tiles);
+    let mut ds16: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(tiles);
+    let mut ds32: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(tiles);
+    let [d16, d32] = &mut out.ds;
+    for ((c, a), b) in out
+        .codes
+        .chunks_mut(MT * k)
+        .zip(d16.chunks_mut(MT * 2 * (k / 16)))
+        .zip(d32.chunks_mut(MT * 2 * (k / 32)))
+    {
+        codes.push(Mutex::new(c));
+        ds16.push(Mutex::new(a));
+        ds32.push(Mutex::new(b));
+    }
+    pool.for_each(tiles, &|t| {
+        let mt = MT.min(m - t * MT);
+        let mut codes = codes[t].lock().expect("tile lock");
+        let mut d16 = ds16[t].lock().expect("tile lock");
+        let mut d32 = ds32[t].lock().expect("tile lock");
+        for i in 0..mt {
+            let row = &q8[(t * MT + i) * row_bytes..][..row_bytes];
+            for (b, blk) in row.chunks_exact(Q8_0).enumerate() {
+                let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                let q = &blk[2..];
+                for quad in 0..8 {
+                    let dst = ((b * 8 + quad) * mt + i) * 4;
+                    for j in 0..4 {
+                        codes[dst + j] = q[quad * 4 + j] as i8;
+                    }
+                }
+                let sum = |r: &[u8]| r.iter().map(|&v| i32::from(v as i8)).sum::<i32>() as f32;
+                let (s0, s1) = (sum(&q[..16]), sum(&q[16..]));
+                d32[(2 * b) * mt + i] = d;
+                d32[(2 * b + 1) * mt + i] = d * (s0 + s1);
+                for (h, s) in [s0, s1].into_iter().enumerate() {
+                    let sb = 2 * b + h;
+                    d16[(2 * sb) * mt + i] = d;
+                    d16[(2 * sb + 1) * mt + i] = d * s;
+                }
+            }
+        }
+    });
+}
+
+/// `y = x · Wᵀ` for every segment, from activations packed by [`pack_acts`].
+pub(super) fn run(
+    pool: &ThreadPool,
+    m: usize,
+    k: usize,
+    segments: &[Segment],
+    acts: &PackedActs,
+    y: &mut [f32],
+    scratch: &Mutex<Vec<PanelScratch>>,
+) {
+    // Every 16-row group of every segment, in column order.
+    let groups: Vec<(usize, usize)> = segments
+        .iter()
+        .enumerate()
+        .flat_map(|(si, s)| (0..s.w.rows.div_ceil(LANES)).map(move |g| (si, g * LANES)))
+        .collect();
+    let group_end = |&(si, r0): &(usize, usize)| {
+        let s = &segments[si];
+        s.col0 + (r0 + LANES).min(s.w.rows)
+    };
+    let n_tasks = (4 * pool.threads()).min(groups.len());
+    let bounds: Vec<usize> = (0..=n_tasks)
+        .map(|t| {
+            let first = split_range(groups.len(), n_tasks, t.min(n_tasks - 1));
+            match t {
+                0 => 0,
+                t if t == n_tasks => group_end(&groups[groups.len() - 1]),
+                _ => {
+                    let (si, r0) = groups[first.start];
+                    segments[si].col0 + r0
+                }
+            }
+        })
+        .collect();
+    let n_cols = bounds[n_tasks];
+    let out = SharedOutput::with_bounds(y, m, n_cols, bounds);
+    pool.for_each(n_tasks, &|t| {
+        let (cols, mut rows) = out.claim(t);
+        let mut buf = scratch
+            .lock()
+            .expect("panel pool")
+            .pop()
+            .unwrap_or_default();
+        for &(si, r0) in &groups[split_range(groups.len(), n_tasks, t)] {
+            let s = &segments[si];
+            let lanes = LANES.min(s.w.rows - r0);
+            let sub = affine_sub_block(s.w.ty).expect("applies() checked the type");
+            pack_panel(s, r0, lanes, k, sub, &mut buf);
+            let col = s.col0 + r0 - cols.start;
+            multiply_panel(&buf.panel, k, sub, m, acts, &mut rows, col, lanes);
+        }
+        scratch.lock().expect("panel pool").push(buf);
+    });
+}
+
+/// Decodes weight rows `r0..r0 + lanes` of `s` into `buf.panel`; lanes past
+/// `lanes` get zero codes and factors.
+fn pack_panel(s: &Segment, r0: usize, lanes: usize, k: usize, sub: usize, buf: &mut PanelScratch) {
+    let n_sb = k / sub;
+    buf.codes.resize(LANES * k, 0);
+    buf.scale.resize(LANES * n_sb, 0.0);
+    buf.offset.resize(LANES * n_sb, 0.0);
+    for l in 0..LANES {
+        let (c, sc, of) = (
+            &mut buf.codes[l * k..(l + 1) * k],
+            &mut buf.scale[l * n_sb..(l + 1) * n_sb],
+            &mut buf.offset[l * n_sb..(l + 1) * n_sb],
+        );
+        if l < lanes {
+            let r = r0 + l;
+            let w = &s.w.data[r * s.row_bytes..(r + 1) * s.row_bytes];
+            affine_codes(s.w.ty, w, c, sc, of).expect("matmul checked the weight shape");
+        } else {
+            c.fill(0);
+            sc.fill(0.0);
+            of.fill(0.0);
+        }
+    }
+    let sb_bytes = sub / 4 * 64 + PANEL_FACTORS;
+    buf.panel.resize(n_sb * sb_bytes, 0);
+    for sb in 0..n_sb {
+        let p = &mut buf.panel[sb * sb_bytes..(sb + 1) * sb_bytes];
+        let (codes, factors) = p.split_at_mut(sub / 4 * 64);
+        for q in 0..sub / 4 {
+            for l in 0..LANES {
+                let src = l * k + sb * sub + q * 4;
+                codes[q * 64 + l * 4..][..4].copy_from_slice(&buf.codes[src..src + 4]);
+            }
+        }
+        for l in 0..LANES {
+            factors[l * 4..][..4].copy_from_slice(&buf.scale[l * n_sb + sb].to_le_bytes());
+            factors[64 + l * 4..][..4].copy_from_slice(&buf.offset[l * n_sb + sb].to_le_bytes());
+        }
+    }
+}
+
+type TileFn = unsafe fn(*const u8, usize, *const i8, *const f32, *mut [f32; LANES]);
+
+/// The tile kernel for `mt` activation rows and `sub`-element sub-blocks.
+#[cfg(target_arch = "x86_64")]
+fn tile_fn(mt: usize, sub: usize) -> TileFn {
+    use super::vnni_gemm::tile;
+    macro_rules! pick {
+        ($($n:literal)*) => {
+            match (mt, sub) {
+                $(($n, 16) => tile::<$n, 4>, ($n, _) => tile::<$n, 8>,)*
+                _ => unreachable!("tiles hold 1..=MT rows"),
+            }
+        };
+    }
+    pick!(1 2 3 4 5 6 7 8 9 10 11 12)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn tile_fn(_mt: usize, _sub: usize) -> TileFn {
+    unreachable!("applies() is false off x86-64")
+}
+
+/// Every activation tile against one panel; writes `rows[i][col..col + lanes]`.
+#[allow(clippy::too_many_arguments)]
+fn multiply_panel(
+    panel: &[u8],
+    k: usize,
+    sub: usize,
+    m: usize,
+    acts: &PackedActs,
+    rows: &mut [&mut [f32]],
+    col: usize,
+    lanes: usize,
+) {
+    let n_sb = k / sub;
+    let ds = &acts.ds[ds_index(sub)];
+    assert!(panel.len() >= n_sb * (sub / 4 * 64 + PANEL_FACTORS));
+    let mut out = [[0f32; LANES]; MT];
+    for t in 0..m.div_ceil(MT) {
+        let mt = MT.min(m - t * MT);
+        let codes = &acts.codes[t * MT * k..][..mt * k];
+        let d = &ds[t * MT * 2 * n_sb..][..mt * 2 * n_sb];
+        // SAFETY: `applies` checked AVX-512 VNNI; `panel` holds `n_sb`
+        // sub-blocks (asserted), `codes` and `d` hold the tile's `mt` rows of
+        // `k` codes and `2·n_sb` factors, `out` has room for `mt ≤ MT` rows.
+        unsafe {
+            tile_fn(mt, sub)(
+                panel.as_ptr(),
+                n_sb,
+                codes.as_ptr(),
+                d.as_ptr(),
+                out.as_mut_ptr(),
+            )
+        };
+        for (i, o) in out[..mt].iter().enumerate() {
+            rows[t * MT + i][col..col + lanes].copy_from_slice(&o[..lanes]);
+        }
+    }
+}
