@@ -1,38 +1,49 @@
-//! A persistent thread pool: workers park between jobs and claim task
-//! indices from a shared counter, so an op costs a wake-up, not a spawn.
+//! A persistent thread pool: workers spin briefly between jobs (an op in a
+//! decode step is microseconds long, and waking a parked thread costs about
+//! as much), then park; they claim task indices from a shared counter.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 type Task = dyn Fn(usize) + Sync;
 
+/// How long an idle worker polls for the next job before it parks.
+const SPIN: Duration = Duration::from_micros(500);
+
+#[derive(Clone, Copy)]
 struct Job {
     /// Lifetime-erased pointer to the caller's closure; valid until every
-    /// worker has reported done for this generation.
+    /// worker has checked out of this generation.
     task: *const Task,
     n_tasks: usize,
-    generation: u64,
 }
 
-// SAFETY: the pointer is only dereferenced while the submitting thread blocks
+// SAFETY: the pointer is only dereferenced while the submitting thread waits
 // in `for_each`, which keeps the closure (which is `Sync`) alive.
 unsafe impl Send for Job {}
 
 struct Shared {
+    /// Bumped once per job; workers run a job when they see a new value.
+    generation: AtomicU64,
     job: Mutex<Option<Job>>,
-    wake: Condvar,
     next: AtomicUsize,
-    done_workers: Mutex<usize>,
-    all_done: Condvar,
-    shutdown: std::sync::atomic::AtomicBool,
+    /// Workers that have not yet finished the current generation.
+    running: AtomicUsize,
+    /// Workers parked (or about to park) on `wake`.
+    sleepers: AtomicUsize,
+    park: Mutex<()>,
+    wake: Condvar,
+    shutdown: AtomicBool,
 }
 
 /// A fixed set of worker threads plus the calling thread.
 pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
-    generation: Mutex<u64>,
+    /// Serialises `for_each` calls from different threads.
+    submit: Mutex<()>,
 }
 
 impl ThreadPool {
@@ -40,12 +51,14 @@ impl ThreadPool {
     /// as one). `n_threads` of 0 is treated as 1.
     pub fn new(n_threads: usize) -> Self {
         let shared = Arc::new(Shared {
+            generation: AtomicU64::new(0),
             job: Mutex::new(None),
-            wake: Condvar::new(),
             next: AtomicUsize::new(0),
-            done_workers: Mutex::new(0),
-            all_done: Condvar::new(),
-            shutdown: std::sync::atomic::AtomicBool::new(false),
+            running: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
+            park: Mutex::new(()),
+            wake: Condvar::new(),
+            shutdown: AtomicBool::new(false),
         });
         let workers = (1..n_threads.max(1))
             .map(|i| {
@@ -59,7 +72,7 @@ impl ThreadPool {
         ThreadPool {
             shared,
             workers,
-            generation: Mutex::new(0),
+            submit: Mutex::new(()),
         }
     }
 
@@ -78,31 +91,34 @@ impl ThreadPool {
             (0..n_tasks).for_each(f);
             return;
         }
-        // One job at a time per pool.
-        let mut gen = self.generation.lock().expect("pool lock");
-        *gen += 1;
-        *self.shared.done_workers.lock().expect("pool lock") = 0;
-        self.shared.next.store(0, Ordering::SeqCst);
-        {
-            let mut job = self.shared.job.lock().expect("pool lock");
-            // SAFETY: erases the closure's lifetime; see `Job::task`. We wait
-            // below until every worker has finished with it.
-            let task = unsafe {
-                std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Task>(f)
-            };
-            *job = Some(Job {
-                task,
-                n_tasks,
-                generation: *gen,
-            });
+        let _one_job = self.submit.lock().expect("pool lock");
+        let s = &*self.shared;
+        // SAFETY: erases the closure's lifetime; see `Job::task`. We wait
+        // below until every worker has checked out of this generation.
+        let task =
+            unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Task>(f) };
+        *s.job.lock().expect("pool lock") = Some(Job { task, n_tasks });
+        s.next.store(0, Ordering::SeqCst);
+        s.running.store(self.workers.len(), Ordering::SeqCst);
+        s.generation.fetch_add(1, Ordering::SeqCst);
+        // A worker counts itself a sleeper before its last look at
+        // `generation`, so either it sees the new job or we see it here.
+        if s.sleepers.load(Ordering::SeqCst) > 0 {
+            let _park = s.park.lock().expect("pool lock");
+            s.wake.notify_all();
         }
-        self.shared.wake.notify_all();
-        run_tasks(&self.shared, f, n_tasks);
-        let mut done = self.shared.done_workers.lock().expect("pool lock");
-        while *done < self.workers.len() {
-            done = self.shared.all_done.wait(done).expect("pool lock");
+        run_tasks(s, f, n_tasks);
+        // Workers finish within microseconds unless the OS has descheduled
+        // one; then spinning would only take the core it needs.
+        let mut spins = 0u32;
+        while s.running.load(Ordering::Acquire) != 0 {
+            spins += 1;
+            if spins < 1 << 10 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
-        *self.shared.job.lock().expect("pool lock") = None;
     }
 }
 
@@ -119,27 +135,43 @@ fn run_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync), n_tasks: usize) {
 fn worker(s: &Shared) {
     let mut seen = 0u64;
     loop {
-        let (task, n_tasks) = {
-            let mut job = s.job.lock().expect("pool lock");
-            loop {
-                if s.shutdown.load(Ordering::SeqCst) {
-                    return;
-                }
-                match &*job {
-                    Some(j) if j.generation != seen => {
-                        seen = j.generation;
-                        break (j.task, j.n_tasks);
-                    }
-                    _ => job = s.wake.wait(job).expect("pool lock"),
-                }
+        // Poll, then park until the generation moves.
+        let start = Instant::now();
+        let mut polls = 0u32;
+        while s.generation.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Relaxed) {
+            std::hint::spin_loop();
+            polls += 1;
+            if !polls.is_multiple_of(256) {
+                continue;
             }
-        };
+            // Lets another runnable thread on this core (an oversubscribed
+            // pool, a busy machine) go ahead; costs a syscall otherwise.
+            std::thread::yield_now();
+            if start.elapsed() > SPIN {
+                let mut park = s.park.lock().expect("pool lock");
+                s.sleepers.fetch_add(1, Ordering::SeqCst);
+                while s.generation.load(Ordering::SeqCst) == seen
+                    && !s.shutdown.load(Ordering::SeqCst)
+                {
+                    park = s.wake.wait(park).expect("pool lock");
+                }
+                s.sleepers.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        if s.shutdown.load(Ordering::SeqCst) {
+            return;
+        }
+        seen = s.generation.load(Ordering::Acquire);
+        let job = s
+            .job
+            .lock()
+            .expect("pool lock")
+            .expect("a job is published before its generation");
         // SAFETY: the submitter keeps the closure alive until this worker
-        // increments `done_workers` below.
-        let f = unsafe { &*task };
-        run_tasks(s, f, n_tasks);
-        *s.done_workers.lock().expect("pool lock") += 1;
-        s.all_done.notify_all();
+        // decrements `running` below.
+        let f = unsafe { &*job.task };
+        run_tasks(s, f, job.n_tasks);
+        s.running.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -147,7 +179,7 @@ impl Drop for ThreadPool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
         {
-            let _job = self.shared.job.lock().expect("pool lock");
+            let _park = self.shared.park.lock().expect("pool lock");
             self.shared.wake.notify_all();
         }
         for w in self.workers.drain(..) {

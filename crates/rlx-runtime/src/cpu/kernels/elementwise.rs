@@ -40,15 +40,18 @@ pub fn gelu_tanh(x: f32) -> f32 {
 /// `e^x` to about 1 ulp over the f32 range (inputs clamped to where the
 /// result is a normal number), without a libm call: `2^k · p(r)` with
 /// `x = k·ln 2 + r`, `|r| ≤ ln 2 / 2`, and a degree-7 Taylor polynomial.
+/// Integer work is done on float bits (no saturating casts) so loops over it
+/// vectorise.
 #[inline]
 pub fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
-    // Adding and removing 1.5·2^23 rounds to the nearest integer.
+    // Adding 1.5·2^23 rounds to an integer held in the low mantissa bits.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let k = (x * LOG2E + ROUND) - ROUND;
+    let kf = x * LOG2E + ROUND;
+    let k = kf - ROUND;
     let r = (x - k * LN2_HI) - k * LN2_LO;
     let p = 1.0
         + r * (1.0
@@ -56,22 +59,59 @@ pub fn exp_f32(x: f32) -> f32 {
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    let scale = f32::from_bits(((k as i32 + 127) as u32) << 23);
+    let ki = kf.to_bits().wrapping_sub(ROUND.to_bits());
+    let scale = f32::from_bits(ki.wrapping_add(127) << 23);
     p * scale
 }
 
-pub fn gelu(x: &[f32], out: &mut [f32]) {
+/// Runs a loop body compiled for the widest vector ISA this CPU has, so
+/// plain Rust loops vectorise at that width. The result is the same at every
+/// width: the loops have no reductions and Rust does not contract `a·b + c`.
+macro_rules! widest {
+    ($(#[$m:meta])* $name:ident($($arg:ident: $ty:ty),*) $body:block) => {
+        $(#[$m])*
+        pub fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) {
+                    body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    body($($arg),*)
+                }
+                match crate::cpu::features::Isa::detect() {
+                    // SAFETY: `detect` says the CPU has these features.
+                    crate::cpu::features::Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: as above.
+                    crate::cpu::features::Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    crate::cpu::features::Isa::Scalar => {}
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+pub(crate) use widest;
+
+widest!(
+    /// [`gelu_tanh`] of every element.
+    gelu(x: &[f32], out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {
         *o = gelu_tanh(v);
     }
-}
+});
 
-/// `gelu(gate) · up`.
-pub fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+widest!(
+    /// `gelu(gate) · up`.
+    geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *o = gelu_tanh(g) * u;
     }
-}
+});
 
 /// `cap · tanh(x / cap)`.
 pub fn softcap(x: &[f32], cap: f32, out: &mut [f32]) {
