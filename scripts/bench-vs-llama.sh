@@ -1,38 +1,81 @@
 #!/usr/bin/env bash
 # Runs llama-bench and `rlx bench` alternately on the same GGUF and thread
-# count and prints one table with both figures and the ratio per test.
+# count and prints one table per model with both figures and the ratio per
+# test.
 #
 #   scripts/bench-vs-llama.sh [MODEL.gguf] [THREADS] [REPS]
 #
-# llama-bench comes from $LLAMA_BENCH, or ~/.cache/llama.cpp-ref (built by
-# ../shared/scripts/build-llama.sh or by hand from the llama-cpp-python sdist).
+# Environment (all optional):
+#   MODELS="a.gguf b.gguf"   several models in one go, separated by blanks or
+#                            newlines (instead of MODEL)
+#   TESTS="pp512 pp2048 tg128 tg128@d1024 tg128@d4096"
+#                            ppN: prompt of N tokens; tgN: N generated tokens;
+#                            @dM: M tokens already in the context
+#                            (default: "pp512 tg128 tg128@d1024")
+#   THREADS, REPS            defaults for the positional arguments (2, 5)
+#   RLX=path/to/rlx          use this binary instead of building rlx-cli
+#   LLAMA_BENCH=path         llama-bench, by default from ~/.cache/llama.cpp-ref
+#                            (built by ../shared/scripts/build-llama.sh or by
+#                            hand from the llama-cpp-python sdist)
+#
+# Generated test models: scripts/make-bench-models.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODEL=${1:-$(bash scripts/fetch-model.sh)}
-THREADS=${2:-2}
-REPS=${3:-5}
+if [ -n "${MODELS:-}" ]; then
+  read -r -d '' -a MODEL_LIST <<<"$MODELS" || true
+else
+  MODEL_LIST=("${1:-$(bash scripts/fetch-model.sh)}")
+fi
+THREADS=${2:-${THREADS:-2}}
+REPS=${3:-${REPS:-5}}
+read -r -d '' -a TEST_LIST <<<"${TESTS:-pp512 tg128 tg128@d1024}" || true
 LLAMA_BENCH=${LLAMA_BENCH:-$HOME/.cache/llama.cpp-ref/src/build/bin/llama-bench}
 [ -x "$LLAMA_BENCH" ] || { echo "llama-bench not found (set LLAMA_BENCH)" >&2; exit 1; }
-cargo build --release -q -p rlx-cli
-RLX=./target/release/rlx
+if [ -z "${RLX:-}" ]; then
+  cargo build --release -q -p rlx-cli
+  RLX=./target/release/rlx
+fi
+for m in "${MODEL_LIST[@]}"; do
+  [ -f "$m" ] || { echo "no such model: $m" >&2; exit 1; }
+done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-# test name, llama-bench args, rlx args
-TESTS=(
-  "pp512|-p 512 -n 0|-p 512 -n 0"
-  "tg128|-p 0 -n 128|-p 0 -n 128"
-  "tg128@d1024|-p 0 -n 128 -d 1024|-p 0 -n 128 -d 1024"
-)
-printf "| test | llama.cpp t/s | rlx exact t/s | rlx q8 t/s | exact / llama | q8 / llama |\n"
-printf "| --- | ---: | ---: | ---: | ---: | ---: |\n"
-for t in "${TESTS[@]}"; do
-  IFS='|' read -r name largs rargs <<<"$t"
-  # Alternate the engines so drift on a shared machine hits both.
-  "$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -r "$REPS" $largs -o json >"$TMP/l.json" 2>/dev/null
-  $RLX bench -m "$MODEL" -t "$THREADS" -r "$REPS" $rargs --json >"$TMP/e.json"
-  $RLX bench -m "$MODEL" -t "$THREADS" -r "$REPS" $rargs --json --precision q8 >"$TMP/q.json"
-  python3 - "$name" "$TMP" <<'PY'
+# "tg128@d1024" -> "-p 0 -n 128 -d 1024" (the same flags for both engines).
+test_args() {
+  local t=$1 depth=0 kind n
+  if [[ $t == *@d* ]]; then
+    depth=${t#*@d}
+    t=${t%@d*}
+  fi
+  kind=${t:0:2}
+  n=${t:2}
+  [[ $n =~ ^[0-9]+$ && $depth =~ ^[0-9]+$ ]] || { echo "bad test name: $1" >&2; return 1; }
+  case $kind in
+    pp) echo "-p $n -n 0 -d $depth" ;;
+    tg) echo "-p 0 -n $n -d $depth" ;;
+    *) echo "bad test name: $1 (ppN or tgN, optionally @dM)" >&2; return 1 ;;
+  esac
+}
+for t in "${TEST_LIST[@]}"; do test_args "$t" >/dev/null; done
+
+CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)
+for MODEL in "${MODEL_LIST[@]}"; do
+  SIZE=$(( $(stat -c %s "$MODEL") / 1048576 ))
+  echo "### $(basename "$MODEL") (${SIZE} MiB)"
+  echo
+  printf "| test | llama.cpp t/s | rlx exact t/s | rlx q8 t/s | exact / llama | q8 / llama |\n"
+  printf "| --- | ---: | ---: | ---: | ---: | ---: |\n"
+  for t in "${TEST_LIST[@]}"; do
+    args=$(test_args "$t")
+    # Alternate the engines so drift on a shared machine hits both.
+    # shellcheck disable=SC2086
+    "$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -r "$REPS" $args -o json >"$TMP/l.json" 2>/dev/null
+    # shellcheck disable=SC2086
+    "$RLX" bench -m "$MODEL" -t "$THREADS" -r "$REPS" $args --json >"$TMP/e.json"
+    # shellcheck disable=SC2086
+    "$RLX" bench -m "$MODEL" -t "$THREADS" -r "$REPS" $args --json --precision q8 >"$TMP/q.json"
+    python3 - "$t" "$TMP" <<'PY'
 import json, sys
 name, tmp = sys.argv[1], sys.argv[2]
 l = json.load(open(f"{tmp}/l.json"))[0]["avg_ts"]
@@ -40,6 +83,8 @@ e = json.load(open(f"{tmp}/e.json"))[0]["tokens_per_second"]
 q = json.load(open(f"{tmp}/q.json"))[0]["tokens_per_second"]
 print(f"| {name} | {l:.1f} | {e:.1f} | {q:.1f} | {e / l:.2f} | {q / l:.2f} |")
 PY
+  done
+  echo
+  echo "CPU: $CPU; threads $THREADS; reps $REPS; $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
 done
-echo
-echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); threads $THREADS; reps $REPS; $(date -u +%Y-%m-%d)"
