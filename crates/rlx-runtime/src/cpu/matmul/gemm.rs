@@ -206,10 +206,12 @@ fn pack_panel(s: &Segment, r0: usize, lanes: usize, k: usize, sub: usize, buf: &
     for sb in 0..n_sb {
         let p = &mut buf.panel[sb * sb_bytes..(sb + 1) * sb_bytes];
         let (codes, factors) = p.split_at_mut(sub / 4 * 64);
-        for q in 0..sub / 4 {
-            for l in 0..LANES {
+        // A 16 × (sub/4) transpose of 4-byte words.
+        for (q, dst) in codes.chunks_exact_mut(64).enumerate() {
+            for (l, d) in dst.chunks_exact_mut(4).enumerate() {
                 let src = l * k + sb * sub + q * 4;
-                codes[q * 64 + l * 4..][..4].copy_from_slice(&buf.codes[src..src + 4]);
+                let word: [u8; 4] = buf.codes[src..src + 4].try_into().expect("4 bytes");
+                d.copy_from_slice(&word);
             }
         }
         for l in 0..LANES {
@@ -274,7 +276,12 @@ fn multiply_panel(
             )
         };
         for (i, o) in out[..mt].iter().enumerate() {
-            rows[t * MT + i][col..col + lanes].copy_from_slice(&o[..lanes]);
+            let dst = &mut rows[t * MT + i][col..col + lanes];
+            if let Ok(full) = <&mut [f32; LANES]>::try_from(&mut *dst) {
+                *full = *o;
+            } else {
+                dst.copy_from_slice(&o[..lanes]);
+            }
         }
     }
 }
