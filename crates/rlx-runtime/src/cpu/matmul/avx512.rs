@@ -11,8 +11,8 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx2::{arr, f16_at, hsum_ps as hsum_ps256, load256};
-use super::scalar::{f32_at, scale_min_k4, Q8_K_BYTES};
+use super::avx2::{arr, f16_at, hsum_ps as hsum_ps256, load128, load256};
+use super::scalar::{f32_at, Q8_K_BYTES};
 
 /// f32 dot: element `i` goes to accumulator `(i / 16) % 4`, lane `i % 16`
 /// (FMA; the last partial vector is a zero-filled masked load); accumulators
@@ -286,322 +286,125 @@ pub(super) unsafe fn hsum_ps(v: __m512) -> f32 {
     hsum_ps256(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
 }
 
+/// The 8 six-bit scales and 8 mins of a Q4_K/Q5_K super-block's 12 packed
+/// bytes, one per byte, as two little-endian u64.
+#[inline]
+fn unpack_scales_k4(s: &[u8; 12]) -> (u64, u64) {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let u = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (u0, u1, u2) = (u(0), u(1), u(2));
+    let scales = [u0 & LOW6, (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4)];
+    let mins = [u1 & LOW6, ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4)];
+    let join = |p: [u32; 2]| u64::from(p[0]) | (u64::from(p[1]) << 32);
+    (join(scales), join(mins))
+}
+
+/// Prefetches the `BYTES`-byte block this far ahead of `b`: weight rows
+/// stream from DRAM, and one core's demand misses alone reach only part of
+/// the bandwidth. Addresses past the end of the weights are harmless hints.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn prefetch_ahead<const BYTES: usize>(b: &[u8]) {
+    const AHEAD: usize = 8192;
+    for line in (0..BYTES).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(AHEAD + line).cast());
+    }
+}
+
+/// Word indices for `vpermw`: word `w` of chunk `c` takes scale
+/// `c·per_chunk + w / (32 / per_chunk)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn scale_index(c: usize, per_chunk: usize) -> __m512i {
+    let idx: [i16; 32] = std::array::from_fn(|w| (c * per_chunk + w / (32 / per_chunk)) as i16);
+    _mm512_loadu_si512(idx.as_ptr().cast())
+}
+
+/// Q4_K · Q8_K. Per 64-element chunk: the 32 packed bytes give two
+/// sub-blocks of nibbles, `maddubs` forms 16-bit pair sums (≤ 2·15·127, no
+/// saturation), and `vpdpwssd` multiplies them by the sub-block scales and
+/// accumulates in i32. Mins use the activation block sums.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm512_set1_epi8(0xF);
-    // Low nibbles in the low half (sub-block 2j), high nibbles in the high half.
-    let shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    let idx: [__m512i; 4] = std::array::from_fn(|c| scale_index(c, 2));
+    let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     let mut acc = _mm512_setzero_ps();
-    let mut mins = 0f32;
+    let mut acc_min = _mm256_setzero_ps();
     for (wb, ab) in w.chunks_exact(144).zip(a.chunks_exact(Q8_K_BYTES)) {
+        prefetch_ahead::<144>(wb);
         let da = f32_at(ab, 0);
-        let q8 = &ab[4..260];
-        let mut sc = [0i32; 8];
-        let mut summ = 0i32;
-        for (j, s) in sc.iter_mut().enumerate() {
-            let (scale, min) = scale_min_k4(j, &wb[4..16]);
-            *s = i32::from(scale);
-            let b = |i: usize| i32::from(i16::from_le_bytes([ab[260 + 2 * i], ab[261 + 2 * i]]));
-            summ += i32::from(min) * (b(2 * j) + b(2 * j + 1));
-        }
-        mins += (da * f16_at(wb, 2)) * summ as f32;
+        let (sc, mn) = unpack_scales_k4(wb[4..16].try_into().expect("12 bytes"));
+        let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(mn as i64), dup));
+        let bsums = load256(arr(&ab[260..292]));
+        let min_sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, mins));
+        acc_min = _mm256_fmadd_ps(_mm256_set1_ps(da * f16_at(wb, 2)), min_sums, acc_min);
+        let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
         let mut sumi = _mm512_setzero_si512();
-        for (j, (q4, q8)) in wb[16..144]
+        for (c, (q4, q8)) in wb[16..144]
             .chunks_exact(32)
-            .zip(q8.chunks_exact(64))
+            .zip(ab[4..260].chunks_exact(64))
             .enumerate()
         {
-            let bits = _mm512_broadcast_i64x4(load256(arr(q4)));
-            let q = _mm512_and_si512(_mm512_srlv_epi16(bits, shifts), m4);
-            let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(arr(q8)));
-            let scales = _mm512_inserti64x4(
-                _mm512_set1_epi32(sc[2 * j]),
-                _mm256_set1_epi32(sc[2 * j + 1]),
-                1,
-            );
-            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dot, scales));
+            // Immediate shifts: `vpsrlvw` is slow on Intel cores.
+            let bits = load256(arr(q4));
+            let both =
+                _mm512_inserti64x4(_mm512_castsi256_si512(bits), _mm256_srli_epi16(bits, 4), 1);
+            let q = _mm512_and_si512(both, m4);
+            let pairs = _mm512_maddubs_epi16(q, load512(arr(q8)));
+            let s = _mm512_permutexvar_epi16(idx[c], scales);
+            sumi = _mm512_dpwssd_epi32(sumi, pairs, s);
         }
         let d = da * f16_at(wb, 0);
         acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
     }
-    hsum_ps(acc) - mins
+    hsum_ps(acc) - hsum_ps256(acc_min)
 }
 
-/// Activation rows per call of the `vec_dot_q*_k_acts` kernels.
-const K_ACTS: usize = 4;
-
-/// [`vec_dot_q4_k`] for every row of `w` (rows of `row_bytes`) against every
-/// Q8_K activation row of `acts` (rows of `a_row_bytes`): `out[i][col + r]`.
-/// Groups of 4 activation rows share each weight row's unpacked codes and
-/// scales; each output is bit-identical to its own [`vec_dot_q4_k`] call, so
-/// the grouping never shows.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn rows_q4_k(
-    w: &[u8],
-    row_bytes: usize,
-    acts: &[u8],
-    a_row_bytes: usize,
-    out: &mut [&mut [f32]],
-    col: usize,
-) {
-    let kernels = (
-        vec_dot_q4_k as RowDot,
-        vec_dot_q4_k_acts::<K_ACTS> as ActsDot,
-    );
-    rows_k(w, row_bytes, acts, a_row_bytes, out, col, kernels);
-}
-
-/// [`rows_q4_k`] for Q6_K, bit-identical to [`vec_dot_q6_k`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn rows_q6_k(
-    w: &[u8],
-    row_bytes: usize,
-    acts: &[u8],
-    a_row_bytes: usize,
-    out: &mut [&mut [f32]],
-    col: usize,
-) {
-    let kernels = (
-        vec_dot_q6_k as RowDot,
-        vec_dot_q6_k_acts::<K_ACTS> as ActsDot,
-    );
-    rows_k(w, row_bytes, acts, a_row_bytes, out, col, kernels);
-}
-
-type RowDot = unsafe fn(&[u8], &[u8]) -> f32;
-type ActsDot = unsafe fn(&[u8], [&[u8]; K_ACTS]) -> [f32; K_ACTS];
-
-/// The loops of [`rows_q4_k`]: groups of [`K_ACTS`] activation rows, then
-/// the rest one at a time.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn rows_k(
-    w: &[u8],
-    row_bytes: usize,
-    acts: &[u8],
-    a_row_bytes: usize,
-    out: &mut [&mut [f32]],
-    col: usize,
-    (one, group): (RowDot, ActsDot),
-) {
-    let n = w.len().checked_div(row_bytes).unwrap_or(0);
-    let act = |i: usize| &acts[i * a_row_bytes..(i + 1) * a_row_bytes];
-    let done = out.len() / K_ACTS * K_ACTS;
-    let mut groups = out.chunks_exact_mut(K_ACTS);
-    for (g, o) in (&mut groups).enumerate() {
-        let a: [&[u8]; K_ACTS] = std::array::from_fn(|j| act(g * K_ACTS + j));
-        for (r, wr) in w.chunks_exact(row_bytes).enumerate() {
-            let y = group(wr, a);
-            for (o, y) in o.iter_mut().zip(y) {
-                o[col + r] = y;
-            }
-        }
-    }
-    for (i, o) in groups.into_remainder().iter_mut().enumerate() {
-        let a = act(done + i);
-        for (r, y) in o[col..col + n].iter_mut().enumerate() {
-            *y = one(&w[r * row_bytes..(r + 1) * row_bytes], a);
-        }
-    }
-}
-
-/// [`vec_dot_q6_k`] of one weight row against `M` activation rows, the same
-/// operations per output in the same order.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn vec_dot_q6_k_acts<const M: usize>(w: &[u8], a: [&[u8]; M]) -> [f32; M] {
-    let m4 = _mm512_set1_epi8(0xF);
-    let m2 = _mm512_set1_epi8(3);
-    let mut acc = [_mm256_setzero_ps(); M];
-    for (b, wb) in w.chunks_exact(210).enumerate() {
-        let sc = &wb[192..208];
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
-        // Codes and scales of the four 64-element quarters, as in `vec_dot_q6_k`.
-        let mut q = [_mm512_setzero_si512(); 4];
-        let mut scales = [_mm512_setzero_si512(); 4];
-        for j in 0..2 {
-            let l = load512(arr(&wb[64 * j..64 * j + 64]));
-            let h = _mm512_broadcast_i64x4(load256(arr(&wb[128 + 32 * j..160 + 32 * j])));
-            let h01 = _mm512_srlv_epi16(
-                h,
-                _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
-            );
-            let h23 = _mm512_srlv_epi16(
-                h,
-                _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1),
-            );
-            let halves = [
-                (_mm512_and_si512(l, m4), h01),
-                (_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), h23),
-            ];
-            for (p, (low, hb)) in halves.into_iter().enumerate() {
-                let high = _mm512_slli_epi16(_mm512_and_si512(hb, m2), 4);
-                q[2 * j + p] = _mm512_or_si512(low, high);
-                let s = &sc[8 * j + 4 * p..8 * j + 4 * p + 4];
-                let s = |i: usize| i32::from(s[i] as i8);
-                scales[2 * j + p] = _mm512_set_epi32(
-                    s(3),
-                    s(3),
-                    s(3),
-                    s(3),
-                    s(2),
-                    s(2),
-                    s(2),
-                    s(2),
-                    s(1),
-                    s(1),
-                    s(1),
-                    s(1),
-                    s(0),
-                    s(0),
-                    s(0),
-                    s(0),
-                );
-            }
-        }
-        let dw = f16_at(wb, 208);
-        for (acc, a) in acc.iter_mut().zip(&a) {
-            let ab = &a[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
-            let da = f32_at(ab, 0);
-            let bsums = load256(arr(&ab[260..]));
-            let offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
-            let mut sumi = _mm512_setzero_si512();
-            for (i, (&q, &s)) in q.iter().zip(&scales).enumerate() {
-                let x = load512(arr(&ab[4 + 64 * i..4 + 64 * i + 64]));
-                let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, x);
-                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dot, s));
-            }
-            let sumi = _mm256_sub_epi32(
-                _mm256_add_epi32(
-                    _mm512_castsi512_si256(sumi),
-                    _mm512_extracti64x4_epi64(sumi, 1),
-                ),
-                offset,
-            );
-            *acc = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(sumi), *acc);
-        }
-    }
-    let mut out = [0f32; M];
-    for (o, &acc) in out.iter_mut().zip(&acc) {
-        *o = hsum_ps256(acc);
-    }
-    out
-}
-
-/// [`vec_dot_q4_k`] of one weight row against `M` activation rows, the same
-/// operations per output in the same order.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn vec_dot_q4_k_acts<const M: usize>(w: &[u8], a: [&[u8]; M]) -> [f32; M] {
-    let m4 = _mm512_set1_epi8(0xF);
-    let shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    let mut acc = [_mm512_setzero_ps(); M];
-    let mut mins = [0f32; M];
-    for (b, wb) in w.chunks_exact(144).enumerate() {
-        let mut mn = [0i32; 8];
-        let mut scales = [_mm512_setzero_si512(); 4];
-        let mut q = [_mm512_setzero_si512(); 4];
-        for (j, (q, s)) in q.iter_mut().zip(&mut scales).enumerate() {
-            let (s0, m0) = scale_min_k4(2 * j, &wb[4..16]);
-            let (s1, m1) = scale_min_k4(2 * j + 1, &wb[4..16]);
-            (mn[2 * j], mn[2 * j + 1]) = (i32::from(m0), i32::from(m1));
-            *s = _mm512_inserti64x4(
-                _mm512_set1_epi32(i32::from(s0)),
-                _mm256_set1_epi32(i32::from(s1)),
-                1,
-            );
-            let bits = _mm512_broadcast_i64x4(load256(arr(&wb[16 + 32 * j..16 + 32 * j + 32])));
-            *q = _mm512_and_si512(_mm512_srlv_epi16(bits, shifts), m4);
-        }
-        let (dw, dmin) = (f16_at(wb, 0), f16_at(wb, 2));
-        for ((acc, mins), a) in acc.iter_mut().zip(&mut mins).zip(&a) {
-            let ab = &a[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
-            let da = f32_at(ab, 0);
-            let mut summ = 0i32;
-            // Plain loop: a closure here would not inherit the target features
-            // and stays an out-of-line call.
-            for (&mn, bs) in mn.iter().zip(ab[260..292].chunks_exact(4)) {
-                let b0 = i16::from_le_bytes([bs[0], bs[1]]);
-                let b1 = i16::from_le_bytes([bs[2], bs[3]]);
-                summ += mn * (i32::from(b0) + i32::from(b1));
-            }
-            *mins += (da * dmin) * summ as f32;
-            let mut sumi = _mm512_setzero_si512();
-            for (j, (&q, &s)) in q.iter().zip(&scales).enumerate() {
-                let x = load512(arr(&ab[4 + 64 * j..4 + 64 * j + 64]));
-                let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, x);
-                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dot, s));
-            }
-            *acc = _mm512_fmadd_ps(_mm512_set1_ps(da * dw), _mm512_cvtepi32_ps(sumi), *acc);
-        }
-    }
-    let mut out = [0f32; M];
-    for ((o, &acc), &mins) in out.iter_mut().zip(&acc).zip(&mins) {
-        *o = hsum_ps(acc) - mins;
-    }
-    out
-}
-
+/// Q6_K · Q8_K: codes `q + 32` (6 bits from ql's nibble and qh's crumb) per
+/// 64-element chunk, `maddubs` pair sums (≤ 2·63·128), `vpdpwssd` with the
+/// four 16-element sub-block scales of the chunk; `32 · Σ scale · bsum` is
+/// taken off per super-block.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm512_set1_epi8(0xF);
     let m2 = _mm512_set1_epi8(3);
+    let idx: [__m512i; 4] = std::array::from_fn(|c| scale_index(c, 4));
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(Q8_K_BYTES)) {
+        prefetch_ahead::<210>(wb);
         let da = f32_at(ab, 0);
-        let q8 = &ab[4..260];
-        let sc = &wb[192..208];
-        // Codes are stored + 32: take 32 · Σ sc_s · bsum_s off at the end.
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
-        let bsums = load256(arr(&ab[260..]));
-        let offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
+        let sc16 = _mm256_cvtepi8_epi16(load128(arr(&wb[192..208])));
+        let offset = _mm256_slli_epi32(_mm256_madd_epi16(load256(arr(&ab[260..292])), sc16), 5);
+        let scales = _mm512_castsi256_si512(sc16);
         let mut sumi = _mm512_setzero_si512();
         for (j, ((ql, qh), q8)) in wb[0..128]
             .chunks_exact(64)
             .zip(wb[128..192].chunks_exact(32))
-            .zip(q8.chunks_exact(128))
+            .zip(ab[4..260].chunks_exact(128))
             .enumerate()
         {
-            // Quarters 0, 1 (low nibbles of ql[0..64]) then 2, 3 (high nibbles),
-            // each with two bits of qh on top.
             let l = load512(arr(ql));
-            let h = _mm512_broadcast_i64x4(load256(arr(qh)));
-            let h01 = _mm512_srlv_epi16(
-                h,
-                _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
-            );
-            let h23 = _mm512_srlv_epi16(
-                h,
-                _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1),
-            );
-            let halves = [
-                (_mm512_and_si512(l, m4), h01),
-                (_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), h23),
+            let h = load256(arr(qh));
+            // Quarters 0, 1 take qh bits 0–1 and 2–3; quarters 2, 3 bits 4–5
+            // and 6–7 (immediate shifts: `vpsrlvw` is slow on Intel cores).
+            let join =
+                |lo: __m256i, hi: __m256i| _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            let quarters = [
+                (_mm512_and_si512(l, m4), join(h, _mm256_srli_epi16(h, 2))),
+                (
+                    _mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                    join(_mm256_srli_epi16(h, 4), _mm256_srli_epi16(h, 6)),
+                ),
             ];
-            for (p, ((low, hb), q8)) in halves.into_iter().zip(q8.chunks_exact(64)).enumerate() {
+            for (p, ((low, hb), q8)) in quarters.into_iter().zip(q8.chunks_exact(64)).enumerate() {
                 let high = _mm512_slli_epi16(_mm512_and_si512(hb, m2), 4);
                 let q = _mm512_or_si512(low, high);
-                let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(arr(q8)));
-                // Lanes 4k..4k+4 cover 16 elements: sub-block 8j + 4p + k.
-                let s = &sc[8 * j + 4 * p..8 * j + 4 * p + 4];
-                let scales = _mm512_set_epi32(
-                    i32::from(s[3] as i8),
-                    i32::from(s[3] as i8),
-                    i32::from(s[3] as i8),
-                    i32::from(s[3] as i8),
-                    i32::from(s[2] as i8),
-                    i32::from(s[2] as i8),
-                    i32::from(s[2] as i8),
-                    i32::from(s[2] as i8),
-                    i32::from(s[1] as i8),
-                    i32::from(s[1] as i8),
-                    i32::from(s[1] as i8),
-                    i32::from(s[1] as i8),
-                    i32::from(s[0] as i8),
-                    i32::from(s[0] as i8),
-                    i32::from(s[0] as i8),
-                    i32::from(s[0] as i8),
-                );
-                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dot, scales));
+                let pairs = _mm512_maddubs_epi16(q, load512(arr(q8)));
+                let s = _mm512_permutexvar_epi16(idx[2 * j + p], scales);
+                sumi = _mm512_dpwssd_epi32(sumi, pairs, s);
             }
         }
         let sumi = _mm256_sub_epi32(
@@ -681,34 +484,21 @@ mod tests {
     }
 
     #[test]
-    fn k_quant_rows_match_vec_dot_bit_for_bit() {
-        if !super::super::super::features::has_avx512_vnni() {
-            return;
-        }
-        use rlx_gguf::GgmlType;
-        let (k, n, m) = (512, 5, 7);
-        let a = rlx_gguf::quantize_to_vec(GgmlType::Q8_K, &values(m * k, 4)).unwrap();
-        let a_row_bytes = a.len() / m;
-        type Rows = unsafe fn(&[u8], usize, &[u8], usize, &mut [&mut [f32]], usize);
-        let cases: [(GgmlType, Rows, super::RowDot); 2] = [
-            (GgmlType::Q4_K, super::rows_q4_k, super::vec_dot_q4_k),
-            (GgmlType::Q6_K, super::rows_q6_k, super::vec_dot_q6_k),
-        ];
-        for (ty, rows, one) in cases {
-            let w = rlx_gguf::quantize_to_vec(ty, &values(n * k, 3)).unwrap();
-            let row_bytes = w.len() / n;
-            let mut y = vec![vec![f32::NAN; n + 1]; m];
-            let mut out: Vec<&mut [f32]> = y.iter_mut().map(|r| &mut r[..]).collect();
-            // SAFETY: checked above that the CPU has AVX-512 VNNI.
-            unsafe { rows(&w, row_bytes, &a, a_row_bytes, &mut out, 1) };
-            for (i, yi) in y.iter().enumerate() {
-                for r in 0..n {
-                    let wr = &w[r * row_bytes..(r + 1) * row_bytes];
-                    let ai = &a[i * a_row_bytes..(i + 1) * a_row_bytes];
-                    // SAFETY: as above.
-                    let want = unsafe { one(wr, ai) };
-                    assert_eq!(yi[1 + r].to_bits(), want.to_bits(), "{ty} act {i} row {r}");
-                }
+    fn packed_k4_scales_unpack_like_the_reference() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..1000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let b: [u8; 12] = std::array::from_fn(|i| (state >> (i * 5 % 60)) as u8);
+            let (sc, mn) = super::unpack_scales_k4(&b);
+            for j in 0..8 {
+                let (s, m) = super::super::scalar::scale_min_k4(j, &b);
+                assert_eq!(
+                    ((sc >> (8 * j)) as u8, (mn >> (8 * j)) as u8),
+                    (s, m),
+                    "{b:?} {j}"
+                );
             }
         }
     }

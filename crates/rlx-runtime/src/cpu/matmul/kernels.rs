@@ -170,8 +170,8 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
             T::Q8_0 => Some(QuantDot::Rows(v::rows::<{ v::Q8_0 }>)),
             T::Q4_0 => Some(QuantDot::Rows(v::rows::<{ v::Q4_0 }>)),
             T::Q5_0 => Some(QuantDot::Rows(v::rows::<{ v::Q5_0 }>)),
-            T::Q4_K => Some(QuantDot::Rows(avx512::rows_q4_k)),
-            T::Q6_K => Some(QuantDot::Rows(avx512::rows_q6_k)),
+            T::Q4_K => Some(QuantDot::Row(avx512::vec_dot_q4_k)),
+            T::Q6_K => Some(QuantDot::Row(avx512::vec_dot_q6_k)),
             _ => None,
         };
         if f.is_some() {
