@@ -20,8 +20,10 @@
 //!   shared by every weight of that format, and every output is an integer dot
 //!   product scaled in f32 (scalar reference kernels for all of these, AVX2
 //!   for all, AVX-512 VNNI for Q8_0, Q4_0, Q5_0 (4 weight rows × 4 activation
-//!   rows per register tile), Q4_K and Q6_K (1 weight row × 4 activation
-//!   rows, each output bit-identical to the one-row kernel)). Weight types without a quantized kernel (F32, F16,
+//!   rows per register tile), Q4_K and Q6_K). With `m ≥ 8` rows on AVX-512
+//!   VNNI, every format with an affine code form (Q4_0..Q8_0, Q2_K..Q6_K,
+//!   IQ4_NL) runs as a blocked GEMM instead (see `gemm`), with Q8_0
+//!   activations for all of them. Weight types without a quantized kernel (F32, F16,
 //!   BF16, the IQ1/IQ2/IQ3 codebooks, TQ*, NVFP4, Q1_0, Q2_0, Q8_1, Q8_K, the
 //!   integer and F64 types) use the Exact path instead.
 //!
