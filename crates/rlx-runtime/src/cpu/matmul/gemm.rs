@@ -31,8 +31,9 @@ use super::{MatmulOptions, Precision, Segment, SharedOutput};
 pub(super) const LANES: usize = 16;
 /// Bytes of a panel sub-block after its codes: 16 f32 scales, 16 f32 offsets.
 pub(super) const PANEL_FACTORS: usize = 2 * LANES * 4;
-/// Activation rows per register tile.
-const MT: usize = 12;
+/// Activation rows per register tile (two panels × 6 rows of int and f32
+/// sums fill 24 of the 32 zmm registers).
+const MT: usize = 6;
 /// Below this many activation rows the row kernels are faster: decoding the
 /// panel costs about as much as a few matrix-vector passes.
 pub(super) const MIN_ROWS: usize = 8;
@@ -161,20 +162,38 @@ pub(super) fn run(
     let out = SharedOutput::with_bounds(y, m, n_cols, bounds);
     pool.for_each(n_tasks, &|t| {
         let (cols, mut rows) = out.claim(t);
-        let mut buf = scratch
-            .lock()
-            .expect("panel pool")
-            .pop()
-            .unwrap_or_default();
-        for &(si, r0) in &groups[split_range(groups.len(), n_tasks, t)] {
-            let s = &segments[si];
-            let lanes = LANES.min(s.w.rows - r0);
-            let sub = affine_sub_block(s.w.ty).expect("applies() checked the type");
-            pack_panel(s, r0, lanes, k, sub, &mut buf);
-            let col = s.col0 + r0 - cols.start;
-            multiply_panel(&buf.panel, k, sub, m, acts, &mut rows, col, lanes);
+        let mut bufs = {
+            let mut pool = scratch.lock().expect("panel pool");
+            [
+                pool.pop().unwrap_or_default(),
+                pool.pop().unwrap_or_default(),
+            ]
+        };
+        let mine = &groups[split_range(groups.len(), n_tasks, t)];
+        let sub_of = |&(si, _): &(usize, usize)| {
+            affine_sub_block(segments[si].w.ty).expect("applies() checked the type")
+        };
+        let mut i = 0;
+        while i < mine.len() {
+            // Two panels at a time where they share a sub-block size.
+            let n = if i + 1 < mine.len() && sub_of(&mine[i]) == sub_of(&mine[i + 1]) {
+                2
+            } else {
+                1
+            };
+            let sub = sub_of(&mine[i]);
+            let mut places = [(0, 0); 2];
+            for (j, &(si, r0)) in mine[i..i + n].iter().enumerate() {
+                let s = &segments[si];
+                let lanes = LANES.min(s.w.rows - r0);
+                pack_panel(s, r0, lanes, k, sub, &mut bufs[j]);
+                places[j] = (s.col0 + r0 - cols.start, lanes);
+            }
+            let panels: Vec<&[u8]> = bufs[..n].iter().map(|b| &b.panel[..]).collect();
+            multiply_panels(&panels, k, sub, m, acts, &mut rows, &places[..n]);
+            i += n;
         }
-        scratch.lock().expect("panel pool").push(buf);
+        scratch.lock().expect("panel pool").extend(bufs);
     });
 }
 
@@ -222,65 +241,85 @@ fn pack_panel(s: &Segment, r0: usize, lanes: usize, k: usize, sub: usize, buf: &
 }
 
 type TileFn = unsafe fn(*const u8, usize, *const i8, *const f32, *mut [f32; LANES]);
+type Tile2Fn = unsafe fn([*const u8; 2], usize, *const i8, *const f32, *mut [f32; LANES]);
 
-/// The tile kernel for `mt` activation rows and `sub`-element sub-blocks.
+/// The tile kernels for `mt` activation rows and `sub`-element sub-blocks:
+/// one panel, two panels.
 #[cfg(target_arch = "x86_64")]
-fn tile_fn(mt: usize, sub: usize) -> TileFn {
-    use super::vnni_gemm::tile;
+fn tile_fns(mt: usize, sub: usize) -> (TileFn, Tile2Fn) {
+    use super::vnni_gemm::{tile, tile2};
     macro_rules! pick {
         ($($n:literal)*) => {
             match (mt, sub) {
-                $(($n, 16) => tile::<$n, 4>, ($n, _) => tile::<$n, 8>,)*
+                $(
+                    ($n, 16) => (tile::<$n, 4> as TileFn, tile2::<$n, 4> as Tile2Fn),
+                    ($n, _) => (tile::<$n, 8> as TileFn, tile2::<$n, 8> as Tile2Fn),
+                )*
                 _ => unreachable!("tiles hold 1..=MT rows"),
             }
         };
     }
-    pick!(1 2 3 4 5 6 7 8 9 10 11 12)
+    pick!(1 2 3 4 5 6)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn tile_fn(_mt: usize, _sub: usize) -> TileFn {
+fn tile_fns(_mt: usize, _sub: usize) -> (TileFn, Tile2Fn) {
     unreachable!("applies() is false off x86-64")
 }
 
-/// Every activation tile against one panel; writes `rows[i][col..col + lanes]`.
-#[allow(clippy::too_many_arguments)]
-fn multiply_panel(
-    panel: &[u8],
+/// Every activation tile against one or two panels; panel `j` writes
+/// `rows[i][col..col + lanes]` for `(col, lanes) = places[j]`.
+fn multiply_panels(
+    panels: &[&[u8]],
     k: usize,
     sub: usize,
     m: usize,
     acts: &PackedActs,
     rows: &mut [&mut [f32]],
-    col: usize,
-    lanes: usize,
+    places: &[(usize, usize)],
 ) {
     let n_sb = k / sub;
     let ds = &acts.ds[ds_index(sub)];
-    assert!(panel.len() >= n_sb * (sub / 4 * 64 + PANEL_FACTORS));
-    let mut out = [[0f32; LANES]; MT];
+    assert!(panels.len() == places.len() && (1..=2).contains(&panels.len()));
+    for p in panels {
+        assert!(p.len() >= n_sb * (sub / 4 * 64 + PANEL_FACTORS));
+    }
+    let mut out = [[0f32; LANES]; 2 * MT];
     for t in 0..m.div_ceil(MT) {
         let mt = MT.min(m - t * MT);
         let codes = &acts.codes[t * MT * k..][..mt * k];
         let d = &ds[t * MT * 2 * n_sb..][..mt * 2 * n_sb];
-        // SAFETY: `applies` checked AVX-512 VNNI; `panel` holds `n_sb`
+        let (one, two) = tile_fns(mt, sub);
+        // SAFETY: `applies` checked AVX-512 VNNI; each panel holds `n_sb`
         // sub-blocks (asserted), `codes` and `d` hold the tile's `mt` rows of
-        // `k` codes and `2·n_sb` factors, `out` has room for `mt ≤ MT` rows.
+        // `k` codes and `2·n_sb` factors, `out` has room for `2·mt` rows.
         unsafe {
-            tile_fn(mt, sub)(
-                panel.as_ptr(),
-                n_sb,
-                codes.as_ptr(),
-                d.as_ptr(),
-                out.as_mut_ptr(),
-            )
+            match panels {
+                [p] => one(
+                    p.as_ptr(),
+                    n_sb,
+                    codes.as_ptr(),
+                    d.as_ptr(),
+                    out.as_mut_ptr(),
+                ),
+                [p, q] => two(
+                    [p.as_ptr(), q.as_ptr()],
+                    n_sb,
+                    codes.as_ptr(),
+                    d.as_ptr(),
+                    out.as_mut_ptr(),
+                ),
+                _ => unreachable!("asserted above"),
+            }
         };
-        for (i, o) in out[..mt].iter().enumerate() {
-            let dst = &mut rows[t * MT + i][col..col + lanes];
-            if let Ok(full) = <&mut [f32; LANES]>::try_from(&mut *dst) {
-                *full = *o;
-            } else {
-                dst.copy_from_slice(&o[..lanes]);
+        for (j, &(col, lanes)) in places.iter().enumerate() {
+            for (i, o) in out[j * mt..(j + 1) * mt].iter().enumerate() {
+                let dst = &mut rows[t * MT + i][col..col + lanes];
+                if let Ok(full) = <&mut [f32; LANES]>::try_from(&mut *dst) {
+                    *full = *o;
+                } else {
+                    dst.copy_from_slice(&o[..lanes]);
+                }
             }
         }
     }
