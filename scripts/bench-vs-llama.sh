@@ -13,6 +13,7 @@
 #                            @dM: M tokens already in the context
 #                            (default: "pp512 tg128 tg128@d1024")
 #   THREADS, REPS            defaults for the positional arguments (2, 5)
+#   PRECISIONS="exact q8"    which rlx precisions to run (default both)
 #   RLX=path/to/rlx          use this binary instead of building rlx-cli
 #   LLAMA_BENCH=path         llama-bench, by default from ~/.cache/llama.cpp-ref
 #                            (built by ../shared/scripts/build-llama.sh or by
@@ -29,6 +30,7 @@ fi
 THREADS=${2:-${THREADS:-2}}
 REPS=${3:-${REPS:-5}}
 read -r -d '' -a TEST_LIST <<<"${TESTS:-pp512 tg128 tg128@d1024}" || true
+PRECISIONS=${PRECISIONS:-exact q8}
 LLAMA_BENCH=${LLAMA_BENCH:-$HOME/.cache/llama.cpp-ref/src/build/bin/llama-bench}
 [ -x "$LLAMA_BENCH" ] || { echo "llama-bench not found (set LLAMA_BENCH)" >&2; exit 1; }
 if [ -z "${RLX:-}" ]; then
@@ -64,27 +66,39 @@ for MODEL in "${MODEL_LIST[@]}"; do
   SIZE=$(( $(stat -c %s "$MODEL") / 1048576 ))
   echo "### $(basename "$MODEL") (${SIZE} MiB)"
   echo
-  printf "| test | llama.cpp t/s | rlx exact t/s | rlx q8 t/s | exact / llama | q8 / llama |\n"
-  printf "| --- | ---: | ---: | ---: | ---: | ---: |\n"
+  python3 - "$PRECISIONS" <<'PY'
+import sys
+ps = sys.argv[1].split()
+cols = ["test", "llama.cpp t/s"] + [f"rlx {p} t/s" for p in ps] + [f"{p} / llama" for p in ps]
+cols += ["q8 roofline"] if "q8" in ps else []
+print("| " + " | ".join(cols) + " |")
+print("| --- |" + " ---: |" * (len(cols) - 1))
+PY
   for t in "${TEST_LIST[@]}"; do
     args=$(test_args "$t")
     # Alternate the engines so drift on a shared machine hits both.
     # shellcheck disable=SC2086
     "$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -r "$REPS" $args -o json >"$TMP/l.json" 2>/dev/null
-    # shellcheck disable=SC2086
-    "$RLX" bench -m "$MODEL" -t "$THREADS" -r "$REPS" $args --json >"$TMP/e.json"
-    # shellcheck disable=SC2086
-    "$RLX" bench -m "$MODEL" -t "$THREADS" -r "$REPS" $args --json --precision q8 >"$TMP/q.json"
-    python3 - "$t" "$TMP" <<'PY'
-import json, sys
-name, tmp = sys.argv[1], sys.argv[2]
-l = json.load(open(f"{tmp}/l.json"))[0]["avg_ts"]
-e = json.load(open(f"{tmp}/e.json"))[0]["tokens_per_second"]
-q = json.load(open(f"{tmp}/q.json"))[0]["tokens_per_second"]
-print(f"| {name} | {l:.1f} | {e:.1f} | {q:.1f} | {e / l:.2f} | {q / l:.2f} |")
+    for p in $PRECISIONS; do
+      # shellcheck disable=SC2086
+      "$RLX" bench -m "$MODEL" -t "$THREADS" -r "$REPS" $args --json --precision "$p" >"$TMP/$p.json"
+    done
+    python3 - "$t" "$TMP" "$PRECISIONS" <<'PY'
+import json, statistics, sys
+name, tmp, ps = sys.argv[1], sys.argv[2], sys.argv[3].split()
+# Medians of the repetitions: a shared machine has outliers.
+l = statistics.median(json.load(open(f"{tmp}/l.json"))[0]["samples_ts"])
+r = {p: json.load(open(f"{tmp}/{p}.json"))[0] for p in ps}
+med = {p: statistics.median(r[p]["samples"]) for p in ps}
+cells = [name, f"{l:.1f}"] + [f"{med[p]:.1f}" for p in ps] + [f"{med[p] / l:.2f}" for p in ps]
+if "q8" in ps:
+    f = r["q8"].get("roofline_fraction")
+    # rlx bench's fraction is of its mean; scale it to the median.
+    cells.append(f"{f * med['q8'] / r['q8']['tokens_per_second'] * 100:.0f} %" if f else "")
+print("| " + " | ".join(cells) + " |")
 PY
   done
   echo
-  echo "CPU: $CPU; threads $THREADS; reps $REPS; $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "CPU: $CPU; threads $THREADS; medians of $REPS repetitions; $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo
 done

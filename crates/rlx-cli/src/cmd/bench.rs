@@ -220,6 +220,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     "test": r.test,
                     "tokens_per_second": mean,
                     "stddev": std,
+                    "samples": r.tps,
                     "threads": threads,
                     "repetitions": r.tps.len(),
                     "precision": args.model.precision,

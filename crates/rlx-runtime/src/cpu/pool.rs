@@ -122,6 +122,45 @@ impl ThreadPool {
     }
 }
 
+impl ThreadPool {
+    /// Runs `f(first_row, band)` over `out` cut into bands of whole rows of
+    /// `row` elements, one band per thread; outputs under `min_len` elements
+    /// (where a wake-up costs more than the work) run inline as one band.
+    pub fn for_rows(
+        &self,
+        out: &mut [f32],
+        row: usize,
+        min_len: usize,
+        f: &(dyn Fn(usize, &mut [f32]) + Sync),
+    ) {
+        let row = row.max(1);
+        let rows = out.len() / row;
+        let parts = self.threads().min(rows);
+        if parts <= 1 || out.len() < min_len {
+            f(0, out);
+            return;
+        }
+        let mut bands = Vec::with_capacity(parts);
+        let mut rest = out;
+        for t in 0..parts {
+            let r = split_range(rows, parts, t);
+            // The last band also takes a partial trailing row, if any.
+            let len = if t + 1 == parts {
+                rest.len()
+            } else {
+                r.len() * row
+            };
+            let (band, tail) = rest.split_at_mut(len);
+            bands.push((r.start, Mutex::new(band)));
+            rest = tail;
+        }
+        self.for_each(parts, &|t| {
+            let (first, band) = &bands[t];
+            f(*first, &mut band.lock().expect("band lock"));
+        });
+    }
+}
+
 fn run_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync), n_tasks: usize) {
     loop {
         let i = s.next.fetch_add(1, Ordering::Relaxed);
@@ -212,6 +251,23 @@ mod tests {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             });
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn for_rows_hands_out_every_row_once_with_its_index() {
+        let pool = ThreadPool::new(3);
+        for (len, row, min) in [(0, 4, 0), (7, 1, 0), (40, 4, 0), (42, 4, 0), (40, 4, 100)] {
+            let mut out = vec![-1f32; len];
+            pool.for_rows(&mut out, row, min, &|first, band| {
+                for (i, v) in band.iter_mut().enumerate() {
+                    *v = (first * row + i) as f32;
+                }
+            });
+            assert!(
+                out.iter().enumerate().all(|(i, &v)| v == i as f32),
+                "{len} {row}"
+            );
         }
     }
 
