@@ -14,7 +14,7 @@ use rlx_ir::passes::{self, FuseOptions};
 use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, NodeId, Op, Shape, Start, WeightId};
 
 use crate::cpu::kernels::{attention, elementwise, moe, norm, rope, shape as shape_k};
-use crate::cpu::matmul::{self, F32Dot, MatmulOptions, MatmulScratch, Precision, WeightMatrix};
+use crate::cpu::matmul::{self, MatmulOptions, MatmulScratch, Precision, WeightMatrix};
 use crate::cpu::CpuDevice;
 use crate::kv::{KvCache, KvError, RowsView};
 use crate::memory::{plan_memory, BufferRequest};
@@ -736,8 +736,7 @@ impl Plan {
                     span: qspan,
                     heads: dims[1],
                 };
-                let dot = F32Dot::new(self.device.isa());
-                attention::attention(pool, dot, params, &queries, &rows, out);
+                attention::attention(pool, self.device.isa(), params, &queries, &rows, out);
             }
             Op::Moe { top_k } => {
                 let stack = |i: usize| -> moe::ExpertStack<'_> {

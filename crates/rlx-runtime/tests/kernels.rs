@@ -7,7 +7,6 @@
 use rlx_ir::{Mask, RopeSpec};
 use rlx_runtime::cpu::features::Isa;
 use rlx_runtime::cpu::kernels::{attention, elementwise, norm, rope, shape};
-use rlx_runtime::cpu::matmul::F32Dot;
 use rlx_runtime::cpu::pool::ThreadPool;
 use rlx_runtime::kv::RowsView;
 
@@ -240,14 +239,7 @@ fn attention_handles_gqa_masks_softcap_and_empty_rows() {
             scale: 0.3,
             softcap: cap,
         };
-        attention::attention(
-            &pool,
-            F32Dot::new(Isa::detect()),
-            p,
-            &queries,
-            &kv,
-            &mut out,
-        );
+        attention::attention(&pool, Isa::detect(), p, &queries, &kv, &mut out);
         let want = attention_ref(&q, &qpos, hq, &k, &v, &kpos, hkv, hd, mask, 0.3, cap);
         assert_close(&out, &want, 1e-5, &format!("attention {mask:?}"));
     }
