@@ -5,6 +5,7 @@
 //! Weights are read from the shared [`WeightStore`]; a plan owns only its
 //! arena and scratch space.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -19,6 +20,10 @@ use crate::cpu::CpuDevice;
 use crate::kv::{KvCache, KvError, RowsView};
 use crate::memory::{plan_memory, BufferRequest};
 use crate::weights::WeightStore;
+
+/// Outputs at least this long run their elementwise kernel on every thread;
+/// below it (decode-sized rows) a wake-up costs more than the work.
+const PARALLEL_MIN: usize = 1 << 15;
 
 /// How to compile.
 #[derive(Clone, Debug)]
@@ -530,11 +535,11 @@ impl Plan {
                 _ => unreachable!("validated f32"),
             }
         };
-        let vector = |i: usize| -> Vec<f32> {
+        let vector = |i: usize| -> Cow<'_, [f32]> {
             match val(i) {
-                Val::F32(v) => v.to_vec(),
+                Val::F32(v) => Cow::Borrowed(v),
                 Val::Weight(ty, bytes) => {
-                    rlx_gguf::dequantize_to_vec(ty, bytes).expect("validated weight")
+                    Cow::Owned(rlx_gguf::dequantize_to_vec(ty, bytes).expect("validated weight"))
                 }
                 Val::I32(_) => unreachable!("validated"),
             }
@@ -585,7 +590,16 @@ impl Plan {
                             None
                         };
                         normed.resize(x.len(), 0.0);
-                        norm::rms_norm(x, k_in, gamma.as_deref(), spec.eps, &mut normed);
+                        let gamma = gamma.as_deref();
+                        pool.for_rows(&mut normed, k_in, PARALLEL_MIN, &|r0, band| {
+                            norm::rms_norm(
+                                &x[r0 * k_in..][..band.len()],
+                                k_in,
+                                gamma,
+                                spec.eps,
+                                band,
+                            )
+                        });
                         &normed[..]
                     }
                     None => x,
@@ -615,9 +629,15 @@ impl Plan {
                 let b_vals = vector(1);
                 let b_dims = g.node(n.inputs[1]).shape.resolve(b).expect("bound");
                 let suffix = b_vals.len() == 1 || dims.ends_with(&b_dims);
+                let a = f32v(0);
+                let period = b_vals.len();
                 match (&n.op, suffix) {
-                    (Op::Add, true) => elementwise::add(f32v(0), &b_vals, out),
-                    (Op::Mul, true) => elementwise::mul(f32v(0), &b_vals, out),
+                    (Op::Add, true) => pool.for_rows(out, period, PARALLEL_MIN, &|r0, band| {
+                        elementwise::add(&a[r0 * period..][..band.len()], &b_vals, band)
+                    }),
+                    (Op::Mul, true) => pool.for_rows(out, period, PARALLEL_MIN, &|r0, band| {
+                        elementwise::mul(&a[r0 * period..][..band.len()], &b_vals, band)
+                    }),
                     (Op::Add, false) => elementwise::broadcast_binary(
                         f32v(0),
                         &dims,
@@ -655,18 +675,27 @@ impl Plan {
                     *o = v + value;
                 }
             }
-            Op::Gelu => elementwise::gelu(f32v(0), out),
-            Op::GeGlu => elementwise::geglu(f32v(0), f32v(1), out),
+            Op::Gelu => {
+                let x = f32v(0);
+                pool.for_rows(out, 1, PARALLEL_MIN, &|r0, band| {
+                    elementwise::gelu(&x[r0..][..band.len()], band)
+                });
+            }
+            Op::GeGlu => {
+                let (gate, up) = (f32v(0), f32v(1));
+                pool.for_rows(out, 1, PARALLEL_MIN, &|r0, band| {
+                    let n = band.len();
+                    elementwise::geglu(&gate[r0..][..n], &up[r0..][..n], band)
+                });
+            }
             Op::Softcap { cap } => elementwise::softcap(f32v(0), *cap, out),
             Op::RmsNorm(spec) => {
                 let gamma = spec.has_gamma.then(|| vector(1));
-                norm::rms_norm(
-                    f32v(0),
-                    *dims.last().expect("rank"),
-                    gamma.as_deref(),
-                    spec.eps,
-                    out,
-                );
+                let gamma = gamma.as_deref();
+                let (x, d) = (f32v(0), *dims.last().expect("rank"));
+                pool.for_rows(out, d, PARALLEL_MIN, &|r0, band| {
+                    norm::rms_norm(&x[r0 * d..][..band.len()], d, gamma, spec.eps, band)
+                });
             }
             Op::Rope(spec) => {
                 let factors = spec.has_freq_factors.then(|| vector(2));
