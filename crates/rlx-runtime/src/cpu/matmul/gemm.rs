@@ -104,13 +104,12 @@ pub(super) fn pack_acts(pool: &ThreadPool, q8: &[u8], m: usize, k: usize, out: &
             for (b, blk) in row.chunks_exact(Q8_0).enumerate() {
                 let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
                 let q = &blk[2..];
-                for quad in 0..8 {
+                for (quad, word) in q.chunks_exact(4).enumerate() {
                     let dst = ((b * 8 + quad) * mt + i) * 4;
-                    for j in 0..4 {
-                        codes[dst + j] = q[quad * 4 + j] as i8;
-                    }
+                    let word: [u8; 4] = word.try_into().expect("4 bytes");
+                    codes[dst..dst + 4].copy_from_slice(&word.map(|v| v as i8));
                 }
-                let sum = |r: &[u8]| r.iter().map(|&v| i32::from(v as i8)).sum::<i32>() as f32;
+                let sum = |r: &[u8]| r.iter().fold(0i32, |a, &v| a + i32::from(v as i8)) as f32;
                 let (s0, s1) = (sum(&q[..16]), sum(&q[16..]));
                 d32[(2 * b) * mt + i] = d;
                 d32[(2 * b + 1) * mt + i] = d * (s0 + s1);
