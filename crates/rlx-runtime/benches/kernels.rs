@@ -23,7 +23,7 @@ use rlx_ir::Mask;
 use rlx_runtime::cpu::features::Isa;
 use rlx_runtime::cpu::kernels::{attention, elementwise, norm};
 use rlx_runtime::cpu::matmul::{
-    matmul, F32Dot, MatmulOptions, MatmulScratch, Precision, WeightMatrix,
+    matmul, MatmulOptions, MatmulScratch, Precision, WeightMatrix,
 };
 use rlx_runtime::cpu::pool::{split_range, ThreadPool};
 use rlx_runtime::kv::RowsView;
@@ -340,7 +340,7 @@ mod attention_f32 {
         let flops = HEADS * visible_pairs * 4 * HEAD_DIM;
         let kv_bytes = 2 * rows * KV_HEADS * HEAD_DIM * std::mem::size_of::<f32>();
         let pool = ThreadPool::new(all_threads());
-        let isa = KernelIsa::detected();
+        let isa = Isa::detect();
         let mut out = vec![0f32; queries * HEADS * HEAD_DIM];
         let mut bencher = bencher.counter(ItemsCount::new(flops));
         if queries == 1 {
@@ -363,25 +363,6 @@ mod attention_f32 {
     #[divan::bench(args = [1024, 4096])]
     fn decode(bencher: Bencher, rows: usize) {
         run(bencher, 1, rows);
-    }
-}
-
-/// The attention kernel's instruction-set argument: an [`Isa`] in the
-/// rewritten kernel, an [`F32Dot`] before it. With both impls this bench
-/// builds against either; the `F32Dot` one can go once the rewrite is in.
-trait KernelIsa {
-    fn detected() -> Self;
-}
-
-impl KernelIsa for Isa {
-    fn detected() -> Self {
-        Isa::detect()
-    }
-}
-
-impl KernelIsa for F32Dot {
-    fn detected() -> Self {
-        F32Dot::new(Isa::detect())
     }
 }
 

@@ -536,22 +536,3 @@ impl<'a> SharedOutput<'a> {
         (cols, rows)
     }
 }
-
-/// The exact path's f32 dot product, for kernels outside the matmul
-/// (attention), with the instruction set chosen once.
-#[derive(Clone, Copy)]
-pub struct F32Dot(kernels::DotF32);
-
-impl F32Dot {
-    /// The dot for `isa`, lowered to what this CPU supports.
-    pub fn new(isa: Isa) -> Self {
-        F32Dot(kernels::f32_dot(isa.min(Isa::detect())))
-    }
-
-    /// `Σ x_i·w_i` over the shorter of the two slices.
-    #[inline]
-    pub fn dot(&self, x: &[f32], w: &[f32]) -> f32 {
-        // SAFETY: `new` lowered the ISA to one this CPU supports.
-        unsafe { (self.0)(x, w) }
-    }
-}
