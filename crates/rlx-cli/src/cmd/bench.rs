@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use rlx_gemma::{Model, SessionOptions};
+use rlx_runtime::KvDType;
 use serde_json::json;
 
 use super::common::ModelArgs;
@@ -87,7 +88,7 @@ fn sum_lanes(c: &[u64]) -> u64 {
 
 /// Bytes a decode step reads: every weight once (the per-layer embedding
 /// table is gathered by rows, so it does not count), plus K/V of the context.
-fn decode_bytes(model: &Model, context: usize) -> f64 {
+fn decode_bytes(model: &Model, kv_dtype: KvDType, context: usize) -> f64 {
     let weights: u64 = model
         .file()
         .tensors()
@@ -105,7 +106,7 @@ fn decode_bytes(model: &Model, context: usize) -> f64 {
                 rlx_gemma::AttentionKind::Sliding { window } => context.min(window),
                 rlx_gemma::AttentionKind::Global => context,
             };
-            rows * l.n_head_kv * l.head_dim * 2 * 4
+            rows * l.n_head_kv * l.head_dim * 2 * kv_dtype.bytes()
         })
         .sum();
     weights as f64 + kv as f64
@@ -136,10 +137,17 @@ fn tokens(model: &Model, n: usize, salt: usize) -> Vec<u32> {
         .collect()
 }
 
-fn time_one(model: &Model, depth: usize, prompt: usize, gen: usize) -> Result<f64> {
+fn time_one(
+    model: &Model,
+    kv_dtype: KvDType,
+    depth: usize,
+    prompt: usize,
+    gen: usize,
+) -> Result<f64> {
     let mut s = model.session(SessionOptions {
         context: Some(depth + prompt + gen + 1),
         prefill_chunk: prompt.max(512),
+        kv_dtype,
         ..Default::default()
     })?;
     if depth > 0 {
@@ -162,6 +170,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bail!("-r must be at least 1");
     }
     let model = args.model.load()?;
+    let kv_dtype = args.model.kv_dtype();
     let threads = args
         .model
         .threads
@@ -176,9 +185,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     for &p in args.prompt.iter().filter(|&&p| p > 0) {
         // One untimed warm-up run, as llama-bench does.
-        time_one(&model, args.depth, p, 0)?;
+        time_one(&model, kv_dtype, args.depth, p, 0)?;
         let tps = (0..args.reps)
-            .map(|_| time_one(&model, args.depth, p, 0))
+            .map(|_| time_one(&model, kv_dtype, args.depth, p, 0))
             .collect::<Result<Vec<_>>>()?;
         rows.push(Row {
             test: suffix(format!("pp{p}")),
@@ -187,14 +196,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         });
     }
     for &n in args.gen.iter().filter(|&&n| n > 0) {
-        time_one(&model, args.depth, 0, n.min(8))?;
+        time_one(&model, kv_dtype, args.depth, 0, n.min(8))?;
         let tps = (0..args.reps)
-            .map(|_| time_one(&model, args.depth, 0, n))
+            .map(|_| time_one(&model, kv_dtype, args.depth, 0, n))
             .collect::<Result<Vec<_>>>()?;
         rows.push(Row {
             test: suffix(format!("tg{n}")),
             tps,
-            bytes_per_token: Some(decode_bytes(&model, args.depth + n / 2)),
+            bytes_per_token: Some(decode_bytes(&model, kv_dtype, args.depth + n / 2)),
         });
     }
     let bandwidth = if rows.iter().any(|r| r.bytes_per_token.is_some()) {
@@ -224,6 +233,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     "threads": threads,
                     "repetitions": r.tps.len(),
                     "precision": args.model.precision,
+                    "kv_type": format!("{kv_dtype:?}").to_lowercase(),
                     "model_bytes": file_bytes,
                     "bytes_per_token": r.bytes_per_token,
                     "memory_bandwidth_bytes_per_s": (bandwidth > 0.0).then_some(bandwidth),

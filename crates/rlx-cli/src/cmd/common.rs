@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use rlx_gemma::{Model, ModelOptions};
 use rlx_runtime::cpu::matmul::Precision;
+use rlx_runtime::KvDType;
 
 /// The model used when `-m` is not given (fetched by scripts/fetch-model.sh).
 pub const DEFAULT_MODEL: &str = "gemma-3-270m-q4_k_m";
@@ -21,9 +22,23 @@ pub struct ModelArgs {
     /// (activations quantized to 8 bits, as llama.cpp does).
     #[arg(long, default_value = "exact", value_parser = ["exact", "q8"])]
     pub precision: String,
+    /// K/V cache element type: `f32`, `f16`, `bf16` (half the cache memory
+    /// and bandwidth), or `auto`: f32 with `exact`, f16 with `q8` (what
+    /// llama.cpp keeps).
+    #[arg(long = "kv-type", default_value = "auto", value_parser = ["auto", "f32", "f16", "bf16"])]
+    pub kv_type: String,
 }
 
 impl ModelArgs {
+    /// The K/V cache element type `--kv-type` asks for.
+    pub fn kv_dtype(&self) -> KvDType {
+        match (self.kv_type.as_str(), self.precision.as_str()) {
+            ("f16", _) | ("auto", "q8") => KvDType::F16,
+            ("bf16", _) => KvDType::BF16,
+            _ => KvDType::F32,
+        }
+    }
+
     pub fn load(&self) -> Result<Model> {
         let path = resolve_model(&self.model)?;
         let mut opts = ModelOptions::default();

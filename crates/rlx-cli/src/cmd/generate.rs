@@ -44,6 +44,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let model = args.model.load()?;
     let mut session = model.session(SessionOptions {
         context: Some(prompt.len() + args.n),
+        kv_dtype: args.model.kv_dtype(),
         ..SessionOptions::default()
     })?;
     let cfg = SamplerConfig {

@@ -40,6 +40,7 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
     let mut session = model.session(SessionOptions {
         context: Some(tokens.len().max(1)),
         prefill_chunk: args.chunk,
+        kv_dtype: args.model.kv_dtype(),
         ..SessionOptions::default()
     })?;
     let logits = session.score(&tokens)?;
