@@ -22,9 +22,7 @@ use rlx_gguf::GgmlType;
 use rlx_ir::Mask;
 use rlx_runtime::cpu::features::Isa;
 use rlx_runtime::cpu::kernels::{attention, elementwise, norm};
-use rlx_runtime::cpu::matmul::{
-    matmul, MatmulOptions, MatmulScratch, Precision, WeightMatrix,
-};
+use rlx_runtime::cpu::matmul::{matmul, MatmulOptions, MatmulScratch, Precision, WeightMatrix};
 use rlx_runtime::cpu::pool::{split_range, ThreadPool};
 use rlx_runtime::kv::RowsView;
 
