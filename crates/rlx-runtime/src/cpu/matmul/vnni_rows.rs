@@ -59,10 +59,11 @@ unsafe fn codes<const TYPE: u8>(wb: *const u8) -> __m256i {
         ),
         _ => {
             let qs = if TYPE == Q4_0 { wb.add(2) } else { wb.add(6) };
-            // Low nibbles in bytes 0..16, high nibbles in 16..32.
-            let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.cast()));
-            let shifts = _mm256_set_epi64x(0x0004_0004_0004_0004, 0x0004_0004_0004_0004, 0, 0);
-            let nib = _mm256_and_si256(_mm256_srlv_epi16(both, shifts), _mm256_set1_epi8(0xF));
+            // Low nibbles in bytes 0..16, high nibbles in 16..32 (an
+            // immediate shift: `vpsrlvw` is slow on Intel cores).
+            let bytes = _mm_loadu_si128(qs.cast());
+            let both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
+            let nib = _mm256_and_si256(both, _mm256_set1_epi8(0xF));
             if TYPE == Q4_0 {
                 nib
             } else {
