@@ -1,12 +1,9 @@
 //! `rlx chat` driven through a pseudo-terminal: two turns, the second runs
 //! only its new tokens (the first turn stays in the KV cache).
 
-use std::path::PathBuf;
+mod common;
 
-fn tiny() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/tiny/gemma3/model-f32.gguf")
-}
+use common::tiny;
 
 /// The "(K reused ...)" figure of the next turn summary.
 fn reused(p: &mut rexpect::session::PtySession) -> (usize, usize) {

@@ -1,43 +1,13 @@
 //! `rlx info` on the real Gemma 3 270M file and on bad input.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn rlx() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_rlx"))
-}
-
-/// The real model: `$RLX_TEST_MODEL`, else the default cache location.
-/// `scripts/test.sh` fetches it; running without it is a failure, not a skip.
-fn real_model() -> PathBuf {
-    let path = std::env::var_os("RLX_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").expect("HOME is set");
-            PathBuf::from(home).join(".cache/rlx/models/gemma-3-270m-q4_k_m.gguf")
-        });
-    assert!(
-        path.exists(),
-        "{} is missing: run `bash scripts/fetch-model.sh` (or scripts/test.sh)",
-        path.display()
-    );
-    path
-}
+use common::{json, ok, real_model, rlx};
 
 #[test]
 fn json_lists_the_236_tensors_of_gemma3_270m() {
-    let out = rlx()
-        .arg("info")
-        .arg(real_model())
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = ok(rlx().arg("info").arg(real_model()).arg("--json"));
+    let v = json(&out);
     assert_eq!(v["version"], 3);
     assert_eq!(v["metadata"]["general.architecture"], "gemma3");
     assert_eq!(v["metadata"]["gemma3.block_count"], 18);

@@ -1,22 +1,14 @@
 //! `rlx score` and `rlx generate` on a tiny model: interfaces scripts rely
 //! on, sampling flags that are honoured, and errors for bad input.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn rlx() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_rlx"))
-}
-
-fn tiny() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/tiny/gemma3/model-f32.gguf")
-}
+use common::{json, ok, rlx, tiny};
 
 const PROMPT: &str = "2,327,73,345,213";
 
 fn generate(extra: &[&str]) -> Vec<u64> {
-    let out = rlx()
+    let out = ok(rlx()
         .args(["generate", "-m"])
         .arg(tiny())
         .args([
@@ -29,15 +21,8 @@ fn generate(extra: &[&str]) -> Vec<u64> {
             "-t",
             "1",
         ])
-        .args(extra)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        .args(extra));
+    let v = json(&out);
     v["tokens"]
         .as_array()
         .unwrap()
@@ -51,19 +36,12 @@ fn score_writes_npy_logits_and_top_k_json() {
     let dir = std::env::temp_dir().join(format!("rlx-score-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let npy = dir.join("logits.npy");
-    let out = rlx()
+    let out = ok(rlx()
         .args(["score", "-m"])
         .arg(tiny())
         .args(["--tokens", PROMPT, "--top", "3", "--json", "--out"])
-        .arg(&npy)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        .arg(&npy));
+    let v = json(&out);
     let top = v["top"].as_array().unwrap();
     assert_eq!(top.len(), 5);
     assert_eq!(top[0].as_array().unwrap().len(), 3);
@@ -149,18 +127,11 @@ fn bad_input_is_one_error_line_and_a_failing_exit() {
 
 #[test]
 fn bench_reports_llama_bench_style_json() {
-    let out = rlx()
+    let out = ok(rlx()
         .args(["bench", "-m"])
         .arg(tiny())
-        .args(["-p", "8", "-n", "4", "-r", "2", "-t", "1", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        .args(["-p", "8", "-n", "4", "-r", "2", "-t", "1", "--json"]));
+    let v = json(&out);
     let rows = v.as_array().unwrap();
     let tests: Vec<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
     assert_eq!(tests, ["pp8", "tg4"]);

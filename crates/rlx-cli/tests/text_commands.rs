@@ -1,56 +1,23 @@
 //! `rlx run`, `tokenize`, `detokenize` and `perplexity` on the tiny and the
 //! real models.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn rlx() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_rlx"))
-}
-
-fn tiny() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/tiny/gemma3/model-f32.gguf")
-}
-
-fn real_model() -> PathBuf {
-    let path = std::env::var_os("RLX_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap())
-                .join(".cache/rlx/models/gemma-3-270m-q4_k_m.gguf")
-        });
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/fetch-model.sh",
-        path.display()
-    );
-    path
-}
+use common::{json, ok, real_model, rlx, tiny};
 
 #[test]
 fn run_streams_text_and_reports_json() {
-    let out = rlx()
-        .args(["run", "-m"])
-        .arg(real_model())
-        .args([
-            "The capital of France is",
-            "-n",
-            "8",
-            "--temp",
-            "0",
-            "--json",
-            "-t",
-            "2",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = ok(rlx().args(["run", "-m"]).arg(real_model()).args([
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--json",
+        "-t",
+        "2",
+    ]));
+    let v = json(&out);
     assert_eq!(v["tokens"].as_array().unwrap().len(), 8);
     assert!(v["text"].as_str().unwrap().starts_with(" the"), "{v}");
     assert_eq!(v["prompt_tokens"], 6);
@@ -113,19 +80,12 @@ fn perplexity_prints_llama_style_final_estimate() {
         "the quick brown fox jumps over the lazy dog. ".repeat(20),
     )
     .unwrap();
-    let out = rlx()
+    let out = ok(rlx()
         .args(["perplexity", "-m"])
         .arg(tiny())
         .arg("-f")
         .arg(&text)
-        .args(["-c", "16", "-t", "1"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .args(["-c", "16", "-t", "1"]));
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(stdout.starts_with("Final estimate: PPL = "), "{stdout}");
     let progress = String::from_utf8(out.stderr).unwrap();
