@@ -239,20 +239,20 @@ fn pack_panel(s: &Segment, r0: usize, lanes: usize, k: usize, sub: usize, buf: &
     }
 }
 
-type TileFn = unsafe fn(*const u8, usize, *const i8, *const f32, *mut [f32; LANES]);
-type Tile2Fn = unsafe fn([*const u8; 2], usize, *const i8, *const f32, *mut [f32; LANES]);
+type TileFn<const P: usize> =
+    unsafe fn([*const u8; P], usize, *const i8, *const f32, *mut [f32; LANES]);
 
 /// The tile kernels for `mt` activation rows and `sub`-element sub-blocks:
 /// one panel, two panels.
 #[cfg(target_arch = "x86_64")]
-fn tile_fns(mt: usize, sub: usize) -> (TileFn, Tile2Fn) {
-    use super::vnni_gemm::{tile, tile2};
+fn tile_fns(mt: usize, sub: usize) -> (TileFn<1>, TileFn<2>) {
+    use super::vnni_gemm::tile;
     macro_rules! pick {
         ($($n:literal)*) => {
             match (mt, sub) {
                 $(
-                    ($n, 16) => (tile::<$n, 4> as TileFn, tile2::<$n, 4> as Tile2Fn),
-                    ($n, _) => (tile::<$n, 8> as TileFn, tile2::<$n, 8> as Tile2Fn),
+                    ($n, 16) => (tile::<1, $n, 4> as TileFn<1>, tile::<2, $n, 4> as TileFn<2>),
+                    ($n, _) => (tile::<1, $n, 8> as TileFn<1>, tile::<2, $n, 8> as TileFn<2>),
                 )*
                 _ => unreachable!("tiles hold 1..=MT rows"),
             }
@@ -262,7 +262,7 @@ fn tile_fns(mt: usize, sub: usize) -> (TileFn, Tile2Fn) {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn tile_fns(_mt: usize, _sub: usize) -> (TileFn, Tile2Fn) {
+fn tile_fns(_mt: usize, _sub: usize) -> (TileFn<1>, TileFn<2>) {
     unreachable!("applies() is false off x86-64")
 }
 
@@ -295,7 +295,7 @@ fn multiply_panels(
         unsafe {
             match panels {
                 [p] => one(
-                    p.as_ptr(),
+                    [p.as_ptr()],
                     n_sb,
                     codes.as_ptr(),
                     d.as_ptr(),
