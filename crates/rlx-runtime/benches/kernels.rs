@@ -385,7 +385,7 @@ mod elementwise_f32 {
             .counter(ItemsCount::new(x.len()))
             .counter(BytesCount::new(2 * x.len() * F32_BYTES))
             .bench_local(|| {
-                norm::rms_norm(&x, HIDDEN, Some(&gamma), 1e-6, &mut out);
+                norm::rms_norm(Isa::detect(), &x, HIDDEN, Some(&gamma), 1e-6, &mut out);
                 black_box(&mut out);
             });
     }
@@ -399,7 +399,7 @@ mod elementwise_f32 {
             .counter(ItemsCount::new(x.len()))
             .counter(BytesCount::new(2 * x.len() * F32_BYTES))
             .bench_local(|| {
-                elementwise::gelu(&x, &mut out);
+                elementwise::gelu(Isa::detect(), &x, &mut out);
                 black_box(&mut out);
             });
     }
@@ -415,7 +415,7 @@ mod elementwise_f32 {
             .counter(ItemsCount::new(gate.len()))
             .counter(BytesCount::new(3 * gate.len() * F32_BYTES))
             .bench_local(|| {
-                elementwise::geglu(&gate, &up, &mut out);
+                elementwise::geglu(Isa::detect(), &gate, &up, &mut out);
                 black_box(&mut out);
             });
     }

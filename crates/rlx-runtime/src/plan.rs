@@ -545,6 +545,7 @@ impl Plan {
             }
         };
         let pool = self.device.pool();
+        let isa = self.device.isa();
         match &n.op {
             Op::Gather => {
                 let Val::Weight(ty, table) = val(0) else {
@@ -593,6 +594,7 @@ impl Plan {
                         let gamma = gamma.as_deref();
                         pool.for_rows(&mut normed, k_in, PARALLEL_MIN, &|r0, band| {
                             norm::rms_norm(
+                                isa,
                                 &x[r0 * k_in..][..band.len()],
                                 k_in,
                                 gamma,
@@ -620,7 +622,7 @@ impl Plan {
                     .collect();
                 let opts = MatmulOptions {
                     precision: self.opts.precision,
-                    isa: self.device.isa(),
+                    isa,
                 };
                 let mut scratch = self.scratch.borrow_mut();
                 matmul::matmul(pool, &opts, x, m, &ws, out, &mut scratch)?;
@@ -678,14 +680,14 @@ impl Plan {
             Op::Gelu => {
                 let x = f32v(0);
                 pool.for_rows(out, 1, PARALLEL_MIN, &|r0, band| {
-                    elementwise::gelu(&x[r0..][..band.len()], band)
+                    elementwise::gelu(isa, &x[r0..][..band.len()], band)
                 });
             }
             Op::GeGlu => {
                 let (gate, up) = (f32v(0), f32v(1));
                 pool.for_rows(out, 1, PARALLEL_MIN, &|r0, band| {
                     let n = band.len();
-                    elementwise::geglu(&gate[r0..][..n], &up[r0..][..n], band)
+                    elementwise::geglu(isa, &gate[r0..][..n], &up[r0..][..n], band)
                 });
             }
             Op::Softcap { cap } => elementwise::softcap(f32v(0), *cap, out),
@@ -694,7 +696,7 @@ impl Plan {
                 let gamma = gamma.as_deref();
                 let (x, d) = (f32v(0), *dims.last().expect("rank"));
                 pool.for_rows(out, d, PARALLEL_MIN, &|r0, band| {
-                    norm::rms_norm(&x[r0 * d..][..band.len()], d, gamma, spec.eps, band)
+                    norm::rms_norm(isa, &x[r0 * d..][..band.len()], d, gamma, spec.eps, band)
                 });
             }
             Op::Rope(spec) => {
@@ -765,7 +767,7 @@ impl Plan {
                     span: qspan,
                     heads: dims[1],
                 };
-                attention::attention(pool, self.device.isa(), params, &queries, &rows, out);
+                attention::attention(pool, isa, params, &queries, &rows, out);
             }
             Op::Moe { top_k } => {
                 let stack = |i: usize| -> moe::ExpertStack<'_> {
@@ -789,7 +791,7 @@ impl Plan {
                 };
                 let opts = MatmulOptions {
                     precision: self.opts.precision,
-                    isa: self.device.isa(),
+                    isa,
                 };
                 let mut scratch = self.scratch.borrow_mut();
                 moe::moe(

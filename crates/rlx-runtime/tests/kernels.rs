@@ -43,7 +43,7 @@ fn rms_norm_matches_the_formula() {
         let x = r.vec(rows * d, 3.0);
         let gamma = r.vec(d, 1.5);
         let mut out = vec![0f32; x.len()];
-        norm::rms_norm(&x, d, Some(&gamma), 1e-6, &mut out);
+        norm::rms_norm(Isa::detect(), &x, d, Some(&gamma), 1e-6, &mut out);
         let want: Vec<f64> = x
             .chunks(d)
             .flat_map(|row| {
@@ -70,14 +70,14 @@ fn elementwise_ops_match_their_formulas() {
     let a = r.vec(n, 6.0);
     let b = r.vec(n, 2.0);
     let mut out = vec![0f32; n];
-    elementwise::gelu(&a, &mut out);
+    elementwise::gelu(Isa::detect(), &a, &mut out);
     assert_close(
         &out,
         &a.iter().map(|&v| gelu64(v as f64)).collect::<Vec<_>>(),
         1e-6,
         "gelu",
     );
-    elementwise::geglu(&a, &b, &mut out);
+    elementwise::geglu(Isa::detect(), &a, &b, &mut out);
     let want: Vec<f64> = a
         .iter()
         .zip(&b)

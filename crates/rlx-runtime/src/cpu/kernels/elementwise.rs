@@ -64,17 +64,19 @@ pub fn exp_f32(x: f32) -> f32 {
     p * scale
 }
 
-/// Runs a loop body compiled for the widest vector ISA this CPU has, so
-/// plain Rust loops vectorise at that width. The result is the same at every
-/// width: the loops have no reductions and Rust does not contract `a·b + c`.
+/// Defines `pub fn name(isa, args…)` that runs a loop body compiled for
+/// `isa` (lowered to what this CPU has), so plain Rust loops vectorise at
+/// that width. The result is the same at every width: the loops have no
+/// reductions and Rust does not contract `a·b + c`.
 macro_rules! widest {
     ($(#[$m:meta])* $name:ident($($arg:ident: $ty:ty),*) $body:block) => {
         $(#[$m])*
-        pub fn $name($($arg: $ty),*) {
+        pub fn $name(isa: crate::cpu::features::Isa, $($arg: $ty),*) {
             #[inline(always)]
             fn body($($arg: $ty),*) $body
             #[cfg(target_arch = "x86_64")]
             {
+                use crate::cpu::features::Isa;
                 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
                 unsafe fn avx512($($arg: $ty),*) {
                     body($($arg),*)
@@ -83,14 +85,16 @@ macro_rules! widest {
                 unsafe fn avx2($($arg: $ty),*) {
                     body($($arg),*)
                 }
-                match crate::cpu::features::Isa::detect() {
-                    // SAFETY: `detect` says the CPU has these features.
-                    crate::cpu::features::Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                match isa.min(Isa::detect()) {
+                    // SAFETY: lowered to what `detect` says the CPU has.
+                    Isa::Avx512 => return unsafe { avx512($($arg),*) },
                     // SAFETY: as above.
-                    crate::cpu::features::Isa::Avx2 => return unsafe { avx2($($arg),*) },
-                    crate::cpu::features::Isa::Scalar => {}
+                    Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    Isa::Scalar => {}
                 }
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = isa;
             body($($arg),*)
         }
     };
