@@ -92,9 +92,11 @@ r = {p: json.load(open(f"{tmp}/{p}.json"))[0] for p in ps}
 med = {p: statistics.median(r[p]["samples"]) for p in ps}
 cells = [name, f"{l:.1f}"] + [f"{med[p]:.1f}" for p in ps] + [f"{med[p] / l:.2f}" for p in ps]
 if "q8" in ps:
-    f = r["q8"].get("roofline_fraction")
-    # rlx bench's fraction is of its mean; scale it to the median.
-    cells.append(f"{f * med['q8'] / r['q8']['tokens_per_second'] * 100:.0f} %" if f else "")
+    q = r["q8"]
+    # Each repetition against the bandwidth probed right after it; median.
+    fr = [t * q["bytes_per_token"] / bw
+          for t, bw in zip(q["samples"], q.get("memory_bandwidth_samples") or [])]
+    cells.append(f"{statistics.median(fr) * 100:.0f} %" if fr else "")
 print("| " + " | ".join(cells) + " |")
 PY
   done

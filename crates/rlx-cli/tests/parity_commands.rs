@@ -139,7 +139,16 @@ fn bench_reports_llama_bench_style_json() {
         assert!(r["tokens_per_second"].as_f64().unwrap() > 0.0);
         assert!(r["stddev"].as_f64().unwrap() >= 0.0);
         assert_eq!(r["threads"], 1);
+        assert_eq!(r["samples"].as_array().unwrap().len(), 2);
+        // The default is llama.cpp's arithmetic and cache type.
+        assert_eq!(r["precision"], "q8");
+        assert_eq!(r["kv_type"], "f16");
     }
+    // Generation rows pair every repetition with a bandwidth probe.
+    let tg = &rows[1];
+    assert_eq!(tg["memory_bandwidth_samples"].as_array().unwrap().len(), 2);
+    assert!(tg["roofline_fraction"].as_f64().unwrap() > 0.0);
+    assert!(rows[0]["roofline_fraction"].is_null());
     let out = rlx()
         .args(["bench", "-m"])
         .arg(tiny())

@@ -47,31 +47,66 @@ struct Row {
     tps: Vec<f64>,
     /// For generation tests: bytes read per token (weights + KV cache).
     bytes_per_token: Option<f64>,
+    /// For generation tests: the probe's bandwidth right after each
+    /// repetition, paired with `tps`.
+    bandwidth: Vec<f64>,
 }
 
-/// Read bandwidth of this machine in bytes/s: `threads` threads summing a
-/// buffer much larger than the caches (best of a few passes).
-fn memory_bandwidth(threads: usize) -> f64 {
-    const BYTES: usize = 512 << 20;
-    let buf: Vec<u64> = (0..BYTES / 8).map(|i| i as u64).collect();
-    let mut best = 0f64;
-    for _ in 0..3 {
-        let start = Instant::now();
-        let sum: u64 = std::thread::scope(|s| {
-            let chunk = buf.len().div_ceil(threads);
-            let handles: Vec<_> = buf
-                .chunks(chunk)
-                .map(|c| s.spawn(move || sum_lanes(c)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or(0))
-                .fold(0, u64::wrapping_add)
-        });
-        std::hint::black_box(sum);
-        best = best.max(BYTES as f64 / start.elapsed().as_secs_f64());
+impl Row {
+    /// Fraction of the bandwidth roofline a generation test reaches: the
+    /// mean over repetitions of tokens/s over (bandwidth / bytes per token),
+    /// each repetition against the bandwidth measured next to it.
+    fn roofline(&self) -> Option<f64> {
+        let bytes = self.bytes_per_token?;
+        let f: Vec<f64> = self
+            .tps
+            .iter()
+            .zip(&self.bandwidth)
+            .map(|(t, bw)| t * bytes / bw)
+            .collect();
+        (!f.is_empty()).then(|| mean_std(&f).0)
     }
-    best
+}
+
+/// A read-bandwidth probe: `threads` threads summing a buffer much larger
+/// than the caches. Run next to each generation repetition, so that a shared
+/// machine's drift in bandwidth shows in both the probe and the test.
+struct BandwidthProbe {
+    buf: Vec<u64>,
+    threads: usize,
+}
+
+impl BandwidthProbe {
+    const BYTES: usize = 512 << 20;
+
+    fn new(threads: usize) -> Self {
+        let buf = (0..Self::BYTES / 8).map(|i| i as u64).collect();
+        Self { buf, threads }
+    }
+
+    /// Bytes/s: the better of two passes (the first may still fault pages
+    /// in or share the bus with the test that just ended).
+    fn measure(&self) -> f64 {
+        let mut best = 0f64;
+        for _ in 0..2 {
+            let start = Instant::now();
+            let sum: u64 = std::thread::scope(|s| {
+                let chunk = self.buf.len().div_ceil(self.threads);
+                let handles: Vec<_> = self
+                    .buf
+                    .chunks(chunk)
+                    .map(|c| s.spawn(move || sum_lanes(c)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or(0))
+                    .fold(0, u64::wrapping_add)
+            });
+            std::hint::black_box(sum);
+            best = best.max(Self::BYTES as f64 / start.elapsed().as_secs_f64());
+        }
+        best
+    }
 }
 
 /// A sum the compiler vectorises (eight independent lanes), so the loop is
@@ -193,28 +228,31 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             test: suffix(format!("pp{p}")),
             tps,
             bytes_per_token: None,
+            bandwidth: Vec::new(),
         });
     }
-    for &n in args.gen.iter().filter(|&&n| n > 0) {
+    let gen: Vec<usize> = args.gen.iter().copied().filter(|&n| n > 0).collect();
+    let probe = (!gen.is_empty()).then(|| BandwidthProbe::new(threads));
+    for (n, probe) in gen.into_iter().zip(probe.iter().cycle()) {
         time_one(&model, kv_dtype, args.depth, 0, n.min(8))?;
-        let tps = (0..args.reps)
-            .map(|_| time_one(&model, kv_dtype, args.depth, 0, n))
-            .collect::<Result<Vec<_>>>()?;
+        let mut tps = Vec::with_capacity(args.reps);
+        let mut bandwidth = Vec::with_capacity(args.reps);
+        for _ in 0..args.reps {
+            tps.push(time_one(&model, kv_dtype, args.depth, 0, n)?);
+            bandwidth.push(probe.measure());
+        }
         rows.push(Row {
             test: suffix(format!("tg{n}")),
             tps,
             bytes_per_token: Some(decode_bytes(&model, kv_dtype, args.depth + n / 2)),
+            bandwidth,
         });
     }
-    let bandwidth = if rows.iter().any(|r| r.bytes_per_token.is_some()) {
-        memory_bandwidth(threads)
-    } else {
+    let all_bw: Vec<f64> = rows.iter().flat_map(|r| r.bandwidth.clone()).collect();
+    let bandwidth = if all_bw.is_empty() {
         0.0
-    };
-    // Fraction of the bandwidth roofline a generation test reaches.
-    let roofline = |r: &Row| {
-        r.bytes_per_token
-            .map(|b| mean_std(&r.tps).0 / (bandwidth / b))
+    } else {
+        mean_std(&all_bw).0
     };
     let mut out = std::io::stdout().lock();
     let file_bytes = model.file().file_len();
@@ -236,8 +274,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     "kv_type": format!("{kv_dtype:?}").to_lowercase(),
                     "model_bytes": file_bytes,
                     "bytes_per_token": r.bytes_per_token,
-                    "memory_bandwidth_bytes_per_s": (bandwidth > 0.0).then_some(bandwidth),
-                    "roofline_fraction": roofline(r),
+                    "memory_bandwidth_bytes_per_s": (!r.bandwidth.is_empty()).then(|| mean_std(&r.bandwidth).0),
+                    "memory_bandwidth_samples": r.bandwidth,
+                    "roofline_fraction": r.roofline(),
                 })
             })
             .collect();
@@ -260,13 +299,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 file_bytes as f64 / (1024.0 * 1024.0),
                 args.model.precision,
                 r.test,
-                roofline(r).map_or(String::new(), |f| format!("{:.0} %", f * 100.0))
+                r.roofline()
+                    .map_or(String::new(), |f| format!("{:.0} %", f * 100.0))
             )?;
         }
         if bandwidth > 0.0 {
             writeln!(
                 out,
-                "\nroofline: measured read bandwidth {:.1} GB/s with {threads} threads; a generated token reads every weight and the K/V of its context once",
+                "\nroofline: read bandwidth {:.1} GB/s with {threads} threads (mean of probes run after each generation repetition; each repetition is set against its own probe); a generated token reads every weight and the K/V of its context once",
                 bandwidth / 1e9
             )?;
         }

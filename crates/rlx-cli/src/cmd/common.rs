@@ -18,9 +18,11 @@ pub struct ModelArgs {
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
-    /// Matmul arithmetic: `exact` (f32 on the exact weights) or `q8`
-    /// (activations quantized to 8 bits, as llama.cpp does).
-    #[arg(long, default_value = "exact", value_parser = ["exact", "q8"])]
+    /// Matmul arithmetic: `q8` (activations quantized to 8 bits and integer
+    /// dot products, as llama.cpp does: the fast path) or `exact` (f32 on the
+    /// exactly dequantized weights: matches transformers to ~1e-6, for
+    /// parity checks).
+    #[arg(long, default_value = "q8", value_parser = ["exact", "q8"])]
     pub precision: String,
     /// K/V cache element type: `f32`, `f16`, `bf16` (half the cache memory
     /// and bandwidth), or `auto`: f32 with `exact`, f16 with `q8` (what
