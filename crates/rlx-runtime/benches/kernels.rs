@@ -306,16 +306,29 @@ mod attention_f32 {
 
     /// `queries` queries at the last positions of `rows` cached rows.
     fn run(bencher: Bencher, queries: usize, rows: usize) {
+        run_typed(bencher, queries, rows, false)
+    }
+
+    /// As [`run`], the cache in f16 when `half` (what `q8` keeps).
+    fn run_typed(bencher: Bencher, queries: usize, rows: usize, half: bool) {
         let mut rng = Rng(3);
         let q = rng.vec(queries * HEADS * HEAD_DIM);
         let k = rng.vec(rows * KV_HEADS * HEAD_DIM);
         let v = rng.vec(rows * KV_HEADS * HEAD_DIM);
+        let k16: Vec<half::f16> = k.iter().map(|&x| half::f16::from_f32(x)).collect();
+        let v16: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
         let kpos: Vec<i64> = (0..rows as i64).collect();
         let kspan = vec![0i32; rows];
         let qpos: Vec<i64> = ((rows - queries) as i64..rows as i64).collect();
+        let (kview, vview) = if half {
+            (RowsView::F16(&k16), RowsView::F16(&v16))
+        } else {
+            (RowsView::F32(&k), RowsView::F32(&v))
+        };
+        let elem = if half { 2 } else { 4 };
         let kv = attention::KvRows {
-            k: RowsView::F32(&k),
-            v: RowsView::F32(&v),
+            k: kview,
+            v: vview,
             pos: &kpos,
             span: &kspan,
             kv_heads: KV_HEADS,
@@ -336,7 +349,7 @@ mod attention_f32 {
         // Query i sees rows 0..=rows - queries + i.
         let visible_pairs: usize = (0..queries).map(|i| rows - queries + i + 1).sum();
         let flops = HEADS * visible_pairs * 4 * HEAD_DIM;
-        let kv_bytes = 2 * rows * KV_HEADS * HEAD_DIM * std::mem::size_of::<f32>();
+        let kv_bytes = 2 * rows * KV_HEADS * HEAD_DIM * elem;
         let pool = ThreadPool::new(all_threads());
         let isa = Isa::detect();
         let mut out = vec![0f32; queries * HEADS * HEAD_DIM];
@@ -361,6 +374,13 @@ mod attention_f32 {
     #[divan::bench(args = [1024, 4096])]
     fn decode(bencher: Bencher, rows: usize) {
         run(bencher, 1, rows);
+    }
+
+    /// One query against `rows` cached rows in f16 (512: a full sliding
+    /// window of Gemma 3 270M).
+    #[divan::bench(args = [512, 1024, 4096])]
+    fn decode_f16(bencher: Bencher, rows: usize) {
+        run_typed(bencher, 1, rows, true);
     }
 }
 

@@ -9,8 +9,9 @@
 //! the block can see are skipped from their positions alone; rows may be in
 //! any order (a sliding layer's cache is a ring), so the per-block position
 //! ranges decide, and only blocks seen whole skip the per-key mask. With few
-//! jobs and many keys (decode deep into a long context) a job's keys are
-//! split over the threads and the parts merged at the end.
+//! jobs and many keys (decode) a job's keys are split over the threads and
+//! the parts merged at the end. An f16 cache is read in place by decode
+//! (converted as it is loaded) and widened a block at a time for prefill.
 
 mod avx2;
 mod avx512;
@@ -80,9 +81,11 @@ const KEYS: usize = 32;
 /// prefill 16 was about 10 % slower and 64 no faster.
 const TARGET_ROWS: usize = 32;
 /// The fewest key blocks worth a part of their own when a job's keys are
-/// split (1024 keys, tens of microseconds): a smaller part saves less than
-/// handing it to another thread costs, and much less on a busy machine.
-const MIN_SPLIT_BLOCKS: usize = 32;
+/// split (256 keys, about 20 µs at head size 256): handing a part to another
+/// thread costs a few microseconds. At 8 a full 512-key sliding window of
+/// Gemma 3 270M decodes in two parts: 72 → 44 µs per layer in the kernel
+/// bench, where 32 left it on one thread.
+const MIN_SPLIT_BLOCKS: usize = 8;
 
 /// `(q, rows, hd, k, k_stride, nk, scale, s)`: see [`Tiles::scores`].
 type ScoresFn = unsafe fn(&[f32], usize, usize, &[f32], usize, usize, f32, &mut [f32]);
@@ -90,6 +93,10 @@ type ScoresFn = unsafe fn(&[f32], usize, usize, &[f32], usize, usize, f32, &mut 
 type SoftmaxFn = unsafe fn(&mut [f32], usize, usize, &[u32], &mut [f32], &mut [f32], &mut [f32]);
 /// `(p, rows, nk, v, v_stride, hdv, alpha, o)`: see [`Tiles::pv`].
 type PvFn = unsafe fn(&[f32], usize, usize, &[f32], usize, usize, &[f32], &mut [f32]);
+/// [`ScoresFn`] with f16 keys.
+type ScoresF16Fn = unsafe fn(&[f32], usize, usize, &[u16], usize, usize, f32, &mut [f32]);
+/// [`PvFn`] with f16 values.
+type PvF16Fn = unsafe fn(&[f32], usize, usize, &[u16], usize, usize, &[f32], &mut [f32]);
 
 /// The per-instruction-set tile kernels. Rows of the query, score and
 /// output tiles come in a multiple of 4 (or are 1 or 2 rows in all); score
@@ -100,6 +107,8 @@ struct Tiles {
     /// apart) and keys `j < nk` of `k` (`k_stride` apart); entries up to the
     /// next multiple of the tile width may be overwritten.
     scores: ScoresFn,
+    /// `scores` reading f16 keys in place, widening them as they are loaded.
+    scores_f16: ScoresF16Fn,
     /// Online softmax over the `nk` scores of each row where the row's mask
     /// bit is set: updates the running max `m` and sum `l`, leaves in `alpha`
     /// the factor the earlier output must be scaled by, and turns the scores
@@ -107,6 +116,8 @@ struct Tiles {
     softmax: SoftmaxFn,
     /// `o[r·hdv + c] = alpha[r]·o[r·hdv + c] + Σ_j p[r·KEYS + j]·v[j·v_stride + c]`.
     pv: PvFn,
+    /// `pv` reading f16 values in place.
+    pv_f16: PvF16Fn,
     /// f16 bits to f32.
     widen_f16: unsafe fn(&[u16], &mut [f32]),
     /// bf16 bits to f32.
@@ -485,6 +496,10 @@ impl Job {
         let qpos = &q.pos[queries.clone()];
         let qspan = q.span.map(|s| &s[queries]);
         let n_rows = kv.pos.len();
+        // With one row tile (decode) each K and V element is used once, so
+        // f16 rows are read where they lie and widened as they are loaded;
+        // with more, widening a block once into a tile is cheaper.
+        let in_place = rows_pad <= 4;
         for b in blocks {
             let mut t0 = b.index as usize * KEYS;
             let mut nk = KEYS.min(n_rows - t0);
@@ -519,10 +534,35 @@ impl Job {
                     *bits >>= first;
                 }
             }
-            let (k, k_stride) =
-                block_rows(kv.k, tiles, t0, nk, g, hd, kv.kv_heads, &mut self.k_tile);
+            let k = block_rows(
+                kv.k,
+                tiles,
+                t0,
+                nk,
+                g,
+                hd,
+                kv.kv_heads,
+                in_place,
+                &mut self.k_tile,
+            );
             // SAFETY: `Tiles::new` only hands out kernels this CPU supports.
-            unsafe { (tiles.scores)(q_tile, rows_pad, hd, k, k_stride, nk, p.scale, &mut self.s) };
+            unsafe {
+                match k {
+                    Block::F32(k, stride) => {
+                        (tiles.scores)(q_tile, rows_pad, hd, k, stride, nk, p.scale, &mut self.s)
+                    }
+                    Block::F16(k, stride) => (tiles.scores_f16)(
+                        q_tile,
+                        rows_pad,
+                        hd,
+                        k,
+                        stride,
+                        nk,
+                        p.scale,
+                        &mut self.s,
+                    ),
+                }
+            };
             if let Some(c) = p.softcap {
                 for row in self.s[..self.rows * KEYS].chunks_exact_mut(KEYS) {
                     for s in &mut row[..nk] {
@@ -542,20 +582,26 @@ impl Job {
                     &mut self.alpha,
                 )
             };
-            let (v, v_stride) =
-                block_rows(kv.v, tiles, t0, nk, g, hdv, kv.kv_heads, &mut self.v_tile);
+            let v = block_rows(
+                kv.v,
+                tiles,
+                t0,
+                nk,
+                g,
+                hdv,
+                kv.kv_heads,
+                in_place,
+                &mut self.v_tile,
+            );
+            let (s, alpha, o) = (&self.s, &self.alpha, &mut self.o);
             // SAFETY: as above.
             unsafe {
-                (tiles.pv)(
-                    &self.s,
-                    rows_pad,
-                    nk,
-                    v,
-                    v_stride,
-                    hdv,
-                    &self.alpha,
-                    &mut self.o,
-                )
+                match v {
+                    Block::F32(v, stride) => (tiles.pv)(s, rows_pad, nk, v, stride, hdv, alpha, o),
+                    Block::F16(v, stride) => {
+                        (tiles.pv_f16)(s, rows_pad, nk, v, stride, hdv, alpha, o)
+                    }
+                }
             };
         }
     }
@@ -585,8 +631,16 @@ impl Job {
     }
 }
 
-/// Rows `t0 .. t0 + nk` of KV head `g` as f32: in place (`heads·dim` apart)
-/// for f32 storage, else widened into `tile` (`dim` apart).
+/// Key or value rows of one block as a tile kernel reads them: the data and
+/// the distance between rows.
+enum Block<'a> {
+    F32(&'a [f32], usize),
+    F16(&'a [u16], usize),
+}
+
+/// Rows `t0 .. t0 + nk` of KV head `g`: in place (`heads·dim` apart) for f32
+/// storage, and for f16 when `in_place`; otherwise widened into `tile`
+/// (`dim` apart).
 #[allow(clippy::too_many_arguments)]
 fn block_rows<'a>(
     view: RowsView<'a>,
@@ -596,12 +650,17 @@ fn block_rows<'a>(
     g: usize,
     dim: usize,
     heads: usize,
+    in_place: bool,
     tile: &'a mut Vec<f32>,
-) -> (&'a [f32], usize) {
+) -> Block<'a> {
     let stride = heads * dim;
     let start = (t0 * heads + g) * dim;
+    let span = (nk - 1) * stride + dim;
     let (bits, widen): (&[u16], _) = match view {
-        RowsView::F32(v) => return (&v[start..start + (nk - 1) * stride + dim], stride),
+        RowsView::F32(v) => return Block::F32(&v[start..start + span], stride),
+        RowsView::F16(v) if in_place => {
+            return Block::F16(&v.reinterpret_cast()[start..start + span], stride)
+        }
         RowsView::F16(v) => (v.reinterpret_cast(), tiles.widen_f16),
         RowsView::BF16(v) => (v.reinterpret_cast(), tiles.widen_bf16),
     };
@@ -610,7 +669,7 @@ fn block_rows<'a>(
         // SAFETY: `Tiles::new` only hands out kernels this CPU supports.
         unsafe { widen(&bits[start + j * stride..][..dim], dst) };
     }
-    (&tile[..], dim)
+    Block::F32(&tile[..], dim)
 }
 
 /// Row `r` of a split job from its parts' slots (laid out by [`Job::save`]):

@@ -18,11 +18,51 @@ use crate::cpu::kernels::elementwise::exp_f32;
 
 pub(super) const TILES: Tiles = Tiles {
     scores,
+    scores_f16,
     softmax,
     pv,
+    pv_f16,
     widen_f16,
     widen_bf16,
 };
+
+/// K/V elements the tiles read where they lie: f32, or f16 bits widened as
+/// they are loaded.
+trait Elem: Copy {
+    /// 16 elements from `p`.
+    unsafe fn load(p: *const Self) -> __m512;
+    /// The lanes of `m` from `p`, zeros elsewhere; masked lanes are not read.
+    unsafe fn load_masked(m: __mmask16, p: *const Self) -> __m512;
+}
+
+impl Elem for f32 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn load(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn load_masked(m: __mmask16, p: *const f32) -> __m512 {
+        _mm512_maskz_loadu_ps(m, p)
+    }
+}
+
+/// f16 bits.
+impl Elem for u16 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn load(p: *const u16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn load_masked(m: __mmask16, p: *const u16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()))
+    }
+}
 
 /// Lanes `0 .. n` (n ≤ 16) set.
 #[inline]
@@ -45,12 +85,44 @@ unsafe fn scores(
     scale: f32,
     s: &mut [f32],
 ) {
+    scores_of(q, rows, hd, k, k_stride, nk, scale, s)
+}
+
+/// [`scores`] on f16 keys, widened as they are loaded.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn scores_f16(
+    q: &[f32],
+    rows: usize,
+    hd: usize,
+    k: &[u16],
+    k_stride: usize,
+    nk: usize,
+    scale: f32,
+    s: &mut [f32],
+) {
+    scores_of(q, rows, hd, k, k_stride, nk, scale, s)
+}
+
+#[inline]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn scores_of<E: Elem>(
+    q: &[f32],
+    rows: usize,
+    hd: usize,
+    k: &[E],
+    k_stride: usize,
+    nk: usize,
+    scale: f32,
+    s: &mut [f32],
+) {
     assert!((1..=KEYS).contains(&nk) && hd >= 1);
     assert!(q.len() >= rows * hd && k.len() >= (nk - 1) * k_stride + hd && s.len() >= rows * KEYS);
     match rows % 4 {
-        0 => scores_tiles::<4, 4>(q, rows, hd, k, k_stride, nk, scale, s),
-        2 => scores_tiles::<2, 8>(q, rows, hd, k, k_stride, nk, scale, s),
-        _ => scores_tiles::<1, 16>(q, rows, hd, k, k_stride, nk, scale, s),
+        0 => scores_tiles::<4, 4, E>(q, rows, hd, k, k_stride, nk, scale, s),
+        2 => scores_tiles::<2, 8, E>(q, rows, hd, k, k_stride, nk, scale, s),
+        _ => scores_tiles::<1, 16, E>(q, rows, hd, k, k_stride, nk, scale, s),
     }
 }
 
@@ -60,11 +132,11 @@ unsafe fn scores(
 #[inline]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scores_tiles<const R: usize, const C: usize>(
+unsafe fn scores_tiles<const R: usize, const C: usize, E: Elem>(
     q: &[f32],
     rows: usize,
     hd: usize,
-    k: &[f32],
+    k: &[E],
     k_stride: usize,
     nk: usize,
     scale: f32,
@@ -90,7 +162,7 @@ unsafe fn scores_tiles<const R: usize, const C: usize>(
             let mut d = 0;
             while d < full {
                 for (v, p) in kv.iter_mut().zip(&kp) {
-                    *v = _mm512_loadu_ps(p.add(d));
+                    *v = E::load(p.add(d));
                 }
                 for (a, p) in acc.iter_mut().zip(&qp) {
                     let x = _mm512_loadu_ps(p.add(d));
@@ -102,7 +174,7 @@ unsafe fn scores_tiles<const R: usize, const C: usize>(
             }
             if d < hd {
                 for (v, p) in kv.iter_mut().zip(&kp) {
-                    *v = _mm512_maskz_loadu_ps(tail, p.add(d));
+                    *v = E::load_masked(tail, p.add(d));
                 }
                 for (a, p) in acc.iter_mut().zip(&qp) {
                     let x = _mm512_maskz_loadu_ps(tail, p.add(d));
@@ -257,13 +329,45 @@ unsafe fn pv(
     alpha: &[f32],
     o: &mut [f32],
 ) {
+    pv_of(p, rows, nk, v, v_stride, hdv, alpha, o)
+}
+
+/// [`pv`] on f16 values, widened as they are loaded.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn pv_f16(
+    p: &[f32],
+    rows: usize,
+    nk: usize,
+    v: &[u16],
+    v_stride: usize,
+    hdv: usize,
+    alpha: &[f32],
+    o: &mut [f32],
+) {
+    pv_of(p, rows, nk, v, v_stride, hdv, alpha, o)
+}
+
+#[inline]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn pv_of<E: Elem>(
+    p: &[f32],
+    rows: usize,
+    nk: usize,
+    v: &[E],
+    v_stride: usize,
+    hdv: usize,
+    alpha: &[f32],
+    o: &mut [f32],
+) {
     assert!((1..=KEYS).contains(&nk) && hdv >= 1);
     assert!(p.len() >= rows * KEYS && alpha.len() >= rows && o.len() >= rows * hdv);
     assert!(v.len() >= (nk - 1) * v_stride + hdv);
     match rows % 4 {
-        0 => pv_rows::<4, 4>(p, rows, nk, v, v_stride, hdv, alpha, o),
-        2 => pv_rows::<2, 8>(p, rows, nk, v, v_stride, hdv, alpha, o),
-        _ => pv_rows::<1, 8>(p, rows, nk, v, v_stride, hdv, alpha, o),
+        0 => pv_rows::<4, 4, E>(p, rows, nk, v, v_stride, hdv, alpha, o),
+        2 => pv_rows::<2, 8, E>(p, rows, nk, v, v_stride, hdv, alpha, o),
+        _ => pv_rows::<1, 8, E>(p, rows, nk, v, v_stride, hdv, alpha, o),
     }
 }
 
@@ -272,11 +376,11 @@ unsafe fn pv(
 #[inline]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn pv_rows<const R: usize, const NV: usize>(
+unsafe fn pv_rows<const R: usize, const NV: usize, E: Elem>(
     p: &[f32],
     rows: usize,
     nk: usize,
-    v: &[f32],
+    v: &[E],
     v_stride: usize,
     hdv: usize,
     alpha: &[f32],
@@ -285,11 +389,11 @@ unsafe fn pv_rows<const R: usize, const NV: usize>(
     let mut c = 0;
     // Columns in chunks of `NV` whole vectors, then one vector at a time.
     while c + 16 * NV <= hdv {
-        pv_tile::<R, NV>(p, rows, nk, v, v_stride, hdv, alpha, o, c, !0);
+        pv_tile::<R, NV, E>(p, rows, nk, v, v_stride, hdv, alpha, o, c, !0);
         c += 16 * NV;
     }
     while c < hdv {
-        pv_tile::<R, 1>(
+        pv_tile::<R, 1, E>(
             p,
             rows,
             nk,
@@ -313,11 +417,11 @@ unsafe fn pv_rows<const R: usize, const NV: usize>(
 #[inline]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn pv_tile<const R: usize, const NV: usize>(
+unsafe fn pv_tile<const R: usize, const NV: usize, E: Elem>(
     p: &[f32],
     rows: usize,
     nk: usize,
-    v: &[f32],
+    v: &[E],
     v_stride: usize,
     hdv: usize,
     alpha: &[f32],
@@ -342,7 +446,7 @@ unsafe fn pv_tile<const R: usize, const NV: usize>(
         for j in 0..nk {
             let vr = v.add(j * v_stride);
             for (i, x) in vv.iter_mut().enumerate() {
-                *x = _mm512_maskz_loadu_ps(mask[i], vr.add(16 * i));
+                *x = E::load_masked(mask[i], vr.add(16 * i));
             }
             for (r, a) in acc.iter_mut().enumerate() {
                 let w = _mm512_set1_ps(*pr.add(r * KEYS + j));

@@ -6,19 +6,38 @@ use super::{Tiles, KEYS};
 use crate::cpu::kernels::elementwise::exp_f32;
 
 pub(super) const TILES: Tiles = Tiles {
-    scores,
+    scores: scores::<f32>,
+    scores_f16: scores::<u16>,
     softmax,
-    pv,
+    pv: pv::<f32>,
+    pv_f16: pv::<u16>,
     widen_f16,
     widen_bf16,
 };
 
+/// K/V elements read where they lie: f32, or f16 bits.
+trait Elem: Copy {
+    fn get(self) -> f32;
+}
+
+impl Elem for f32 {
+    fn get(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for u16 {
+    fn get(self) -> f32 {
+        f16::from_bits(self).to_f32()
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
-fn scores(
+fn scores<E: Elem>(
     q: &[f32],
     rows: usize,
     hd: usize,
-    k: &[f32],
+    k: &[E],
     k_stride: usize,
     nk: usize,
     scale: f32,
@@ -27,7 +46,7 @@ fn scores(
     for (qr, sr) in q.chunks_exact(hd).zip(s.chunks_exact_mut(KEYS)).take(rows) {
         for (j, s) in sr[..nk].iter_mut().enumerate() {
             let kr = &k[j * k_stride..][..hd];
-            *s = qr.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale;
+            *s = qr.iter().zip(kr).map(|(a, b)| a * b.get()).sum::<f32>() * scale;
         }
     }
 }
@@ -74,11 +93,11 @@ pub(super) fn softmax(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn pv(
+fn pv<E: Elem>(
     p: &[f32],
     rows: usize,
     nk: usize,
-    v: &[f32],
+    v: &[E],
     v_stride: usize,
     hdv: usize,
     alpha: &[f32],
@@ -91,7 +110,7 @@ fn pv(
         }
         for (j, &w) in p[r * KEYS..][..nk].iter().enumerate() {
             for (x, &y) in orow.iter_mut().zip(&v[j * v_stride..][..hdv]) {
-                *x += w * y;
+                *x += w * y.get();
             }
         }
     }

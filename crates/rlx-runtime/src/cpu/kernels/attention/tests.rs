@@ -297,13 +297,33 @@ fn rings_with_empty_rows_and_decode_match_the_definition() {
 #[test]
 fn long_decode_splits_keys_and_merges_the_parts() {
     let mut r = Rng(17);
-    for storage in [Storage::F32, Storage::BF16] {
-        // Parts of at least 32 blocks of 32 keys: 2 or 3 parts at 3 threads.
+    for storage in [Storage::F32, Storage::F16, Storage::BF16] {
+        // Parts of at least 8 blocks of 32 keys: 2 to 6 parts at 3 threads.
         for (n, len, rows) in [(1, 2500, 3000), (2, 3300, 3100)] {
             for mask in [Mask::Causal, Mask::Sliding { window: 2100 }, Mask::Full] {
                 let p = params(mask, 8, None);
                 let case = Case::ring(&mut r, (4, 1, 8, 8), n, len, rows, p, storage);
                 case.check(&format!("{storage:?}, n {n}, len {len}, {mask:?}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_reads_half_precision_rows_in_place() {
+    let mut r = Rng(23);
+    // One query: a single row tile, so f16 rows are read where they lie
+    // (head sizes with and without a partial vector; up to 4 rows a tile).
+    for storage in [Storage::F16, Storage::BF16] {
+        for hd in [7, 16, 24, 64, 256] {
+            for (hq, hkv) in [(1, 1), (2, 1), (4, 1), (3, 1), (8, 2)] {
+                for (len, rows) in [(1, 40), (300, 300), (700, 512)] {
+                    let p = params(Mask::Sliding { window: 512 }, hd, None);
+                    let case = Case::ring(&mut r, (hq, hkv, hd, hd), 1, len, rows, p, storage);
+                    case.check(&format!(
+                        "{storage:?}, hd {hd}, heads {hq}/{hkv}, len {len}"
+                    ));
+                }
             }
         }
     }
