@@ -39,6 +39,11 @@ enum Command {
     ///
     /// Example: rlx chat --system "Answer briefly." --temp 0.7
     Chat(cmd::chat::ChatArgs),
+    /// An OpenAI-compatible HTTP server (chat and text completions, streaming).
+    ///
+    /// Example: rlx serve --port 8080 -c 4096, then
+    /// curl localhost:8080/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'
+    Serve(cmd::serve::ServeArgs),
     /// List the models in the cache ($RLX_HOME or ~/.cache/rlx/models).
     Models,
     /// Perplexity of a text file, computed as llama-perplexity does.
@@ -64,6 +69,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd::bench::run(&args),
         Command::Run(args) => cmd::run::run(&args),
         Command::Chat(args) => cmd::chat::run(&args),
+        Command::Serve(args) => cmd::serve::run(&args),
         Command::Models => cmd::models::run(),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Tokenize(args) => cmd::tokenize::run_tokenize(&args),

@@ -9,4 +9,5 @@ pub mod progress;
 pub mod run;
 pub mod sample_args;
 pub mod score;
+pub mod serve;
 pub mod tokenize;

@@ -41,7 +41,11 @@ pub struct SampleArgs {
 
 impl SampleArgs {
     pub fn sampler(&self) -> Result<Sampler> {
-        Sampler::new(SamplerConfig {
+        Sampler::new(self.sampler_config()).context("bad sampling options")
+    }
+
+    pub fn sampler_config(&self) -> SamplerConfig {
+        SamplerConfig {
             temperature: self.temp,
             top_k: self.top_k,
             top_p: self.top_p,
@@ -53,7 +57,6 @@ impl SampleArgs {
             penalty_last_n: self.repeat_last_n,
             logit_bias: Vec::new(),
             seed: self.seed,
-        })
-        .context("bad sampling options")
+        }
     }
 }

@@ -1,0 +1,85 @@
+//! `rlx serve`: the OpenAI-compatible HTTP server.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use rlx_gemma::SessionOptions;
+use rlx_server::{RequestLog, Server, ServerOptions};
+
+use super::common::ModelArgs;
+use super::sample_args::SampleArgs;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Defaults for the fields a request leaves out (`-n` is the default
+    /// `max_tokens`).
+    #[command(flatten)]
+    pub sample: SampleArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Context length in tokens (the KV cache the server keeps).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx: usize,
+}
+
+pub fn run(args: &ServeArgs) -> Result<()> {
+    let model = args.model.load()?;
+    let name = args
+        .model
+        .model
+        .file_stem()
+        .map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned());
+    let context = args.ctx.min(model.config().context_length.max(1));
+    let log = |r: &RequestLog| match &r.outcome {
+        Ok(f) => eprintln!(
+            "{}{}: prompt {} tokens ({} cached), {} generated in {:.2} s, {}",
+            r.endpoint,
+            if r.stream { " (stream)" } else { "" },
+            f.prompt_tokens,
+            f.cached_tokens,
+            f.completion_tokens,
+            f.prefill_secs + f.decode_secs,
+            f.reason.as_str()
+        ),
+        Err(e) => eprintln!("{}: error: {e}", r.endpoint),
+    };
+    let server = Server::new(
+        model,
+        SessionOptions {
+            context: Some(context),
+            kv_dtype: args.model.kv_dtype(),
+            ..SessionOptions::default()
+        },
+        ServerOptions {
+            model_name: name,
+            sampling: args.sample.sampler_config(),
+            max_tokens: args.sample.n,
+            on_request: Some(Arc::new(log)),
+        },
+    )?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!("listening on http://{local} (context {context} tokens); Ctrl-C stops");
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        rlx_server::serve(listener, Arc::new(server), shutdown)
+            .await
+            .context("server failed")
+    })
+}

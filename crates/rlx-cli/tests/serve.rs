@@ -1,0 +1,59 @@
+//! `rlx serve` as a user starts it: a free port, a request, Ctrl-C-free stop.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::Stdio;
+
+use common::{rlx, tiny};
+
+fn post(addr: &str, path: &str, body: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn serve_answers_chat_completions_on_the_port_it_prints() {
+    let mut child = rlx()
+        .args(["serve", "-m"])
+        .arg(tiny())
+        .args(["--port", "0", "-t", "1", "-c", "128"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    let reply = post(
+        &addr,
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"Hello"}],"max_tokens":4,"temperature":0}"#,
+    );
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let body = &reply[reply.find("\r\n\r\n").unwrap() + 4..];
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "model-f32");
+    // The request is logged on stderr.
+    line.clear();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.starts_with("/v1/chat/completions: prompt "), "{line}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -1,0 +1,445 @@
+//! rlx-server: an OpenAI-compatible HTTP API over one model.
+//!
+//! `POST /v1/chat/completions` and `POST /v1/completions` (both with
+//! `stream: true` as server-sent events), `GET /v1/models`, `GET /health`.
+//! Requests queue for one [`engine::Engine`] thread that keeps the KV cache
+//! between requests, so a conversation re-sent with one more turn only runs
+//! the new tokens. Errors are OpenAI's JSON shape and name the field.
+
+pub mod engine;
+pub mod openai;
+mod stop;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use rlx_gemma::sampling::SamplerConfig;
+use rlx_gemma::{Model, SessionOptions};
+use rlx_tokenizer::{ChatOptions, ChatTemplate, EncodeOptions, Tokenizer, TokenizerError};
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use engine::{Engine, Event, Finish, Job, JobError, StartError};
+use openai::{BadRequest, Params, Prompt};
+
+pub use engine::FinishReason;
+
+/// How the server answers.
+#[derive(Clone)]
+pub struct ServerOptions {
+    /// The model's name in `/v1/models` and in responses.
+    pub model_name: String,
+    /// Sampling for the fields a request leaves out.
+    pub sampling: SamplerConfig,
+    /// `max_tokens` when a request gives none (always capped by the room
+    /// left in the context).
+    pub max_tokens: usize,
+    /// Called after every completion request, e.g. to log it.
+    pub on_request: Option<RequestHook>,
+}
+
+/// A callback that sees every completion request's outcome.
+pub type RequestHook = Arc<dyn Fn(&RequestLog) + Send + Sync>;
+
+/// What one completion request did.
+#[derive(Clone, Debug)]
+pub struct RequestLog {
+    pub endpoint: &'static str,
+    pub stream: bool,
+    pub outcome: Result<Finish, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+}
+
+/// The model, its tokenizer and chat template, and the engine running it.
+pub struct Server {
+    engine: Engine,
+    template: ChatTemplate,
+    opts: ServerOptions,
+    created: u64,
+    requests: AtomicU64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completion,
+}
+
+impl Endpoint {
+    fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completion => "/v1/completions",
+        }
+    }
+}
+
+/// An error response in OpenAI's shape.
+struct ApiError {
+    status: StatusCode,
+    message: String,
+    param: Option<String>,
+}
+
+impl From<BadRequest> for ApiError {
+    fn from(e: BadRequest) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: e.message,
+            param: e.param,
+        }
+    }
+}
+
+impl From<JobError> for ApiError {
+    fn from(e: JobError) -> ApiError {
+        let status = match e {
+            JobError::Invalid(_) => StatusCode::BAD_REQUEST,
+            JobError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError {
+            status,
+            message: e.to_string(),
+            param: None,
+        }
+    }
+}
+
+impl ApiError {
+    fn body(&self) -> Value {
+        let kind = if self.status.is_client_error() {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        };
+        json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": null}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Server {
+    /// Starts the engine with a session of `session` options on `model`.
+    pub fn new(
+        model: Model,
+        session: SessionOptions,
+        opts: ServerOptions,
+    ) -> Result<Server, ServerError> {
+        let tokenizer = Arc::new(Tokenizer::from_gguf(model.file())?);
+        let template = ChatTemplate::from_gguf(model.file())?;
+        let engine = Engine::start(model, tokenizer, session)?;
+        Ok(Server {
+            engine,
+            template,
+            opts,
+            created: now(),
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    /// The HTTP routes.
+    pub fn router(self: Arc<Self>) -> Router {
+        Router::new()
+            .route("/health", get(health))
+            .route("/v1/models", get(models))
+            .route("/v1/chat/completions", post(chat))
+            .route("/v1/completions", post(completions))
+            .fallback(not_found)
+            .with_state(self)
+    }
+
+    /// Prompt tokens and parameters of a request body.
+    fn prepare(&self, endpoint: Endpoint, body: &[u8]) -> Result<(Vec<u32>, Params), ApiError> {
+        let body = openai::object(body)?;
+        let n = self.requests.fetch_add(1, Ordering::Relaxed);
+        // Without a seed, each request samples differently.
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(n, |d| d.as_nanos() as u64 ^ n);
+        let params = openai::params(&body, &self.opts.sampling, seed)?;
+        let tok = self.engine.tokenizer();
+        let ids = match endpoint {
+            Endpoint::Chat => self.chat_prompt(&body)?,
+            Endpoint::Completion => match openai::prompt(&body)? {
+                Prompt::Text(t) => tok.encode(&t, EncodeOptions::default()),
+                Prompt::Tokens(t) => t,
+            },
+        };
+        if ids.is_empty() {
+            return Err(BadRequest::new("the prompt is empty").into());
+        }
+        if ids.len() >= self.engine.context() {
+            return Err(BadRequest::new(format!(
+                "the prompt has {} tokens; the context holds {} (start the server with a larger -c)",
+                ids.len(),
+                self.engine.context()
+            ))
+            .into());
+        }
+        Ok((ids, params))
+    }
+
+    fn chat_prompt(&self, body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+        let messages = openai::messages(body)?;
+        let rendered = self
+            .template
+            .render(
+                &messages,
+                &ChatOptions {
+                    add_generation_prompt: true,
+                    enable_thinking: None,
+                },
+            )
+            .map_err(|e| BadRequest::new(format!("chat template: {e}")))?;
+        Ok(self.engine.tokenizer().encode_chat(&rendered))
+    }
+
+    fn id(&self, endpoint: Endpoint) -> String {
+        let prefix = match endpoint {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completion => "cmpl",
+        };
+        let n = self.requests.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:x}{n:06x}", self.created)
+    }
+
+    /// One streamed chunk, or with `finish` the last one.
+    fn chunk(
+        &self,
+        endpoint: Endpoint,
+        id: &str,
+        text: &str,
+        finish: Option<FinishReason>,
+    ) -> Value {
+        let reason = finish.map(FinishReason::as_str);
+        let (object, choice) = match endpoint {
+            Endpoint::Chat => {
+                let delta = if finish.is_some() {
+                    json!({})
+                } else {
+                    json!({"content": text})
+                };
+                (
+                    "chat.completion.chunk",
+                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}),
+                )
+            }
+            Endpoint::Completion => (
+                "text_completion",
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
+            ),
+        };
+        json!({"id": id, "object": object, "created": now(), "model": self.opts.model_name,
+               "choices": [choice]})
+    }
+
+    /// The whole response of a request that did not stream.
+    fn completion(&self, endpoint: Endpoint, id: &str, text: String, f: &Finish) -> Value {
+        let reason = f.reason.as_str();
+        let (object, choice) = match endpoint {
+            Endpoint::Chat => (
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": text},
+                       "logprobs": null, "finish_reason": reason}),
+            ),
+            Endpoint::Completion => (
+                "text_completion",
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
+            ),
+        };
+        json!({"id": id, "object": object, "created": now(), "model": self.opts.model_name,
+               "choices": [choice], "usage": usage(f), "timings": timings(f)})
+    }
+
+    fn log(&self, endpoint: Endpoint, stream: bool, outcome: Result<Finish, String>) {
+        if let Some(cb) = &self.opts.on_request {
+            cb(&RequestLog {
+                endpoint: endpoint.path(),
+                stream,
+                outcome,
+            });
+        }
+    }
+
+    async fn complete(self: Arc<Self>, endpoint: Endpoint, body: Bytes) -> Response {
+        let (prompt, params) = match self.prepare(endpoint, &body) {
+            Ok(p) => p,
+            Err(e) => {
+                self.log(endpoint, false, Err(e.message.clone()));
+                return e.into_response();
+            }
+        };
+        let room = self.engine.context() - prompt.len();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let job = Job {
+            prompt,
+            max_tokens: params.max_tokens.unwrap_or(self.opts.max_tokens).min(room),
+            sampler: params.sampler,
+            stop: params.stop,
+            ignore_eos: params.ignore_eos,
+            events: tx,
+        };
+        if let Err(e) = self.engine.submit(job) {
+            return ApiError::from(e).into_response();
+        }
+        let id = self.id(endpoint);
+        if params.stream {
+            return self.stream(endpoint, id, rx, params.include_usage);
+        }
+        let mut text = String::new();
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                Event::Text(t) => text.push_str(&t),
+                Event::Done(f) => {
+                    self.log(endpoint, false, Ok(f));
+                    return Json(self.completion(endpoint, &id, text, &f)).into_response();
+                }
+                Event::Error(e) => {
+                    self.log(endpoint, false, Err(e.to_string()));
+                    return ApiError::from(e).into_response();
+                }
+            }
+        }
+        ApiError::from(JobError::Internal("the engine dropped the request".into())).into_response()
+    }
+
+    /// Server-sent events: a chunk per piece of text, a last chunk with the
+    /// finish reason, usage if asked for, then `[DONE]`. When the client goes
+    /// away the forwarding task ends, and with it the generation.
+    fn stream(
+        self: Arc<Self>,
+        endpoint: Endpoint,
+        id: String,
+        mut rx: mpsc::UnboundedReceiver<Event>,
+        include_usage: bool,
+    ) -> Response {
+        let (out, events) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+        let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
+        let gone = move |s: &Server| s.log(endpoint, true, Err("the client went away".into()));
+        tokio::spawn(async move {
+            if endpoint == Endpoint::Chat {
+                let mut first = self.chunk(endpoint, &id, "", None);
+                first["choices"][0]["delta"] = json!({"role": "assistant", "content": ""});
+                if out.send(data(first)).is_err() {
+                    return gone(&self);
+                }
+            }
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    Event::Text(t) => {
+                        if out.send(data(self.chunk(endpoint, &id, &t, None))).is_err() {
+                            return gone(&self);
+                        }
+                    }
+                    Event::Done(f) => {
+                        let mut last = self.chunk(endpoint, &id, "", Some(f.reason));
+                        last["timings"] = timings(&f);
+                        let _ = out.send(data(last));
+                        if include_usage {
+                            let mut u = self.chunk(endpoint, &id, "", None);
+                            u["choices"] = json!([]);
+                            u["usage"] = usage(&f);
+                            let _ = out.send(data(u));
+                        }
+                        let _ = out.send(Ok(SseEvent::default().data("[DONE]")));
+                        self.log(endpoint, true, Ok(f));
+                        return;
+                    }
+                    Event::Error(e) => {
+                        self.log(endpoint, true, Err(e.to_string()));
+                        let _ = out.send(data(ApiError::from(e).body()));
+                        return;
+                    }
+                }
+            }
+        });
+        Sse::new(UnboundedReceiverStream::new(events))
+            .keep_alive(KeepAlive::default())
+            .into_response()
+    }
+}
+
+fn usage(f: &Finish) -> Value {
+    json!({"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
+           "total_tokens": f.prompt_tokens + f.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": f.cached_tokens}})
+}
+
+/// llama-server's timing fields.
+fn timings(f: &Finish) -> Value {
+    let run = f.prompt_tokens - f.cached_tokens;
+    let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+    // The first token comes from the prefill; the rest each cost a decode step.
+    let decoded = f.completion_tokens.saturating_sub(1);
+    json!({"cache_n": f.cached_tokens, "prompt_n": run, "prompt_ms": f.prefill_secs * 1e3,
+           "prompt_per_second": per_s(run, f.prefill_secs),
+           "predicted_n": f.completion_tokens, "predicted_ms": f.decode_secs * 1e3,
+           "predicted_per_second": per_s(decoded, f.decode_secs)})
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn models(State(s): State<Arc<Server>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [{
+        "id": s.opts.model_name, "object": "model", "created": s.created, "owned_by": "rlx",
+        "meta": {"n_ctx": s.engine.context(), "n_vocab": s.engine.tokenizer().vocab_size()}
+    }]}))
+}
+
+async fn chat(State(s): State<Arc<Server>>, body: Bytes) -> Response {
+    s.complete(Endpoint::Chat, body).await
+}
+
+async fn completions(State(s): State<Arc<Server>>, body: Bytes) -> Response {
+    s.complete(Endpoint::Completion, body).await
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!("no route for {method} {}", uri.path()),
+        param: None,
+    }
+    .into_response()
+}
+
+/// Serves `server` on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    server: Arc<Server>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, server.router())
+        .with_graceful_shutdown(shutdown)
+        .await
+}

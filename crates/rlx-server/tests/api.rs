@@ -1,0 +1,428 @@
+//! The HTTP API against the tiny Gemma 3 model, over real sockets: every
+//! answer is checked against the library generating the same tokens.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rlx_gemma::generate::generate;
+use rlx_gemma::sampling::{Sampler, SamplerConfig};
+use rlx_gemma::{Model, ModelOptions, SessionOptions};
+use rlx_server::{RequestHook, RequestLog, Server, ServerOptions};
+use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Tokenizer};
+use serde_json::{json, Value};
+
+const CONTEXT: usize = 256;
+
+fn tiny() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny/gemma3/model-f32.gguf")
+}
+
+fn load() -> Model {
+    Model::load(
+        tiny(),
+        ModelOptions {
+            threads: 1,
+            ..ModelOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+/// A server on a free port, stopped when dropped.
+struct TestServer {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl TestServer {
+    fn start() -> TestServer {
+        TestServer::start_logged(CONTEXT, None)
+    }
+
+    fn start_logged(context: usize, on_request: Option<RequestHook>) -> TestServer {
+        let server = Server::new(
+            load(),
+            SessionOptions {
+                context: Some(context),
+                ..SessionOptions::default()
+            },
+            ServerOptions {
+                model_name: "tiny".into(),
+                sampling: SamplerConfig::default(),
+                max_tokens: 16,
+                on_request,
+            },
+        )
+        .unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        runtime.spawn(rlx_server::serve(listener, Arc::new(server), async {
+            let _ = stopped.await;
+        }));
+        TestServer {
+            addr,
+            stop: Some(stop),
+            runtime: Some(runtime),
+        }
+    }
+
+    /// Status and body of one request (chunked bodies joined).
+    fn request(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let mut s = TcpStream::connect(self.addr).unwrap();
+        let body = body.unwrap_or("");
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        let raw = String::from_utf8(raw).unwrap();
+        let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        let chunked = head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked");
+        (
+            status,
+            if chunked {
+                dechunk(rest)
+            } else {
+                rest.to_owned()
+            },
+        )
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, text) = self.request("POST", path, Some(&body.to_string()));
+        (status, serde_json::from_str(&text).unwrap())
+    }
+
+    /// The `data:` payloads of a server-sent event stream.
+    fn post_stream(&self, path: &str, body: &Value) -> Vec<String> {
+        let (status, text) = self.request("POST", path, Some(&body.to_string()));
+        assert_eq!(status, 200, "{text}");
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(std::time::Duration::from_secs(5));
+        }
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap();
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+/// What the library generates greedily from `prompt` (no stop tokens).
+fn library_text(prompt: &[u32], n: usize) -> (String, usize) {
+    let model = load();
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    let mut session = model.session(SessionOptions::default()).unwrap();
+    let mut sampler = Sampler::new(SamplerConfig::default()).unwrap();
+    let (tokens, _, _) =
+        generate(&mut session, prompt, n, &mut sampler, &[], &mut |_| true).unwrap();
+    (tok.decode(&tokens, false), tokens.len())
+}
+
+fn chat_prompt(messages: &[ChatMessage]) -> Vec<u32> {
+    let model = load();
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    let template = ChatTemplate::from_gguf(model.file()).unwrap();
+    let rendered = template
+        .render(
+            messages,
+            &ChatOptions {
+                add_generation_prompt: true,
+                enable_thinking: None,
+            },
+        )
+        .unwrap();
+    tok.encode_chat(&rendered)
+}
+
+fn chat_body(extra: Value) -> Value {
+    let mut body = json!({
+        "model": "tiny",
+        "messages": [{"role": "system", "content": "Be brief."},
+                     {"role": "user", "content": "Tell me about the sea."}],
+        "temperature": 0,
+        "max_tokens": 12,
+        "ignore_eos": true,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+#[test]
+fn health_models_and_unknown_routes() {
+    let srv = TestServer::start();
+    let (status, body) = srv.request("GET", "/health", None);
+    assert_eq!((status, body.as_str()), (200, r#"{"status":"ok"}"#));
+    let (status, body) = srv.request("GET", "/v1/models", None);
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["data"][0]["id"], "tiny");
+    assert_eq!(v["data"][0]["meta"]["n_ctx"], CONTEXT);
+    let (status, body) = srv.request("GET", "/v1/nothing", None);
+    assert_eq!(status, 404);
+    assert!(body.contains("no route for GET /v1/nothing"), "{body}");
+}
+
+#[test]
+fn chat_completion_is_what_the_library_generates() {
+    let srv = TestServer::start();
+    let (status, v) = srv.post("/v1/chat/completions", &chat_body(json!({})));
+    assert_eq!(status, 200, "{v}");
+    let ids = chat_prompt(&[
+        ChatMessage::system("Be brief."),
+        ChatMessage::user("Tell me about the sea."),
+    ]);
+    let (expected, n) = library_text(&ids, 12);
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "tiny");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["choices"][0]["message"]["content"], expected.as_str());
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["prompt_tokens"], ids.len());
+    assert_eq!(v["usage"]["completion_tokens"], n);
+    assert_eq!(v["usage"]["total_tokens"], ids.len() + n);
+
+    // The same conversation again reuses the cached prompt.
+    let (_, again) = srv.post("/v1/chat/completions", &chat_body(json!({})));
+    assert_eq!(again["choices"][0]["message"]["content"], expected.as_str());
+    assert_eq!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"],
+        ids.len() - 1
+    );
+}
+
+#[test]
+fn streamed_chunks_add_up_to_the_whole_answer() {
+    let srv = TestServer::start();
+    let (_, whole) = srv.post("/v1/chat/completions", &chat_body(json!({})));
+    let events = srv.post_stream(
+        "/v1/chat/completions",
+        &chat_body(json!({"stream": true, "stream_options": {"include_usage": true}})),
+    );
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(
+        text,
+        whole["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    let n = chunks.len();
+    assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[n - 1]["choices"], json!([]));
+    let usage = &chunks[n - 1]["usage"];
+    for key in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(usage[key], whole["usage"][key], "{key}");
+    }
+    // The second request found the first one's prompt in the cache.
+    let prompt = usage["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], prompt - 1);
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+}
+
+#[test]
+fn text_completions_from_a_string_or_token_ids() {
+    let srv = TestServer::start();
+    let model = load();
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    let ids = tok.encode("Once upon a time", EncodeOptions::default());
+    let (expected, _) = library_text(&ids, 6);
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "ignore_eos": true});
+    let (status, v) = srv.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"], expected.as_str());
+    let body = json!({"prompt": ids, "max_tokens": 6, "temperature": 0, "ignore_eos": true});
+    let (_, v) = srv.post("/v1/completions", &body);
+    assert_eq!(v["choices"][0]["text"], expected.as_str());
+    // Streamed, the pieces join to the same text.
+    let mut body = body;
+    body["stream"] = json!(true);
+    let events = srv.post_stream("/v1/completions", &body);
+    let text: String = events
+        .iter()
+        .filter(|e| e.as_str() != "[DONE]")
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(text, expected);
+}
+
+#[test]
+fn stop_strings_cut_the_answer_streamed_or_not() {
+    let srv = TestServer::start();
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+    let (_, v) = srv.post("/v1/completions", &body);
+    let full = v["choices"][0]["text"].as_str().unwrap().to_owned();
+    // A stop string from the middle of the answer.
+    let chars: Vec<(usize, char)> = full.char_indices().collect();
+    assert!(chars.len() >= 8, "{full:?}");
+    let (a, b) = (chars[chars.len() / 2].0, chars[chars.len() / 2 + 2].0);
+    let stop = &full[a..b];
+    let expected = &full[..full.find(stop).unwrap()];
+    let mut body = body;
+    body["stop"] = json!([stop, "this string never appears 123"]);
+    let (_, v) = srv.post("/v1/completions", &body);
+    assert_eq!(v["choices"][0]["text"], expected);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    body["stream"] = json!(true);
+    let events = srv.post_stream("/v1/completions", &body);
+    let chunks: Vec<Value> = events
+        .iter()
+        .filter(|e| e.as_str() != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, expected);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "stop"
+    );
+}
+
+#[test]
+fn bad_requests_are_openai_errors_that_name_the_field() {
+    let srv = TestServer::start();
+    let (status, body) = srv.request("POST", "/v1/chat/completions", Some("{oops"));
+    assert_eq!(status, 400);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("not valid JSON"));
+
+    let (status, v) = srv.post(
+        "/v1/chat/completions",
+        &chat_body(json!({"temperature": "hot"})),
+    );
+    assert_eq!(status, 400);
+    assert_eq!(v["error"]["param"], "temperature");
+
+    let (status, v) = srv.post("/v1/chat/completions", &json!({"model": "tiny"}));
+    assert_eq!(status, 400);
+    assert_eq!(v["error"]["param"], "messages");
+
+    let long: Vec<u32> = (0..CONTEXT as u32 + 10).map(|i| 100 + i).collect();
+    let (status, v) = srv.post("/v1/completions", &json!({"prompt": long}));
+    assert_eq!(status, 400);
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&format!("the context holds {CONTEXT}")),
+        "{msg}"
+    );
+
+    let (status, v) = srv.post("/v1/completions", &json!({"prompt": [1u32 << 30]}));
+    assert_eq!(status, 400);
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("outside the vocabulary"));
+
+    // The engine is still serving.
+    let (status, _) = srv.post("/v1/chat/completions", &chat_body(json!({})));
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn concurrent_requests_queue_and_a_dropped_stream_frees_the_engine() {
+    let logs = Arc::new(std::sync::Mutex::new(Vec::<RequestLog>::new()));
+    let sink = Arc::clone(&logs);
+    // A context long enough that the dropped stream below is still
+    // generating when the client hangs up.
+    let srv = TestServer::start_logged(
+        4096,
+        Some(Arc::new(move |r: &RequestLog| {
+            sink.lock().unwrap().push(r.clone())
+        })),
+    );
+    let (_, alone) = srv.post("/v1/chat/completions", &chat_body(json!({})));
+    let srv = &srv;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3)
+            .map(|_| s.spawn(move || srv.post("/v1/chat/completions", &chat_body(json!({})))))
+            .collect();
+        for h in handles {
+            let (status, v) = h.join().unwrap();
+            assert_eq!(status, 200);
+            assert_eq!(v["choices"], alone["choices"]);
+        }
+    });
+    // A client that asks for a long stream and hangs up after the first bytes.
+    {
+        let mut s = TcpStream::connect(srv.addr).unwrap();
+        let body = chat_body(json!({"stream": true, "max_tokens": 4000})).to_string();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut first = [0u8; 64];
+        let _ = s.read(&mut first).unwrap();
+    }
+    let (status, v) = srv.post("/v1/chat/completions", &chat_body(json!({})));
+    assert_eq!(status, 200);
+    assert_eq!(v["choices"], alone["choices"]);
+    let logs = logs.lock().unwrap();
+    let gone: Vec<_> = logs.iter().filter(|l| l.stream).collect();
+    assert_eq!(gone.len(), 1, "{logs:?}");
+    assert_eq!(
+        gone[0].outcome.as_ref().unwrap_err(),
+        "the client went away"
+    );
+    assert_eq!(logs.iter().filter(|l| l.outcome.is_ok()).count(), 5);
+}
