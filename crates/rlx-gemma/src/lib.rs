@@ -13,4 +13,4 @@ pub mod sampling;
 
 pub use builder::{build_graph, Logits};
 pub use config::{Arch, AttentionKind, ConfigError, GemmaConfig, LayerSpec, MoeSpec};
-pub use model::{Model, ModelError, ModelOptions, Session, SessionOptions};
+pub use model::{Device, Model, ModelError, ModelOptions, Session, SessionOptions};

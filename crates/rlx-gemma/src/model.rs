@@ -14,6 +14,9 @@ use rlx_runtime::{
     Plan, RunError, WeightStore,
 };
 
+#[cfg(feature = "cuda")]
+use rlx_runtime::cuda::{compile_cuda, CudaDevice, CudaError, CudaKvCache, CudaPlan, CudaWeights};
+
 use crate::builder::{build_graph, BuildError, Logits};
 use crate::config::{AttentionKind, ConfigError, GemmaConfig};
 
@@ -43,15 +46,45 @@ pub enum ModelError {
     Empty,
     #[error("sampling: {0}")]
     Sampling(String),
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    #[error("{0}")]
+    Device(String),
 }
 
 pub type Result<T> = std::result::Result<T, ModelError>;
 
+impl ModelError {
+    /// A rewind past what a sliding layer still holds (the prefix must run
+    /// again).
+    fn is_rewind_too_far(&self) -> bool {
+        match self {
+            ModelError::Kv(KvError::RewindTooFar { .. }) => true,
+            #[cfg(feature = "cuda")]
+            ModelError::Cuda(CudaError::Kv(KvError::RewindTooFar { .. })) => true,
+            _ => false,
+        }
+    }
+}
+
+/// Where a model runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Device {
+    #[default]
+    Cpu,
+    /// The GPU of this ordinal (needs the `cuda` feature).
+    Cuda(usize),
+}
+
 /// How to run a model.
 #[derive(Clone, Debug)]
 pub struct ModelOptions {
+    /// CPU threads (on a GPU: for loading and sampling only).
     pub threads: usize,
+    /// CPU matmul arithmetic; the GPU computes `exact`.
     pub precision: Precision,
+    pub device: Device,
 }
 
 impl Default for ModelOptions {
@@ -59,6 +92,7 @@ impl Default for ModelOptions {
         ModelOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             precision: Precision::Exact,
+            device: Device::Cpu,
         }
     }
 }
@@ -68,6 +102,9 @@ pub struct Model {
     config: GemmaConfig,
     store: Arc<WeightStore>,
     device: CpuDevice,
+    /// The weights on the GPU, when the model runs there.
+    #[cfg(feature = "cuda")]
+    cuda: Option<Arc<CudaWeights>>,
     options: ModelOptions,
 }
 
@@ -81,12 +118,33 @@ impl Model {
         let config = GemmaConfig::from_gguf(&file)?;
         let store = Arc::new(WeightStore::new(Arc::new(file)));
         let device = CpuDevice::new(options.threads);
+        #[cfg(feature = "cuda")]
+        let cuda = match options.device {
+            Device::Cpu => None,
+            Device::Cuda(ordinal) => {
+                let gpu = CudaDevice::new(ordinal)?;
+                Some(Arc::new(CudaWeights::upload(&gpu, &store)?))
+            }
+        };
+        #[cfg(not(feature = "cuda"))]
+        if let Device::Cuda(_) = options.device {
+            return Err(ModelError::Device(
+                "this build has no CUDA backend (build with the `cuda` feature)".into(),
+            ));
+        }
         Ok(Model {
             config,
             store,
             device,
+            #[cfg(feature = "cuda")]
+            cuda,
             options,
         })
+    }
+
+    /// Where the model runs.
+    pub fn device(&self) -> Device {
+        self.options.device
     }
 
     pub fn config(&self) -> &GemmaConfig {
@@ -103,9 +161,53 @@ impl Model {
 
     fn plan(&self, logits: Logits, max_seq: usize) -> Result<Plan> {
         let graph = build_graph(&self.config, &self.store, logits)?;
+        Ok(compile(
+            &graph,
+            &self.store,
+            &self.device,
+            &self.compile_options(max_seq),
+        )?)
+    }
+
+    fn compile_options(&self, max_seq: usize) -> CompileOptions {
         let mut opts = CompileOptions::new(Bindings::new().with(Sym::SEQ, max_seq));
         opts.precision = self.options.precision;
-        Ok(compile(&graph, &self.store, &self.device, &opts)?)
+        opts
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_plan(
+        &self,
+        weights: &Arc<CudaWeights>,
+        logits: Logits,
+        max_seq: usize,
+    ) -> Result<CudaPlan> {
+        let graph = build_graph(&self.config, &self.store, logits)?;
+        Ok(compile_cuda(
+            &graph,
+            &self.store,
+            weights,
+            &self.compile_options(max_seq),
+        )?)
+    }
+
+    /// Plans and cache of a new session on this model's device.
+    fn exec(&self, kv_config: KvCacheConfig, chunk: usize) -> Result<Exec> {
+        #[cfg(feature = "cuda")]
+        if let Some(w) = &self.cuda {
+            return Ok(Exec::Cuda {
+                prefill: self.cuda_plan(w, Logits::Last, chunk)?,
+                decode: self.cuda_plan(w, Logits::Last, 1)?,
+                score: None,
+                kv: CudaKvCache::new(w.device(), kv_config)?,
+            });
+        }
+        Ok(Exec::Cpu {
+            prefill: self.plan(Logits::Last, chunk)?,
+            decode: self.plan(Logits::Last, 1)?,
+            score: None,
+            kv: KvCache::new(kv_config)?,
+        })
     }
 
     /// The KV-cache layout of this model for a context of `context` tokens.
@@ -161,10 +263,7 @@ impl Model {
         }
         Ok(Session {
             model: self,
-            prefill: self.plan(Logits::Last, chunk)?,
-            decode: self.plan(Logits::Last, 1)?,
-            score: None,
-            kv: KvCache::new(kv_config)?,
+            exec: self.exec(kv_config, chunk)?,
             tokens: Vec::new(),
             chunk,
             context,
@@ -196,14 +295,36 @@ impl Default for SessionOptions {
     }
 }
 
+/// A session's plans and KV cache on one device.
+enum Exec {
+    Cpu {
+        prefill: Plan,
+        decode: Plan,
+        /// Compiled on first use: logits at every position.
+        score: Option<Plan>,
+        kv: KvCache,
+    },
+    #[cfg(feature = "cuda")]
+    Cuda {
+        prefill: CudaPlan,
+        decode: CudaPlan,
+        score: Option<CudaPlan>,
+        kv: CudaKvCache,
+    },
+}
+
+/// Which plan a step runs.
+#[derive(Clone, Copy)]
+enum Phase {
+    Prefill,
+    Decode,
+    Score,
+}
+
 /// One conversation's state: the tokens so far and their KV cache.
 pub struct Session<'m> {
     model: &'m Model,
-    prefill: Plan,
-    decode: Plan,
-    /// Compiled on first use: logits at every position.
-    score: Option<Plan>,
-    kv: KvCache,
+    exec: Exec,
     tokens: Vec<u32>,
     chunk: usize,
     context: usize,
@@ -231,7 +352,11 @@ impl Session<'_> {
     }
 
     pub fn kv_bytes(&self) -> usize {
-        self.kv.memory_bytes()
+        match &self.exec {
+            Exec::Cpu { kv, .. } => kv.memory_bytes(),
+            #[cfg(feature = "cuda")]
+            Exec::Cuda { kv, .. } => kv.memory_bytes(),
+        }
     }
 
     fn check(&self, tokens: &[u32]) -> Result<()> {
@@ -251,20 +376,63 @@ impl Session<'_> {
         Ok(())
     }
 
-    fn step(plan: &mut Plan, kv: &mut KvCache, tokens: &[u32]) -> Result<Vec<f32>> {
-        let start = kv.len() as i32;
+    /// Runs `tokens` through the plan of `phase` at the cache's end and
+    /// returns the logits it outputs.
+    fn step(&mut self, phase: Phase, tokens: &[u32]) -> Result<Vec<f32>> {
         let n = tokens.len();
-        let inputs = HashMap::from([
-            (
-                "tokens".to_string(),
-                HostTensor::i32(tokens.iter().map(|&t| t as i32).collect(), &[n]),
-            ),
-            (
-                "pos".to_string(),
-                HostTensor::i32((start..start + n as i32).collect(), &[n]),
-            ),
-        ]);
-        let mut out = plan.run(&inputs, Some(kv))?;
+        let input = |start: usize| {
+            HashMap::from([
+                (
+                    "tokens".to_string(),
+                    HostTensor::i32(tokens.iter().map(|&t| t as i32).collect(), &[n]),
+                ),
+                (
+                    "pos".to_string(),
+                    HostTensor::i32((start as i32..(start + n) as i32).collect(), &[n]),
+                ),
+            ])
+        };
+        let chunk = self.chunk;
+        let mut out = match &mut self.exec {
+            Exec::Cpu {
+                prefill,
+                decode,
+                score,
+                kv,
+            } => {
+                let plan = match phase {
+                    Phase::Prefill => prefill,
+                    Phase::Decode => decode,
+                    Phase::Score => {
+                        if score.is_none() {
+                            *score = Some(self.model.plan(Logits::All, chunk)?);
+                        }
+                        score.as_mut().expect("compiled above")
+                    }
+                };
+                plan.run(&input(kv.len()), Some(kv))?
+            }
+            #[cfg(feature = "cuda")]
+            Exec::Cuda {
+                prefill,
+                decode,
+                score,
+                kv,
+            } => {
+                let plan = match phase {
+                    Phase::Prefill => prefill,
+                    Phase::Decode => decode,
+                    Phase::Score => {
+                        if score.is_none() {
+                            let w = self.model.cuda.as_ref().expect("a CUDA session");
+                            *score = Some(self.model.cuda_plan(w, Logits::All, chunk)?);
+                        }
+                        score.as_mut().expect("compiled above")
+                    }
+                };
+                plan.run(&input(kv.len()), Some(kv))?
+            }
+        };
         let (_, t) = out.swap_remove(0);
         match t {
             HostTensor::F32 { data, .. } => Ok(data),
@@ -288,12 +456,12 @@ impl Session<'_> {
         let mut last = Vec::new();
         let mut done = 0;
         for chunk in tokens.chunks(self.chunk) {
-            let plan = if chunk.len() == 1 {
-                &mut self.decode
+            let phase = if chunk.len() == 1 {
+                Phase::Decode
             } else {
-                &mut self.prefill
+                Phase::Prefill
             };
-            last = Self::step(plan, &mut self.kv, chunk)?;
+            last = self.step(phase, chunk)?;
             self.tokens.extend_from_slice(chunk);
             self.computed += chunk.len();
             done += chunk.len();
@@ -306,13 +474,9 @@ impl Session<'_> {
     /// `[tokens.len() × vocab]`.
     pub fn score(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         self.check(tokens)?;
-        if self.score.is_none() {
-            self.score = Some(self.model.plan(Logits::All, self.chunk)?);
-        }
-        let plan = self.score.as_mut().expect("compiled above");
         let mut all = Vec::with_capacity(tokens.len() * self.model.config.n_vocab);
         for chunk in tokens.chunks(self.chunk) {
-            all.extend(Self::step(plan, &mut self.kv, chunk)?);
+            all.extend(self.step(Phase::Score, chunk)?);
             self.tokens.extend_from_slice(chunk);
             self.computed += chunk.len();
         }
@@ -324,9 +488,14 @@ impl Session<'_> {
         if len >= self.tokens.len() {
             return Ok(());
         }
-        match self.kv.truncate(len) {
+        let truncated: Result<()> = match &mut self.exec {
+            Exec::Cpu { kv, .. } => kv.truncate(len).map_err(Into::into),
+            #[cfg(feature = "cuda")]
+            Exec::Cuda { kv, .. } => kv.truncate(len).map_err(Into::into),
+        };
+        match truncated {
             Ok(()) => self.tokens.truncate(len),
-            Err(KvError::RewindTooFar { .. }) => {
+            Err(e) if e.is_rewind_too_far() => {
                 // A sliding layer lost the window; re-run the kept prefix.
                 let keep: Vec<u32> = self.tokens[..len].to_vec();
                 self.reset();
@@ -334,7 +503,7 @@ impl Session<'_> {
                     self.feed(&keep)?;
                 }
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         }
         Ok(())
     }
@@ -365,7 +534,15 @@ impl Session<'_> {
     }
 
     pub fn reset(&mut self) {
-        self.kv.clear();
+        match &mut self.exec {
+            Exec::Cpu { kv, .. } => kv.clear(),
+            // Clearing only uploads the emptied row positions; if even that
+            // fails the next step reports the device error.
+            #[cfg(feature = "cuda")]
+            Exec::Cuda { kv, .. } => {
+                let _ = kv.clear();
+            }
+        }
         self.tokens.clear();
     }
 }

@@ -31,6 +31,7 @@ fn model(precision: Precision) -> Model {
         ModelOptions {
             threads: 2,
             precision,
+            ..ModelOptions::default()
         },
     )
     .unwrap()

@@ -28,6 +28,7 @@ fn a_2100_token_prompt_in_chunks_matches_one_pass() {
         ModelOptions {
             threads: 2,
             precision: Precision::Exact,
+            ..ModelOptions::default()
         },
     )
     .unwrap();

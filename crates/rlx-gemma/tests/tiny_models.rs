@@ -83,6 +83,7 @@ fn ours(path: &Path, toks: &[u32]) -> Vec<f32> {
         ModelOptions {
             threads: 2,
             precision: Precision::Exact,
+            ..ModelOptions::default()
         },
     )
     .unwrap_or_else(|e| panic!("{}: {e}", path.display()));

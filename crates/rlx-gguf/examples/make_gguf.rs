@@ -6,6 +6,8 @@
 //! make_gguf random --shape 1b --type q4_k_m --tokenizer-from REAL.gguf -o OUT.gguf
 //! # Every weight matrix of an existing file dequantized and quantized again:
 //! make_gguf requant --from IN.gguf --type q8_0 -o OUT.gguf
+//! # Only the tokenizer keys of a file (a few MB), for `random` elsewhere:
+//! make_gguf tokenizer --from REAL.gguf -o TOK.gguf
 //! ```
 //!
 //! `--type` is a llama-quantize file type: `q8_0`, `q4_0` or `q4_k_m`, with
@@ -24,7 +26,8 @@ type Res<T> = Result<T, Box<dyn Error>>;
 
 const USAGE: &str = "usage:
   make_gguf random --shape {270m,1b,4b} --type {q8_0,q4_0,q4_k_m} --tokenizer-from REAL.gguf -o OUT.gguf [--seed S] [-t N]
-  make_gguf requant --from IN.gguf --type {q8_0,q4_0,q4_k_m} -o OUT.gguf [-t N]";
+  make_gguf requant --from IN.gguf --type {q8_0,q4_0,q4_k_m} -o OUT.gguf [-t N]
+  make_gguf tokenizer --from IN.gguf -o OUT.gguf";
 
 /// The text-model hyperparameters of one Gemma 3 size (HF configs of
 /// google/gemma-3-{270m,1b,4b}-pt).
@@ -628,6 +631,21 @@ fn requant(a: &Args) -> Res<(GgufWriter, Totals)> {
     Ok((w, totals))
 }
 
+/// The `tokenizer.*` keys of a file, and no tensors.
+fn tokenizer(a: &Args) -> Res<(GgufWriter, Totals)> {
+    let from = required(&a.from, "--from")?;
+    let g = GgufFile::open(&from)?;
+    let mut w = GgufWriter::new();
+    for (k, v) in g
+        .metadata()
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+    {
+        w.add(k, v.clone())?;
+    }
+    Ok((w, Totals::default()))
+}
+
 fn run() -> Res<()> {
     let a = parse_args()?;
     let out = required(&a.out, "-o")?;
@@ -635,6 +653,7 @@ fn run() -> Res<()> {
     let (w, totals) = match a.mode.as_str() {
         "random" => random(&a)?,
         "requant" => requant(&a)?,
+        "tokenizer" => tokenizer(&a)?,
         other => return Err(format!("unknown mode {other:?}\n{USAGE}").into()),
     };
     let built_s = start.elapsed().as_secs_f64();

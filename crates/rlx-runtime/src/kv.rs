@@ -393,21 +393,9 @@ impl KvCache {
         }
         for (i, s) in self.stores.iter().enumerate() {
             let Some(s) = s else { continue };
-            if !s.ring {
-                continue;
-            }
-            // The next query at `len` needs positions len−window+1 .. len−1.
-            let window = self.config.layers[i].window.unwrap_or(usize::MAX);
-            let needed = len.saturating_sub(window.saturating_sub(1))..len;
-            if let Some(lost) = needed.clone().find(|&p| s.pos[p % s.capacity] != p as i64) {
-                let oldest = (lost..len)
-                    .find(|&p| s.pos[p % s.capacity] == p as i64)
-                    .unwrap_or(len);
-                return Err(KvError::RewindTooFar {
-                    len,
-                    slot: i as u32,
-                    oldest,
-                });
+            if s.ring {
+                let window = self.config.layers[i].window.unwrap_or(usize::MAX);
+                check_rewind(&s.pos, window, len, i as u32)?;
             }
         }
         for s in self.stores.iter_mut().flatten() {
@@ -430,4 +418,23 @@ impl KvCache {
         }
         self.len = 0;
     }
+}
+
+/// Whether a ring (position p at row p % rows, `pos` per row) still holds
+/// the window a query at position `len` needs: len−window+1 .. len−1.
+pub(crate) fn check_rewind(
+    pos: &[i64],
+    window: usize,
+    len: usize,
+    slot: u32,
+) -> Result<(), KvError> {
+    let rows = pos.len();
+    let needed = len.saturating_sub(window.saturating_sub(1))..len;
+    if let Some(lost) = needed.clone().find(|&p| pos[p % rows] != p as i64) {
+        let oldest = (lost..len)
+            .find(|&p| pos[p % rows] == p as i64)
+            .unwrap_or(len);
+        return Err(KvError::RewindTooFar { len, slot, oldest });
+    }
+    Ok(())
 }

@@ -4,8 +4,11 @@
 //! - [`compile`] → [`Plan`]: schedule, kernel choice, arena by liveness.
 //! - [`KvCache`]: per-layer K/V with ring buffers for sliding layers.
 //! - [`cpu`]: the CPU backend (thread pool, SIMD matmuls, kernels).
+//! - `cuda` (feature `cuda`): the same graphs on an NVIDIA GPU.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod kv;
 pub mod memory;
 mod plan;

@@ -114,7 +114,7 @@ pub type Tap<'a> = dyn FnMut(&str, &[usize], &[f32]) + 'a;
 
 /// Where a value lives during a run.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Loc {
+pub(crate) enum Loc {
     /// Nothing (effects).
     None,
     Input,
@@ -143,7 +143,7 @@ pub struct Plan {
     opts: CompileOptions,
 }
 
-fn node_err(g: &Graph, id: NodeId, msg: impl Into<String>) -> RunError {
+pub(crate) fn node_err(g: &Graph, id: NodeId, msg: impl Into<String>) -> RunError {
     RunError::Node {
         node: id,
         op: g.node(id).op.name(),
@@ -158,13 +158,38 @@ pub fn compile(
     device: &CpuDevice,
     opts: &CompileOptions,
 ) -> Result<Plan, RunError> {
+    let g = prepare(graph, store, opts)?;
+    let Schedule {
+        steps,
+        locs,
+        arena_elems,
+    } = schedule(&g, &opts.max)?;
+    Ok(Plan {
+        graph: g,
+        store: Arc::clone(store),
+        device: device.clone(),
+        steps,
+        locs,
+        arena: Arena::new(arena_elems),
+        scratch: std::cell::RefCell::new(MatmulScratch::default()),
+        norm_buf: std::cell::RefCell::new(Vec::new()),
+        opts: opts.clone(),
+    })
+}
+
+/// The graph every backend runs: validated, optimised (or only pruned), its
+/// weights checked against the store, i32 values only at inputs.
+pub(crate) fn prepare(
+    graph: &Graph,
+    store: &WeightStore,
+    opts: &CompileOptions,
+) -> Result<Graph, RunError> {
     graph.validate()?;
     let g = if opts.optimize {
         passes::optimize(graph, &opts.fuse)?
     } else {
         passes::dce(graph)?
     };
-    // Check weights against the store and the element types the CPU handles.
     for id in g.ids() {
         let n = g.node(id);
         match &n.op {
@@ -198,6 +223,20 @@ pub fn compile(
             _ => {}
         }
     }
+    Ok(g)
+}
+
+/// The order of a plan's steps and where each value lives.
+pub(crate) struct Schedule {
+    pub steps: Vec<NodeId>,
+    pub locs: Vec<Loc>,
+    /// f32 elements of the arena.
+    pub arena_elems: usize,
+}
+
+/// Steps in graph order and an arena laid out by value lifetimes for the
+/// symbol maxima `max` (reshapes alias their input).
+pub(crate) fn schedule(g: &Graph, max: &Bindings) -> Result<Schedule, RunError> {
     let steps: Vec<NodeId> = g
         .ids()
         .filter(|&id| !g.node(id).inputs.is_empty())
@@ -238,9 +277,9 @@ pub fn compile(
     for &id in &steps {
         if let Loc::Arena { .. } = locs[id.index()] {
             let n = g.node(id);
-            let elems = n.shape.numel(&opts.max).ok_or_else(|| {
+            let elems = n.shape.numel(max).ok_or_else(|| {
                 node_err(
-                    &g,
+                    g,
                     id,
                     format!("shape {} has a symbol without a maximum", n.shape),
                 )
@@ -261,17 +300,73 @@ pub fn compile(
             cap: req.bytes / 4,
         };
     }
-    Ok(Plan {
-        graph: g,
-        store: Arc::clone(store),
-        device: device.clone(),
+    Ok(Schedule {
         steps,
         locs,
-        arena: Arena::new(mem.arena_bytes / 4),
-        scratch: std::cell::RefCell::new(MatmulScratch::default()),
-        norm_buf: std::cell::RefCell::new(Vec::new()),
-        opts: opts.clone(),
+        arena_elems: mem.arena_bytes / 4,
     })
+}
+
+/// Symbol values from the inputs' shapes, each checked against the graph and
+/// the compiled maxima `max`.
+pub(crate) fn bind(
+    graph: &Graph,
+    max: &Bindings,
+    inputs: &HashMap<String, HostTensor>,
+) -> Result<Bindings, RunError> {
+    let mut b = Bindings::new();
+    for id in graph.ids() {
+        let n = graph.node(id);
+        let Op::Input { name } = &n.op else { continue };
+        let bad = |msg: String| RunError::Input {
+            name: name.clone(),
+            msg,
+        };
+        let t = inputs.get(name).ok_or_else(|| bad("missing".into()))?;
+        let ok_type = matches!(
+            (t, n.dtype),
+            (HostTensor::F32 { .. }, DType::F32) | (HostTensor::I32 { .. }, DType::I32)
+        );
+        if !ok_type {
+            return Err(bad(format!("expected {}", n.dtype)));
+        }
+        let given = t.shape();
+        if given.len() != n.shape.rank() {
+            return Err(bad(format!("expected shape {}, got {given:?}", n.shape)));
+        }
+        for (d, &g) in n.shape.dims().iter().zip(given) {
+            match *d {
+                Dim::Fixed(f) if f != g => {
+                    return Err(bad(format!("expected shape {}, got {given:?}", n.shape)))
+                }
+                Dim::Fixed(_) => {}
+                Dim::Sym(s) => match b.get(s) {
+                    Some(v) if v != g => {
+                        return Err(bad(format!("{s} is {v} elsewhere, {g} here")))
+                    }
+                    _ => {
+                        let max = max.get(s).unwrap_or(0);
+                        if g > max {
+                            return Err(RunError::TooLarge {
+                                sym: s.0,
+                                value: g,
+                                max,
+                            });
+                        }
+                        b.set(s, g)
+                    }
+                },
+            }
+        }
+        let len = match t {
+            HostTensor::F32 { data, .. } => data.len(),
+            HostTensor::I32 { data, .. } => data.len(),
+        };
+        if len != given.iter().product::<usize>() {
+            return Err(bad(format!("{len} values for shape {given:?}")));
+        }
+    }
+    Ok(b)
 }
 
 /// The activation buffer. Accessed only through raw-pointer slices of
@@ -405,59 +500,7 @@ impl Plan {
     }
 
     fn bind(&self, inputs: &HashMap<String, HostTensor>) -> Result<Bindings, RunError> {
-        let mut b = Bindings::new();
-        for id in self.graph.ids() {
-            let n = self.graph.node(id);
-            let Op::Input { name } = &n.op else { continue };
-            let bad = |msg: String| RunError::Input {
-                name: name.clone(),
-                msg,
-            };
-            let t = inputs.get(name).ok_or_else(|| bad("missing".into()))?;
-            let ok_type = matches!(
-                (t, n.dtype),
-                (HostTensor::F32 { .. }, DType::F32) | (HostTensor::I32 { .. }, DType::I32)
-            );
-            if !ok_type {
-                return Err(bad(format!("expected {}", n.dtype)));
-            }
-            let given = t.shape();
-            if given.len() != n.shape.rank() {
-                return Err(bad(format!("expected shape {}, got {given:?}", n.shape)));
-            }
-            for (d, &g) in n.shape.dims().iter().zip(given) {
-                match *d {
-                    Dim::Fixed(f) if f != g => {
-                        return Err(bad(format!("expected shape {}, got {given:?}", n.shape)))
-                    }
-                    Dim::Fixed(_) => {}
-                    Dim::Sym(s) => match b.get(s) {
-                        Some(v) if v != g => {
-                            return Err(bad(format!("{s} is {v} elsewhere, {g} here")))
-                        }
-                        _ => {
-                            let max = self.opts.max.get(s).unwrap_or(0);
-                            if g > max {
-                                return Err(RunError::TooLarge {
-                                    sym: s.0,
-                                    value: g,
-                                    max,
-                                });
-                            }
-                            b.set(s, g)
-                        }
-                    },
-                }
-            }
-            let len = match t {
-                HostTensor::F32 { data, .. } => data.len(),
-                HostTensor::I32 { data, .. } => data.len(),
-            };
-            if len != given.iter().product::<usize>() {
-                return Err(bad(format!("{len} values for shape {given:?}")));
-            }
-        }
-        Ok(b)
+        bind(&self.graph, &self.opts.max, inputs)
     }
 
     fn value<'a>(

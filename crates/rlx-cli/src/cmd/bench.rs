@@ -232,19 +232,25 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         });
     }
     let gen: Vec<usize> = args.gen.iter().copied().filter(|&n| n > 0).collect();
-    let probe = (!gen.is_empty()).then(|| BandwidthProbe::new(threads));
-    for (n, probe) in gen.into_iter().zip(probe.iter().cycle()) {
+    // The roofline is of host memory: a GPU run has none.
+    let gpu = model.device() != rlx_gemma::Device::Cpu;
+    let probe = (!gen.is_empty() && !gpu).then(|| BandwidthProbe::new(threads));
+    for n in gen {
         time_one(&model, kv_dtype, args.depth, 0, n.min(8))?;
         let mut tps = Vec::with_capacity(args.reps);
         let mut bandwidth = Vec::with_capacity(args.reps);
         for _ in 0..args.reps {
             tps.push(time_one(&model, kv_dtype, args.depth, 0, n)?);
-            bandwidth.push(probe.measure());
+            if let Some(p) = &probe {
+                bandwidth.push(p.measure());
+            }
         }
         rows.push(Row {
             test: suffix(format!("tg{n}")),
             tps,
-            bytes_per_token: Some(decode_bytes(&model, kv_dtype, args.depth + n / 2)),
+            bytes_per_token: probe
+                .is_some()
+                .then(|| decode_bytes(&model, kv_dtype, args.depth + n / 2)),
             bandwidth,
         });
     }
@@ -270,7 +276,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     "samples": r.tps,
                     "threads": threads,
                     "repetitions": r.tps.len(),
-                    "precision": args.model.precision,
+                    "precision": args.model.precision_name(),
+                    "device": args.model.device,
                     "kv_type": format!("{kv_dtype:?}").to_lowercase(),
                     "model_bytes": file_bytes,
                     "bytes_per_token": r.bytes_per_token,
@@ -295,9 +302,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             let (mean, std) = mean_std(&r.tps);
             writeln!(
                 out,
-                "| {name} | {:.2} MiB | CPU | {threads} | {} | {} | {mean:.2} ± {std:.2} | {} |",
+                "| {name} | {:.2} MiB | {} | {threads} | {} | {} | {mean:.2} ± {std:.2} | {} |",
                 file_bytes as f64 / (1024.0 * 1024.0),
-                args.model.precision,
+                if gpu { "CUDA" } else { "CPU" },
+                args.model.precision_name(),
                 r.test,
                 r.roofline()
                     .map_or(String::new(), |f| format!("{:.0} %", f * 100.0))

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use rlx_gemma::{Model, ModelOptions};
+use rlx_gemma::{Device, Model, ModelOptions};
 use rlx_runtime::cpu::matmul::Precision;
 use rlx_runtime::KvDType;
 
@@ -29,15 +29,43 @@ pub struct ModelArgs {
     /// llama.cpp keeps).
     #[arg(long = "kv-type", default_value = "auto", value_parser = ["auto", "f32", "f16", "bf16"])]
     pub kv_type: String,
+    /// Where to run: `cpu`, or `cuda` / `cuda:N` for GPU N (exact f32
+    /// arithmetic, f32 K/V cache).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 impl ModelArgs {
-    /// The K/V cache element type `--kv-type` asks for.
+    /// The K/V cache element type `--kv-type` asks for (`auto` is f32 on a
+    /// GPU, whose cache holds f32 rows).
     pub fn kv_dtype(&self) -> KvDType {
+        let gpu = self.device.starts_with("cuda");
         match (self.kv_type.as_str(), self.precision.as_str()) {
-            ("f16", _) | ("auto", "q8") => KvDType::F16,
+            ("f16", _) => KvDType::F16,
+            ("auto", "q8") if !gpu => KvDType::F16,
             ("bf16", _) => KvDType::BF16,
             _ => KvDType::F32,
+        }
+    }
+
+    /// The device `--device` names.
+    pub fn device(&self) -> Result<Device> {
+        match self.device.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(Device::Cuda(n)),
+                _ => bail!("--device {d:?}: expected cpu, cuda or cuda:N"),
+            },
+        }
+    }
+
+    /// The arithmetic that runs: the CPU's `--precision`, or exact on a GPU.
+    pub fn precision_name(&self) -> &str {
+        if self.device.starts_with("cuda") {
+            "exact"
+        } else {
+            &self.precision
         }
     }
 
@@ -50,6 +78,7 @@ impl ModelArgs {
             }
             opts.threads = t;
         }
+        opts.device = self.device()?;
         opts.precision = match self.precision.as_str() {
             "q8" => Precision::Quantized,
             _ => Precision::Exact,

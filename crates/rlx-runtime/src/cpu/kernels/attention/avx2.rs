@@ -19,11 +19,11 @@ use super::{Tiles, KEYS};
 use crate::cpu::kernels::elementwise::exp_f32;
 
 pub(super) const TILES: Tiles = Tiles {
-    scores,
-    scores_f16,
+    scores: scores::<f32>,
+    scores_f16: scores::<u16>,
     softmax,
-    pv,
-    pv_f16,
+    pv: pv::<f32>,
+    pv_f16: pv::<u16>,
     widen_f16,
     widen_bf16,
 };
@@ -93,42 +93,10 @@ unsafe fn bit_lanes(bits: u32) -> __m256i {
 }
 
 /// Scores in register tiles of `R` rows × `8 / R` keys, reduced together
-/// into one vector (see [`reduce8`]).
+/// into one vector (see [`reduce8`]). Keys are f32 or f16 bits ([`Elem`]).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores(
-    q: &[f32],
-    rows: usize,
-    hd: usize,
-    k: &[f32],
-    k_stride: usize,
-    nk: usize,
-    scale: f32,
-    s: &mut [f32],
-) {
-    scores_of(q, rows, hd, k, k_stride, nk, scale, s)
-}
-
-/// [`scores`] on f16 keys, widened as they are loaded.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_f16(
-    q: &[f32],
-    rows: usize,
-    hd: usize,
-    k: &[u16],
-    k_stride: usize,
-    nk: usize,
-    scale: f32,
-    s: &mut [f32],
-) {
-    scores_of(q, rows, hd, k, k_stride, nk, scale, s)
-}
-
-#[inline]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_of<E: Elem>(
+unsafe fn scores<E: Elem>(
     q: &[f32],
     rows: usize,
     hd: usize,
@@ -345,42 +313,11 @@ unsafe fn softmax(
 }
 
 /// `O = alpha·O + P·V` in register tiles of `R` rows × `NV` vectors of
-/// columns, walking the block's keys with the tile held in registers.
+/// columns, walking the block's keys with the tile held in registers; values
+/// are f32 or f16 bits ([`Elem`]).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pv(
-    p: &[f32],
-    rows: usize,
-    nk: usize,
-    v: &[f32],
-    v_stride: usize,
-    hdv: usize,
-    alpha: &[f32],
-    o: &mut [f32],
-) {
-    pv_of(p, rows, nk, v, v_stride, hdv, alpha, o)
-}
-
-/// [`pv`] on f16 values, widened as they are loaded.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pv_f16(
-    p: &[f32],
-    rows: usize,
-    nk: usize,
-    v: &[u16],
-    v_stride: usize,
-    hdv: usize,
-    alpha: &[f32],
-    o: &mut [f32],
-) {
-    pv_of(p, rows, nk, v, v_stride, hdv, alpha, o)
-}
-
-#[inline]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pv_of<E: Elem>(
+unsafe fn pv<E: Elem>(
     p: &[f32],
     rows: usize,
     nk: usize,

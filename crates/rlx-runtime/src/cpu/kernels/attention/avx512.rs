@@ -17,11 +17,11 @@ use super::{Tiles, KEYS};
 use crate::cpu::kernels::elementwise::exp_f32;
 
 pub(super) const TILES: Tiles = Tiles {
-    scores,
-    scores_f16,
+    scores: scores::<f32>,
+    scores_f16: scores::<u16>,
     softmax,
-    pv,
-    pv_f16,
+    pv: pv::<f32>,
+    pv_f16: pv::<u16>,
     widen_f16,
     widen_bf16,
 };
@@ -72,42 +72,11 @@ fn lanes(n: usize) -> __mmask16 {
 
 /// Scores in register tiles of `R` rows × `16 / R` keys: each dot keeps its
 /// own accumulator across the head dimension, and the 16 accumulators of a
-/// tile are reduced together into one vector (see [`reduce16`]).
+/// tile are reduced together into one vector (see [`reduce16`]). Keys are
+/// f32 or f16 bits ([`Elem`]).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scores(
-    q: &[f32],
-    rows: usize,
-    hd: usize,
-    k: &[f32],
-    k_stride: usize,
-    nk: usize,
-    scale: f32,
-    s: &mut [f32],
-) {
-    scores_of(q, rows, hd, k, k_stride, nk, scale, s)
-}
-
-/// [`scores`] on f16 keys, widened as they are loaded.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scores_f16(
-    q: &[f32],
-    rows: usize,
-    hd: usize,
-    k: &[u16],
-    k_stride: usize,
-    nk: usize,
-    scale: f32,
-    s: &mut [f32],
-) {
-    scores_of(q, rows, hd, k, k_stride, nk, scale, s)
-}
-
-#[inline]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scores_of<E: Elem>(
+unsafe fn scores<E: Elem>(
     q: &[f32],
     rows: usize,
     hd: usize,
@@ -316,42 +285,11 @@ unsafe fn softmax(
 }
 
 /// `O = alpha·O + P·V` in register tiles of `R` rows × `NV` vectors of
-/// columns, walking the block's keys with the tile held in registers.
+/// columns, walking the block's keys with the tile held in registers; values
+/// are f32 or f16 bits ([`Elem`]).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn pv(
-    p: &[f32],
-    rows: usize,
-    nk: usize,
-    v: &[f32],
-    v_stride: usize,
-    hdv: usize,
-    alpha: &[f32],
-    o: &mut [f32],
-) {
-    pv_of(p, rows, nk, v, v_stride, hdv, alpha, o)
-}
-
-/// [`pv`] on f16 values, widened as they are loaded.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn pv_f16(
-    p: &[f32],
-    rows: usize,
-    nk: usize,
-    v: &[u16],
-    v_stride: usize,
-    hdv: usize,
-    alpha: &[f32],
-    o: &mut [f32],
-) {
-    pv_of(p, rows, nk, v, v_stride, hdv, alpha, o)
-}
-
-#[inline]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn pv_of<E: Elem>(
+unsafe fn pv<E: Elem>(
     p: &[f32],
     rows: usize,
     nk: usize,

@@ -1,0 +1,147 @@
+//! The CUDA backend against the CPU's exact path on the same files: prefill
+//! (in chunks, so sliding layers' rings wrap), decode steps, all-position
+//! scoring and a rewind. Needs an NVIDIA GPU, so CI (which has none) skips
+//! these; run them on one with
+//!
+//! ```sh
+//! cargo test --release -p rlx-gemma --features cuda --test cuda -- --ignored --nocapture
+//! ```
+//!
+//! `RLX_CUDA_MODELS` adds GGUF paths (blank-separated) to the tiny fixtures.
+#![cfg(feature = "cuda")]
+
+use std::path::{Path, PathBuf};
+
+use rlx_gemma::{Device, Model, ModelError, ModelOptions, SessionOptions};
+
+fn fixture(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny")
+        .join(rel)
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i as u32)
+}
+
+fn load(path: &Path, device: Device) -> Result<Model, ModelError> {
+    Model::load(
+        path,
+        ModelOptions {
+            device,
+            ..ModelOptions::default()
+        },
+    )
+}
+
+/// The worst relative L2 between the CPU and the GPU over every check.
+fn compare(path: &Path, prompt_len: usize, chunk: usize) -> f64 {
+    let cpu = load(path, Device::Cpu).unwrap();
+    let gpu = load(path, Device::Cuda(0)).unwrap();
+    let vocab = cpu.config().n_vocab;
+    let prompt: Vec<u32> = std::iter::once(2)
+        .chain((1..prompt_len).map(|i| ((i * 7919) % (vocab - 16) + 16) as u32))
+        .collect();
+    let opts = SessionOptions {
+        context: Some(prompt_len + 32),
+        prefill_chunk: chunk,
+        ..SessionOptions::default()
+    };
+    let (mut a, mut b) = (
+        cpu.session(opts.clone()).unwrap(),
+        gpu.session(opts).unwrap(),
+    );
+    let mut worst = 0f64;
+    let mut check = |what: &str, x: &[f32], y: &[f32]| {
+        let e = rel_l2(y, x);
+        assert!(e < 1e-4, "{}: {what}: relative L2 {e:.2e}", path.display());
+        worst = worst.max(e);
+    };
+    let (mut la, mut lb) = (a.feed(&prompt).unwrap(), b.feed(&prompt).unwrap());
+    check("prefill", &la, &lb);
+    for step in 0..8 {
+        let t = argmax(&la);
+        assert_eq!(t, argmax(&lb), "{}: greedy token {step}", path.display());
+        la = a.feed(&[t]).unwrap();
+        lb = b.feed(&[t]).unwrap();
+        check(&format!("decode {step}"), &la, &lb);
+    }
+    // Back a few tokens and on again (the rings keep what the rewind needs,
+    // or the prefix runs again).
+    let keep = prompt_len - 3;
+    a.rewind(keep).unwrap();
+    b.rewind(keep).unwrap();
+    let tail = &prompt[keep..];
+    check(
+        "after rewind",
+        &a.feed(tail).unwrap(),
+        &b.feed(tail).unwrap(),
+    );
+    // Logits of every position.
+    a.reset();
+    b.reset();
+    let short = &prompt[..prompt_len.min(20)];
+    check("score", &a.score(short).unwrap(), &b.score(short).unwrap());
+    worst
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (see the file's header)"]
+fn tiny_models_match_the_cpu() {
+    let files = [
+        "gemma/model-f32.gguf",
+        "gemma/model-f16.gguf",
+        "gemma/model-bf16.gguf",
+        "gemma/model-Q8_0.gguf",
+        "gemma2/model-f32.gguf",
+        "gemma2/model-Q8_0.gguf",
+        "gemma3/model-f32.gguf",
+        "gemma3/model-Q8_0.gguf",
+        "gemma3-linear8/model-f32.gguf",
+        "gemma3-q/model-Q4_0.gguf",
+        "gemma3-q/model-Q4_K_M.gguf",
+        "gemma3-q/model-Q5_K_M.gguf",
+        "gemma3-q/model-Q6_K.gguf",
+        "gemma3-q/model-Q8_0.gguf",
+    ];
+    for f in files {
+        // 40 tokens in chunks of 16: the 8-token sliding window's ring wraps.
+        let worst = compare(&fixture(f), 40, 16);
+        println!("{f}: worst relative L2 {worst:.2e}");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (see the file's header)"]
+fn extra_models_match_the_cpu() {
+    let list = std::env::var("RLX_CUDA_MODELS").unwrap_or_default();
+    for path in list.split_whitespace() {
+        let worst = compare(Path::new(path), 700, 256);
+        println!("{path}: worst relative L2 {worst:.2e}");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (see the file's header)"]
+fn a_type_without_kernels_is_a_clear_error() {
+    let model = load(&fixture("gemma3-q/model-Q2_K.gguf"), Device::Cuda(0)).unwrap();
+    let err = model
+        .session(SessionOptions {
+            context: Some(16),
+            ..SessionOptions::default()
+        })
+        .err()
+        .expect("Q2_K has no CUDA kernel");
+    let msg = err.to_string();
+    assert!(msg.contains("Q2_K") && msg.contains("CUDA"), "{msg}");
+}

@@ -1,0 +1,449 @@
+// rlx CUDA kernels, compiled once per device by NVRTC when the backend
+// starts. Weights stay in their GGUF block formats; every kernel that reads
+// a weight dequantizes 32-element units on the fly. Arithmetic is f32 on the
+// exactly dequantized weights, the CPU backend's `exact` precision.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define NEG_INF __int_as_float(0xff800000)
+
+// Weight type codes; the Rust side passes the same numbers.
+#define T_F32 0
+#define T_F16 1
+#define T_BF16 2
+#define T_Q4_0 3
+#define T_Q4_1 4
+#define T_Q5_0 5
+#define T_Q5_1 6
+#define T_Q8_0 7
+#define T_Q4_K 8
+#define T_Q5_K 9
+#define T_Q6_K 10
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+__device__ __forceinline__ u16 ld16(const u8* p) { return (u16)p[0] | ((u16)p[1] << 8); }
+
+// Bytes of one block and elements per block of each type.
+__device__ __forceinline__ int block_bytes(int t) {
+    switch (t) {
+        case T_F32: return 128;  // 32 elements as a "block"
+        case T_F16: return 64;
+        case T_BF16: return 64;
+        case T_Q4_0: return 18;
+        case T_Q4_1: return 20;
+        case T_Q5_0: return 22;
+        case T_Q5_1: return 24;
+        case T_Q8_0: return 34;
+        case T_Q4_K: return 144;
+        case T_Q5_K: return 176;
+        default: return 210;  // Q6_K
+    }
+}
+
+__device__ __forceinline__ int block_elems(int t) { return t >= T_Q4_K ? 256 : 32; }
+
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, float* sc, float* mn) {
+    if (j < 4) {
+        *sc = (float)(q[j] & 63);
+        *mn = (float)(q[j + 4] & 63);
+    } else {
+        *sc = (float)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *mn = (float)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+// Unit `u` (elements 32u .. 32u+32) of a row of type `t` into v[32].
+template <int T>
+__device__ __forceinline__ void unit(const u8* row, int u, float* v) {
+    if (T == T_F32) {
+        const float* p = (const float*)row + 32 * u;
+        #pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = p[i];
+    } else if (T == T_F16 || T == T_BF16) {
+        const u16* p = (const u16*)row + 32 * u;
+        #pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = T == T_F16 ? h2f(p[i]) : bf2f(p[i]);
+    } else if (T == T_Q8_0) {
+        const u8* b = row + 34 * u;
+        float d = h2f(ld16(b));
+        #pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = d * (float)(i8)b[2 + i];
+    } else if (T == T_Q4_0 || T == T_Q4_1) {
+        const u8* b = row + (T == T_Q4_0 ? 18 : 20) * u;
+        float d = h2f(ld16(b));
+        float m = T == T_Q4_0 ? -8.0f * d : h2f(ld16(b + 2));
+        const u8* qs = b + (T == T_Q4_0 ? 2 : 4);
+        #pragma unroll
+        for (int i = 0; i < 16; i++) {
+            v[i] = d * (float)(qs[i] & 0xF) + m;
+            v[i + 16] = d * (float)(qs[i] >> 4) + m;
+        }
+    } else if (T == T_Q5_0 || T == T_Q5_1) {
+        const u8* b = row + (T == T_Q5_0 ? 22 : 24) * u;
+        float d = h2f(ld16(b));
+        float m = T == T_Q5_0 ? -16.0f * d : h2f(ld16(b + 2));
+        const u8* qhp = b + (T == T_Q5_0 ? 2 : 4);
+        u32 qh = (u32)qhp[0] | ((u32)qhp[1] << 8) | ((u32)qhp[2] << 16) | ((u32)qhp[3] << 24);
+        const u8* qs = qhp + 4;
+        #pragma unroll
+        for (int i = 0; i < 16; i++) {
+            v[i] = d * (float)((qs[i] & 0xF) | (((qh >> i) & 1) << 4)) + m;
+            v[i + 16] = d * (float)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) + m;
+        }
+    } else if (T == T_Q4_K || T == T_Q5_K) {
+        int j = u & 7;
+        const u8* b = row + (T == T_Q4_K ? 144 : 176) * (u >> 3);
+        float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+        float sc, mn;
+        scale_min_k4(j, b + 4, &sc, &mn);
+        float d1 = d * sc, m1 = dmin * mn;
+        const u8* qs = b + (T == T_Q4_K ? 16 : 48) + 32 * (j >> 1);
+        int shift = (j & 1) * 4;
+        #pragma unroll
+        for (int i = 0; i < 32; i++) {
+            int q = (qs[i] >> shift) & 0xF;
+            if (T == T_Q5_K) q += ((b[16 + i] >> j) & 1) << 4;
+            v[i] = d1 * (float)q - m1;
+        }
+    } else {  // Q6_K: unit j of 8 is quad (j % 4) of half (j / 4)
+        int j = u & 7;
+        const u8* b = row + 210 * (u >> 3);
+        int half = j >> 2, quad = j & 3;
+        const u8* ql = b + 64 * half + 32 * (quad & 1);
+        const u8* qh = b + 128 + 32 * half;
+        const i8* scales = (const i8*)(b + 192);
+        float d = h2f(ld16(b + 208));
+        int shift = quad < 2 ? 0 : 4;
+        float s0 = d * (float)scales[2 * j], s1 = d * (float)scales[2 * j + 1];
+        #pragma unroll
+        for (int i = 0; i < 32; i++) {
+            int q = (((ql[i] >> shift) & 0xF) | (((qh[i] >> (2 * quad)) & 3) << 4)) - 32;
+            v[i] = (i < 16 ? s0 : s1) * (float)q;
+        }
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+    return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, o));
+    return x;
+}
+
+// y[t, y_off + r] = Σ_k x[t, k] · w[r, k] for rows r < n and tokens t < m.
+// One warp per row and block of TM tokens; lanes walk the row's 32-element
+// units, each dequantized once for the TM tokens.
+#define TM 8
+template <int T>
+__device__ void matmul_body(const u8* w, const float* x, float* y, int m, int n, int k, int ldy,
+                            int y_off) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (r >= n) return;
+    int t0 = blockIdx.y * TM;
+    int units = k >> 5;
+    size_t row_bytes = (size_t)(k / block_elems(T)) * block_bytes(T);
+    const u8* row = w + (size_t)r * row_bytes;
+    float acc[TM];
+    #pragma unroll
+    for (int t = 0; t < TM; t++) acc[t] = 0.0f;
+    float v[32];
+    for (int u = lane; u < units; u += 32) {
+        unit<T>(row, u, v);
+        #pragma unroll
+        for (int t = 0; t < TM; t++) {
+            if (t0 + t < m) {
+                const float4* xp = (const float4*)(x + (size_t)(t0 + t) * k + 32 * u);
+                float s = 0.0f;
+                #pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float4 q = xp[i];
+                    s += v[4 * i] * q.x + v[4 * i + 1] * q.y + v[4 * i + 2] * q.z + v[4 * i + 3] * q.w;
+                }
+                acc[t] += s;
+            }
+        }
+    }
+    #pragma unroll
+    for (int t = 0; t < TM; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0 && t0 + t < m) y[(size_t)(t0 + t) * ldy + y_off + r] = s;
+    }
+}
+
+#define MATMUL(NAME, T)                                                                      \
+    extern "C" __global__ void NAME(const u8* w, const float* x, float* y, int m, int n,   \
+                                    int k, int ldy, int y_off) {                           \
+        matmul_body<T>(w, x, y, m, n, k, ldy, y_off);                                      \
+    }
+MATMUL(matmul_f32, T_F32)
+MATMUL(matmul_f16, T_F16)
+MATMUL(matmul_bf16, T_BF16)
+MATMUL(matmul_q4_0, T_Q4_0)
+MATMUL(matmul_q4_1, T_Q4_1)
+MATMUL(matmul_q5_0, T_Q5_0)
+MATMUL(matmul_q5_1, T_Q5_1)
+MATMUL(matmul_q8_0, T_Q8_0)
+MATMUL(matmul_q4_k, T_Q4_K)
+MATMUL(matmul_q5_k, T_Q5_K)
+MATMUL(matmul_q6_k, T_Q6_K)
+
+// out[i, :] = table[ids[i], :] dequantized; one thread per 32-element unit.
+template <int T>
+__device__ void gather_body(const u8* table, const int* ids, float* out, int n, int k) {
+    int units = k >> 5;
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n * units) return;
+    int i = idx / units, u = idx % units;
+    size_t row_bytes = (size_t)(k / block_elems(T)) * block_bytes(T);
+    float v[32];
+    unit<T>(table + (size_t)ids[i] * row_bytes, u, v);
+    float* o = out + (size_t)i * k + 32 * u;
+    #pragma unroll
+    for (int j = 0; j < 32; j++) o[j] = v[j];
+}
+
+#define GATHER(NAME, T)                                                                       \
+    extern "C" __global__ void NAME(const u8* table, const int* ids, float* out, int n, int k) { \
+        gather_body<T>(table, ids, out, n, k);                                                \
+    }
+GATHER(gather_f32, T_F32)
+GATHER(gather_f16, T_F16)
+GATHER(gather_bf16, T_BF16)
+GATHER(gather_q4_0, T_Q4_0)
+GATHER(gather_q4_1, T_Q4_1)
+GATHER(gather_q5_0, T_Q5_0)
+GATHER(gather_q5_1, T_Q5_1)
+GATHER(gather_q8_0, T_Q8_0)
+GATHER(gather_q4_k, T_Q4_K)
+GATHER(gather_q5_k, T_Q5_K)
+GATHER(gather_q6_k, T_Q6_K)
+
+// Per row of d: x / sqrt(mean(x²) + eps) · (gamma if given). One block per row.
+extern "C" __global__ void rms_norm(const float* x, const float* gamma, float* y, int d,
+                                    float eps) {
+    __shared__ float part[32];
+    const float* xr = x + (size_t)blockIdx.x * d;
+    float* yr = y + (size_t)blockIdx.x * d;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) s += xr[i] * xr[i];
+    s = warp_sum(s);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+        t = warp_sum(t);
+        if (threadIdx.x == 0) part[0] = t;
+    }
+    __syncthreads();
+    float inv = rsqrtf(part[0] / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        yr[i] = xr[i] * inv * (gamma ? gamma[i] : 1.0f);
+}
+
+// Elementwise a ∘ b, b broadcast NumPy-style: the output (and a) is
+// [d0, d1, d2, d3] and b is read at strides s0..s3 (0 along broadcast axes).
+#define BIN_ADD 0
+#define BIN_MUL 1
+extern "C" __global__ void binary(const float* a, const float* b, float* y, long long n, int d1,
+                                  int d2, int d3, long long s0, long long s1, long long s2,
+                                  long long s3, int op) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    long long r = i;
+    long long i3 = r % d3;
+    r /= d3;
+    long long i2 = r % d2;
+    r /= d2;
+    long long i1 = r % d1, i0 = r / d1;
+    float bv = b[i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3];
+    y[i] = op == BIN_ADD ? a[i] + bv : a[i] * bv;
+}
+
+#define UN_SCALE 0
+#define UN_ADD_CONST 1
+#define UN_GELU 2
+#define UN_SOFTCAP 3
+__device__ __forceinline__ float gelu(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+extern "C" __global__ void unary(const float* x, float* y, long long n, int op, float c) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = x[i];
+    switch (op) {
+        case UN_SCALE: y[i] = v * c; break;
+        case UN_ADD_CONST: y[i] = v + c; break;
+        case UN_GELU: y[i] = gelu(v); break;
+        default: y[i] = c * tanhf(v / c); break;
+    }
+}
+
+extern "C" __global__ void geglu(const float* gate, const float* up, float* y, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = gelu(gate[i]) * up[i];
+}
+
+// NEOX rotary embedding of x [n, heads, hd]: pairs (i, i + n_rot/2) for
+// i < n_rot/2 rotate by pos · inv[i] (the host's f32 table, as the CPU uses).
+extern "C" __global__ void rope(const float* x, const int* pos, const float* inv, float* y,
+                                int n, int heads, int hd, int n_rot) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    int half = n_rot / 2;
+    if (idx >= n * heads * hd) return;
+    int c = idx % hd;
+    int t = idx / (heads * hd);
+    if (c >= n_rot) {
+        y[idx] = x[idx];
+        return;
+    }
+    int i = c < half ? c : c - half;
+    float s, co;
+    sincosf((float)pos[t] * inv[i], &s, &co);
+    int head = idx - c;
+    float a = x[head + i], b = x[head + i + half];
+    y[idx] = c < half ? a * co - b * s : b * co + a * s;
+}
+
+// Rows t < n of k [n, kd] and v [n, vd] stored for positions start + t, at
+// row p % cap of a ring or row p; kpos[row] records the position.
+extern "C" __global__ void kv_write(const float* k, const float* v, float* kc, float* vc,
+                                    int* kpos, int n, int kd, int vd, int start, int cap,
+                                    int ring) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    int per = kd + vd;
+    if (idx >= n * per) return;
+    int t = idx / per, c = idx % per;
+    int p = start + t;
+    int row = ring ? p % cap : p;
+    if (c == 0) kpos[row] = p;
+    if (c < kd)
+        kc[(size_t)row * kd + c] = k[(size_t)t * kd + c];
+    else
+        vc[(size_t)row * vd + (c - kd)] = v[(size_t)t * vd + (c - kd)];
+}
+
+#define MASK_CAUSAL 0
+#define MASK_SLIDING 1
+#define MASK_FULL 2
+#define MASK_SYMMETRIC 3
+__device__ __forceinline__ bool visible(int mask, int w, int qp, int kp) {
+    switch (mask) {
+        case MASK_CAUSAL: return kp <= qp;
+        case MASK_SLIDING: return kp <= qp && qp - kp < w;
+        case MASK_FULL: return true;
+        default: return abs(qp - kp) <= w;
+    }
+}
+
+// One block of 4 warps per (query, head). Each warp walks every 4th key row
+// with an online softmax; the warps' partial results are merged at the end.
+// q [n, hq, hd] at positions q_start + i, cache k [rows, hkv, hd], v [rows,
+// hkv, hdv], kpos [rows] (−1 empty), out [n, hq, hdv]. hd, hdv ≤ 512.
+#define AW 4
+extern "C" __global__ void attention(const float* q, const float* kc, const float* vc,
+                                     const int* kpos, int q_start, float* out, int hq,
+                                     int hkv, int hd, int hdv, int rows, float scale,
+                                     float softcap, int mask, int window) {
+    __shared__ float sm_m[AW], sm_l[AW];
+    __shared__ float sm_o[AW][512];
+    int qi = blockIdx.x / hq, h = blockIdx.x % hq;
+    int g = h / (hq / hkv);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float* qr = q + ((size_t)qi * hq + h) * hd;
+    float qv[16], acc[16];
+    #pragma unroll
+    for (int i = 0; i < 16; i++) {
+        int c = lane + 32 * i;
+        qv[i] = c < hd ? qr[c] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    int qp = q_start + qi;
+    for (int j = warp; j < rows; j += AW) {
+        int kp = kpos[j];
+        if (kp < 0 || !visible(mask, window, qp, kp)) continue;
+        const float* kr = kc + ((size_t)j * hkv + g) * hd;
+        float s = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < 16; i++) {
+            int c = lane + 32 * i;
+            if (c < hd) s += qv[i] * kr[c];
+        }
+        s = warp_sum(s) * scale;
+        if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+        float m_new = fmaxf(m, s);
+        float alpha = expf(m - m_new), p = expf(s - m_new);
+        const float* vr = vc + ((size_t)j * hkv + g) * hdv;
+        #pragma unroll
+        for (int i = 0; i < 16; i++) {
+            int c = lane + 32 * i;
+            if (c < hdv) acc[i] = acc[i] * alpha + p * vr[c];
+        }
+        l = l * alpha + p;
+        m = m_new;
+    }
+    if (lane == 0) {
+        sm_m[warp] = m;
+        sm_l[warp] = l;
+    }
+    #pragma unroll
+    for (int i = 0; i < 16; i++) {
+        int c = lane + 32 * i;
+        if (c < hdv) sm_o[warp][c] = acc[i];
+    }
+    __syncthreads();
+    float big = NEG_INF;
+    for (int w = 0; w < AW; w++) big = fmaxf(big, sm_m[w]);
+    float* orow = out + ((size_t)qi * hq + h) * hdv;
+    float total = 0.0f;
+    for (int w = 0; w < AW; w++)
+        if (sm_m[w] > NEG_INF) total += expf(sm_m[w] - big) * sm_l[w];
+    for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < AW; w++)
+            if (sm_m[w] > NEG_INF) o += expf(sm_m[w] - big) * sm_o[w][c];
+        orow[c] = total > 0.0f ? o / total : 0.0f;
+    }
+}
+
+// y [outer, len] = x [outer, x_len] columns start .. start+len.
+extern "C" __global__ void narrow(const float* x, float* y, long long outer, long long x_len,
+                                  long long start, long long len, long long inner) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= outer * len * inner) return;
+    long long o = i / (len * inner), r = i % (len * inner);
+    y[i] = x[o * x_len * inner + start * inner + r];
+}
+
+// One part of a concatenation: y [outer, y_len, inner] gets x [outer, len,
+// inner] at rows off .. off + len of its middle axis.
+extern "C" __global__ void concat_part(const float* x, float* y, long long outer, long long len,
+                                       long long y_len, long long off, long long inner) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= outer * len * inner) return;
+    long long o = i / (len * inner), r = i % (len * inner);
+    y[o * y_len * inner + off * inner + r] = x[i];
+}

@@ -1,0 +1,274 @@
+//! The CUDA backend: the same graphs as the CPU backend, run by kernels
+//! compiled at start with NVRTC (`kernels.cu`).
+//!
+//! - [`CudaDevice`]: context, stream and the compiled kernels.
+//! - [`CudaWeights`]: every weight of a store uploaded once, matrices in
+//!   their packed GGUF blocks (vectors as f32); plans refer to it.
+//! - [`CudaKvCache`]: the K/V of one sequence in device memory, laid out as
+//!   the CPU cache is (rings for sliding layers).
+//! - [`compile_cuda`] → [`CudaPlan`]: the CPU plan's schedule and arena
+//!   layout, in one device buffer.
+//!
+//! Arithmetic is f32 on exactly dequantized weights (the CPU's `exact`
+//! precision). The CUDA libraries are loaded at run time: without a driver
+//! [`CudaDevice::new`] returns an error and nothing else changes.
+
+mod kv;
+mod plan;
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions as NvrtcOptions, Ptx};
+use rlx_gguf::GgmlType;
+
+use crate::weights::WeightStore;
+
+pub use kv::CudaKvCache;
+pub use plan::{compile_cuda, CudaPlan};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("no CUDA device: {0}")]
+    Unavailable(String),
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    #[error("the CUDA kernels did not compile: {0}")]
+    Compile(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error(transparent)]
+    Kv(#[from] crate::kv::KvError),
+    #[error(transparent)]
+    Run(#[from] crate::plan::RunError),
+}
+
+/// Weight types the kernels read, with the code `kernels.cu` uses.
+fn type_code(ty: GgmlType) -> Option<(&'static str, u32)> {
+    Some(match ty {
+        GgmlType::F32 => ("f32", 0),
+        GgmlType::F16 => ("f16", 1),
+        GgmlType::BF16 => ("bf16", 2),
+        GgmlType::Q4_0 => ("q4_0", 3),
+        GgmlType::Q4_1 => ("q4_1", 4),
+        GgmlType::Q5_0 => ("q5_0", 5),
+        GgmlType::Q5_1 => ("q5_1", 6),
+        GgmlType::Q8_0 => ("q8_0", 7),
+        GgmlType::Q4_K => ("q4_k", 8),
+        GgmlType::Q5_K => ("q5_k", 9),
+        GgmlType::Q6_K => ("q6_k", 10),
+        _ => return None,
+    })
+}
+
+/// The weight types the CUDA kernels read in place.
+pub fn supports(ty: GgmlType) -> bool {
+    type_code(ty).is_some()
+}
+
+/// `kernels.cu` compiled to PTX for compute capability `major.minor` (needs
+/// only libnvrtc, no GPU).
+pub fn compile_kernels(major: i32, minor: i32) -> Result<Ptx, CudaError> {
+    // SAFETY: only tries to open the shared library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CudaError::Unavailable(
+            "the NVRTC library (libnvrtc) is not installed".into(),
+        ));
+    }
+    compile_ptx_with_opts(
+        include_str!("kernels.cu"),
+        NvrtcOptions {
+            options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+            name: Some("kernels.cu".into()),
+            ..NvrtcOptions::default()
+        },
+    )
+    .map_err(|e| CudaError::Compile(format!("{e:?}")))
+}
+
+/// The kernels of `kernels.cu`, looked up once.
+struct Kernels {
+    /// Per weight type code: `matmul_<type>` and `gather_<type>`.
+    matmul: Vec<CudaFunction>,
+    gather: Vec<CudaFunction>,
+    rms_norm: CudaFunction,
+    binary: CudaFunction,
+    unary: CudaFunction,
+    geglu: CudaFunction,
+    rope: CudaFunction,
+    kv_write: CudaFunction,
+    attention: CudaFunction,
+    narrow: CudaFunction,
+    concat_part: CudaFunction,
+    _module: Arc<CudaModule>,
+}
+
+/// One GPU: its context, the stream every plan runs on, the kernels.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    name: String,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaDevice({})", self.name)
+    }
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal` and compiles the kernels for it.
+    pub fn new(ordinal: usize) -> Result<Arc<CudaDevice>, CudaError> {
+        // SAFETY: these only try to open the shared libraries.
+        let (driver, nvrtc) = unsafe {
+            (
+                cudarc::driver::sys::is_culib_present(),
+                cudarc::nvrtc::sys::is_culib_present(),
+            )
+        };
+        if !driver {
+            return Err(CudaError::Unavailable(
+                "the CUDA driver library (libcuda) is not installed".into(),
+            ));
+        }
+        if !nvrtc {
+            return Err(CudaError::Unavailable(
+                "the NVRTC library (libnvrtc) is not installed".into(),
+            ));
+        }
+        let count = CudaContext::device_count()?;
+        if ordinal >= count.max(0) as usize {
+            return Err(CudaError::Unavailable(format!(
+                "GPU {ordinal} asked for, {count} present"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        // One stream, used in order: the context need not track events.
+        // SAFETY: every buffer is used on this one stream only.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let (major, minor) = ctx.compute_capability()?;
+        let module = ctx.load_module(compile_kernels(major, minor)?)?;
+        let f = |name: &str| module.load_function(name);
+        let types = [
+            "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k",
+        ];
+        let kernels = Kernels {
+            matmul: types
+                .iter()
+                .map(|t| f(&format!("matmul_{t}")))
+                .collect::<Result<_, _>>()?,
+            gather: types
+                .iter()
+                .map(|t| f(&format!("gather_{t}")))
+                .collect::<Result<_, _>>()?,
+            rms_norm: f("rms_norm")?,
+            binary: f("binary")?,
+            unary: f("unary")?,
+            geglu: f("geglu")?,
+            rope: f("rope")?,
+            kv_write: f("kv_write")?,
+            attention: f("attention")?,
+            narrow: f("narrow")?,
+            concat_part: f("concat_part")?,
+            _module: module,
+        };
+        let name = format!("{} (sm_{major}{minor})", ctx.name()?);
+        Ok(Arc::new(CudaDevice {
+            ctx,
+            stream,
+            kernels,
+            name,
+        }))
+    }
+
+    /// The GPU's name and compute capability.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn memory(&self) -> Result<(usize, usize), CudaError> {
+        Ok(self.ctx.mem_get_info()?)
+    }
+
+    fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        // Event tracking is off, so the guard records nothing.
+        let (p, _guard) = s.device_ptr(&self.stream);
+        p
+    }
+}
+
+/// One device copy of every weight of a store.
+pub struct CudaWeights {
+    device: Arc<CudaDevice>,
+    /// Per weight: its buffer (packed blocks; f32 for vectors), or none for
+    /// a matrix of a type the kernels do not read (a plan using it fails).
+    bufs: Vec<Option<CudaSlice<u8>>>,
+    bytes: usize,
+}
+
+impl CudaWeights {
+    /// Uploads `store`'s weights. Matrices keep their GGUF blocks (those of
+    /// a type the kernels do not read stay behind, and a plan that uses one
+    /// fails to compile); vectors (norm weights, scales) are stored
+    /// dequantized to f32.
+    pub fn upload(device: &Arc<CudaDevice>, store: &WeightStore) -> Result<CudaWeights, CudaError> {
+        let mut bufs = Vec::with_capacity(store.len());
+        let mut bytes = 0;
+        for i in 0..store.len() {
+            let w = rlx_ir::WeightId(i as u32);
+            let info = store.info(w);
+            let data = store.bytes(w);
+            let buf = if info.shape.len() == 1 {
+                let v = rlx_gguf::dequantize_to_vec(info.ty, data)
+                    .map_err(|e| CudaError::Unsupported(format!("weight {:?}: {e}", info.name)))?;
+                let raw: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                Some(device.stream.clone_htod(&raw)?)
+            } else if supports(info.ty) {
+                Some(device.stream.clone_htod(data)?)
+            } else {
+                None
+            };
+            bytes += buf.as_ref().map_or(0, |b| b.len());
+            bufs.push(buf);
+        }
+        device.stream.synchronize()?;
+        Ok(CudaWeights {
+            device: Arc::clone(device),
+            bufs,
+            bytes,
+        })
+    }
+
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    /// Device memory the weights take.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The device address of a weight, if it was uploaded.
+    fn ptr(&self, w: rlx_ir::WeightId) -> Option<u64> {
+        self.bufs[w.0 as usize].as_ref().map(|b| self.device.ptr(b))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Compiles the kernels where libnvrtc can be loaded (no GPU needed):
+    /// `LD_LIBRARY_PATH=<dir of libnvrtc.so> cargo test -p rlx-runtime
+    /// --features cuda -- --ignored nvrtc`.
+    #[test]
+    #[ignore = "needs libnvrtc"]
+    fn kernels_compile_with_nvrtc() {
+        for (major, minor) in [(8, 0), (9, 0)] {
+            if let Err(e) = super::compile_kernels(major, minor) {
+                panic!("sm_{major}{minor}: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The CUDA backend on a GPU machine that has no Rust toolchain: build here,
+# run there.
+#
+#   scripts/cuda-check.sh build     # here: binaries and a tokenizer-only GGUF into .devbin/
+#   scripts/cuda-check.sh run       # there: parity tests, then rlx bench on the GPU
+#
+# `run` writes Gemma 3 270M- and 1B-shaped random files with make_gguf (the
+# tokenizer comes from .devbin/tokenizer.gguf), runs crates/rlx-gemma/tests/
+# cuda.rs (the GPU against the CPU's exact path: tiny fixtures of every
+# supported generation and type, and those files) and then `rlx bench` on
+# the GPU and on the machine's CPU for comparison.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.devbin
+case "${1:-}" in
+  build)
+    mkdir -p "$BIN"
+    grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >>.git/info/exclude
+    cargo build --release -q -p rlx-cli -p rlx-gguf --example make_gguf
+    test_bin=$(cargo test --release -q -p rlx-gemma --features cuda --test cuda --no-run 2>&1 |
+      grep -o 'target/release/deps/cuda-[0-9a-f]*' | head -1)
+    cp target/release/rlx target/release/examples/make_gguf "$BIN/"
+    cp "$test_bin" "$BIN/cuda-test"
+    strip "$BIN/rlx" "$BIN/make_gguf" "$BIN/cuda-test"
+    [ -f "$BIN/tokenizer.gguf" ] ||
+      "$BIN/make_gguf" tokenizer --from "$(bash scripts/fetch-model.sh)" -o "$BIN/tokenizer.gguf"
+    du -sh "$BIN"/*
+    ;;
+  run)
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    M=/tmp/rlx-models
+    mkdir -p "$M"
+    for shape in 270m 1b; do
+      [ -f "$M/$shape.gguf" ] || "$BIN/make_gguf" random --shape "$shape" --type q4_k_m \
+        --tokenizer-from "$BIN/tokenizer.gguf" -o "$M/$shape.gguf" 2>&1 | head -1
+    done
+    RLX_CUDA_MODELS="$M/270m.gguf $M/1b.gguf" "$BIN/cuda-test" --ignored --nocapture --test-threads 1
+    for shape in 270m 1b; do
+      "$BIN/rlx" bench -m "$M/$shape.gguf" --device cuda -p 512 -n 128 -r 3
+      "$BIN/rlx" bench -m "$M/$shape.gguf" -p 512 -n 128 -r 2 | tail -n +3
+    done
+    ;;
+  *)
+    echo "usage: scripts/cuda-check.sh build|run" >&2
+    exit 2
+    ;;
+esac
