@@ -17,8 +17,9 @@ case "${1:-}" in
   build)
     mkdir -p "$BIN"
     grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >>.git/info/exclude
-    cargo build --release -q -p rlx-cli -p rlx-gguf --example make_gguf
-    test_bin=$(cargo test --release -q -p rlx-gemma --features cuda --test cuda --no-run 2>&1 |
+    cargo build --release -q -p rlx-cli
+    cargo build --release -q -p rlx-gguf --example make_gguf
+    test_bin=$(cargo test --release -p rlx-gemma --features cuda --test cuda --no-run 2>&1 |
       grep -o 'target/release/deps/cuda-[0-9a-f]*' | head -1)
     cp target/release/rlx target/release/examples/make_gguf "$BIN/"
     cp "$test_bin" "$BIN/cuda-test"
@@ -36,7 +37,8 @@ case "${1:-}" in
       [ -f "$M/$shape.gguf" ] || "$BIN/make_gguf" random --shape "$shape" --type q4_k_m \
         --tokenizer-from "$BIN/tokenizer.gguf" -o "$M/$shape.gguf" 2>&1 | head -1
     done
-    RLX_CUDA_MODELS="$M/270m.gguf $M/1b.gguf" "$BIN/cuda-test" --ignored --nocapture --test-threads 1
+    [ -n "${BENCH_ONLY:-}" ] ||
+      RLX_CUDA_MODELS="$M/270m.gguf $M/1b.gguf" "$BIN/cuda-test" --ignored --nocapture --test-threads 1
     for shape in 270m 1b; do
       "$BIN/rlx" bench -m "$M/$shape.gguf" --device cuda -p 512 -n 128 -r 3
       "$BIN/rlx" bench -m "$M/$shape.gguf" -p 512 -n 128 -r 2 | tail -n +3

@@ -295,7 +295,9 @@ impl Default for SessionOptions {
     }
 }
 
-/// A session's plans and KV cache on one device.
+/// A session's plans and KV cache on one device. One per session, made
+/// once and never moved on a hot path, so the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum Exec {
     Cpu {
         prefill: Plan,

@@ -98,6 +98,8 @@ fn compare(path: &Path, prompt_len: usize, chunk: usize) -> f64 {
 #[test]
 #[ignore = "needs an NVIDIA GPU (see the file's header)"]
 fn tiny_models_match_the_cpu() {
+    // Held so that the kernels compile once for all the models.
+    let _gpu = rlx_runtime::cuda::CudaDevice::new(0).unwrap();
     let files = [
         "gemma/model-f32.gguf",
         "gemma/model-f16.gguf",
@@ -124,6 +126,7 @@ fn tiny_models_match_the_cpu() {
 #[test]
 #[ignore = "needs an NVIDIA GPU (see the file's header)"]
 fn extra_models_match_the_cpu() {
+    let _gpu = rlx_runtime::cuda::CudaDevice::new(0).unwrap();
     let list = std::env::var("RLX_CUDA_MODELS").unwrap_or_default();
     for path in list.split_whitespace() {
         let worst = compare(Path::new(path), 700, 256);

@@ -16,7 +16,7 @@
 mod kv;
 mod plan;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions as NvrtcOptions, Ptx};
@@ -118,8 +118,26 @@ impl std::fmt::Debug for CudaDevice {
 }
 
 impl CudaDevice {
-    /// Opens GPU `ordinal` and compiles the kernels for it.
+    /// GPU `ordinal`, shared by everything in the process that asks for it:
+    /// the first call opens it and compiles the kernels (seconds), later
+    /// ones return the same device while it is in use.
     pub fn new(ordinal: usize) -> Result<Arc<CudaDevice>, CudaError> {
+        static OPEN: Mutex<Vec<(usize, Weak<CudaDevice>)>> = Mutex::new(Vec::new());
+        let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|(_, d)| d.strong_count() > 0);
+        if let Some(d) = open
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .and_then(|(_, d)| d.upgrade())
+        {
+            return Ok(d);
+        }
+        let d = Self::open(ordinal)?;
+        open.push((ordinal, Arc::downgrade(&d)));
+        Ok(d)
+    }
+
+    fn open(ordinal: usize) -> Result<Arc<CudaDevice>, CudaError> {
         // SAFETY: these only try to open the shared libraries.
         let (driver, nvrtc) = unsafe {
             (

@@ -190,11 +190,11 @@ impl CudaPlan {
         Ok(())
     }
 
-    /// Device address of a value (f32 or i32) and its element count.
-    fn addr(&self, id: NodeId, b: &Bindings) -> u64 {
+    /// Device address of a value (f32 or i32).
+    fn addr(&self, id: NodeId) -> u64 {
         match self.locs[id.index()] {
             Loc::Arena { offset, .. } => self.device.ptr(&self.arena) + 4 * offset as u64,
-            Loc::Alias(src) => self.addr(src, b),
+            Loc::Alias(src) => self.addr(src),
             Loc::Input => match &self.inputs[&id] {
                 InputBuf::F32(s) => self.device.ptr(s),
                 InputBuf::I32(s) => self.device.ptr(s),
@@ -269,8 +269,8 @@ impl CudaPlan {
         let k = &self.device.kernels;
         let dims = n.shape.resolve(b).expect("bound");
         let numel: usize = dims.iter().product();
-        let out = self.addr(id, b);
-        let inp = |i: usize| self.addr(n.inputs[i], b);
+        let out = self.addr(id);
+        let inp = |i: usize| self.addr(n.inputs[i]);
         let in_dims = |i: usize| g.node(n.inputs[i]).shape.resolve(b).expect("bound");
         match &n.op {
             Op::KvWrite { slot } => {
