@@ -323,6 +323,24 @@ enum Phase {
     Score,
 }
 
+/// The plan of `phase`; the scoring plan is compiled on first use.
+fn pick<'a, P>(
+    phase: Phase,
+    prefill: &'a mut P,
+    decode: &'a mut P,
+    score: &'a mut Option<P>,
+    compile_score: impl FnOnce() -> Result<P>,
+) -> Result<&'a mut P> {
+    Ok(match phase {
+        Phase::Prefill => prefill,
+        Phase::Decode => decode,
+        Phase::Score => match score {
+            Some(p) => p,
+            None => score.insert(compile_score()?),
+        },
+    })
+}
+
 /// One conversation's state: the tokens so far and their KV cache.
 pub struct Session<'m> {
     model: &'m Model,
@@ -394,7 +412,7 @@ impl Session<'_> {
                 ),
             ])
         };
-        let chunk = self.chunk;
+        let (model, chunk) = (self.model, self.chunk);
         let mut out = match &mut self.exec {
             Exec::Cpu {
                 prefill,
@@ -402,16 +420,9 @@ impl Session<'_> {
                 score,
                 kv,
             } => {
-                let plan = match phase {
-                    Phase::Prefill => prefill,
-                    Phase::Decode => decode,
-                    Phase::Score => {
-                        if score.is_none() {
-                            *score = Some(self.model.plan(Logits::All, chunk)?);
-                        }
-                        score.as_mut().expect("compiled above")
-                    }
-                };
+                let plan = pick(phase, prefill, decode, score, || {
+                    model.plan(Logits::All, chunk)
+                })?;
                 plan.run(&input(kv.len()), Some(kv))?
             }
             #[cfg(feature = "cuda")]
@@ -421,17 +432,10 @@ impl Session<'_> {
                 score,
                 kv,
             } => {
-                let plan = match phase {
-                    Phase::Prefill => prefill,
-                    Phase::Decode => decode,
-                    Phase::Score => {
-                        if score.is_none() {
-                            let w = self.model.cuda.as_ref().expect("a CUDA session");
-                            *score = Some(self.model.cuda_plan(w, Logits::All, chunk)?);
-                        }
-                        score.as_mut().expect("compiled above")
-                    }
-                };
+                let plan = pick(phase, prefill, decode, score, || {
+                    let w = model.cuda.as_ref().expect("a CUDA session");
+                    model.cuda_plan(w, Logits::All, chunk)
+                })?;
                 plan.run(&input(kv.len()), Some(kv))?
             }
         };
