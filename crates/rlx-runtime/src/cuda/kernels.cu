@@ -327,16 +327,16 @@ extern "C" __global__ void rope(const float* x, const int* pos, const float* inv
     y[idx] = c < half ? a * co - b * s : b * co + a * s;
 }
 
-// Rows t < n of k [n, kd] and v [n, vd] stored for positions start + t, at
+// Rows t < n of k [n, kd] and v [n, vd] stored for positions *start + t, at
 // row p % cap of a ring or row p; kpos[row] records the position.
 extern "C" __global__ void kv_write(const float* k, const float* v, float* kc, float* vc,
-                                    int* kpos, int n, int kd, int vd, int start, int cap,
+                                    int* kpos, int n, int kd, int vd, const int* start, int cap,
                                     int ring) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     int per = kd + vd;
     if (idx >= n * per) return;
     int t = idx / per, c = idx % per;
-    int p = start + t;
+    int p = *start + t;
     int row = ring ? p % cap : p;
     if (c == 0) kpos[row] = p;
     if (c < kd)
@@ -360,11 +360,11 @@ __device__ __forceinline__ bool visible(int mask, int w, int qp, int kp) {
 
 // One block of 4 warps per (query, head). Each warp walks every 4th key row
 // with an online softmax; the warps' partial results are merged at the end.
-// q [n, hq, hd] at positions q_start + i, cache k [rows, hkv, hd], v [rows,
+// q [n, hq, hd] at positions *q_start + i, cache k [rows, hkv, hd], v [rows,
 // hkv, hdv], kpos [rows] (−1 empty), out [n, hq, hdv]. hd, hdv ≤ 512.
 #define AW 4
 extern "C" __global__ void attention(const float* q, const float* kc, const float* vc,
-                                     const int* kpos, int q_start, float* out, int hq,
+                                     const int* kpos, const int* q_start, float* out, int hq,
                                      int hkv, int hd, int hdv, int rows, float scale,
                                      float softcap, int mask, int window) {
     __shared__ float sm_m[AW], sm_l[AW];
@@ -381,7 +381,7 @@ extern "C" __global__ void attention(const float* q, const float* kc, const floa
         acc[i] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
-    int qp = q_start + qi;
+    int qp = *q_start + qi;
     for (int j = warp; j < rows; j += AW) {
         int kp = kpos[j];
         if (kp < 0 || !visible(mask, window, qp, kp)) continue;

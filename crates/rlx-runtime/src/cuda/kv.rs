@@ -3,13 +3,14 @@
 //! without storage) with f32 rows. Row positions live on the device for the
 //! attention kernel and on the host for rewinds.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use rlx_ir::CacheSlot;
 
 use super::{CudaDevice, CudaError};
-use crate::kv::{check_rewind, KvCacheConfig, KvDType, KvError};
+use crate::kv::{check_rewind, KvCacheConfig, KvDType, KvError, KvLayerSpec};
 
 struct Layer {
     k: CudaSlice<f32>,
@@ -22,6 +23,9 @@ struct Layer {
 
 /// The K/V of one sequence on a GPU.
 pub struct CudaKvCache {
+    /// Unique per cache: a plan's captured graphs hold this cache's
+    /// addresses and are replayed only with it.
+    id: u64,
     device: Arc<CudaDevice>,
     config: KvCacheConfig,
     layers: Vec<Option<Layer>>,
@@ -76,12 +80,18 @@ impl CudaKvCache {
                 ring,
             }));
         }
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(CudaKvCache {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             device: Arc::clone(device),
             config,
             layers,
             len: 0,
         })
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     pub fn config(&self) -> &KvCacheConfig {
@@ -135,15 +145,50 @@ impl CudaKvCache {
     }
 
     /// Stores K/V rows `[n, kv_heads, dim]` (device addresses) for positions
-    /// `len .. len + n` of an owning slot; the length moves on at
-    /// [`CudaKvCache::commit`].
+    /// `len .. len + n` of an owning slot (`start` holds `len` on the
+    /// device); the length moves on at [`CudaKvCache::commit`].
     pub(crate) fn write(
         &mut self,
         slot: CacheSlot,
         k: u64,
         v: u64,
         n: usize,
+        start: u64,
     ) -> Result<(), CudaError> {
+        let spec = self.check_write(slot, n)?;
+        let dev = Arc::clone(&self.device);
+        let l = self.layers[slot.0 as usize]
+            .as_ref()
+            .expect("owners have storage");
+        let (kd, vd) = (
+            (spec.kv_heads * spec.head_dim) as i32,
+            (spec.kv_heads * spec.v_head_dim) as i32,
+        );
+        let (kc, vc, pc) = (dev.ptr(&l.k), dev.ptr(&l.v), dev.ptr(&l.dev_pos));
+        let (n32, rows32, ring) = (n as i32, l.pos.len() as i32, l.ring as i32);
+        let total = n as u32 * (kd + vd) as u32;
+        let mut b = dev.stream.launch_builder(&dev.kernels.kv_write);
+        b.arg(&k)
+            .arg(&v)
+            .arg(&kc)
+            .arg(&vc)
+            .arg(&pc)
+            .arg(&n32)
+            .arg(&kd)
+            .arg(&vd)
+            .arg(&start)
+            .arg(&rows32)
+            .arg(&ring);
+        // SAFETY: k and v hold n rows of kd and vd floats (the plan's values
+        // of those shapes); `start` is the device copy of `len`, so the rows
+        // written are `< rows` (a ring wraps, a full layer holds
+        // max_context ≥ len + n, checked above).
+        unsafe { b.launch(LaunchConfig::for_num_elems(total)) }?;
+        self.record(slot, n)
+    }
+
+    /// Checks that `n` rows fit an owning slot at the current length.
+    fn check_write(&self, slot: CacheSlot, n: usize) -> Result<KvLayerSpec, CudaError> {
         if n > self.config.max_chunk {
             return Err(KvError::ChunkTooLong {
                 n,
@@ -158,11 +203,14 @@ impl CudaKvCache {
             }
             .into());
         }
-        let i = slot.0 as usize;
-        let spec = *self.config.layers.get(i).ok_or(KvError::NoSlot {
-            slot: slot.0,
-            slots: self.config.layers.len(),
-        })?;
+        let spec = *self
+            .config
+            .layers
+            .get(slot.0 as usize)
+            .ok_or(KvError::NoSlot {
+                slot: slot.0,
+                slots: self.config.layers.len(),
+            })?;
         if spec.shares.is_some() {
             return Err(KvError::Layout {
                 slot: slot.0,
@@ -170,33 +218,18 @@ impl CudaKvCache {
             }
             .into());
         }
+        Ok(spec)
+    }
+
+    /// The host side of a write of `n` rows (row positions), for a write
+    /// that a replayed graph makes on the device.
+    pub(crate) fn record(&mut self, slot: CacheSlot, n: usize) -> Result<(), CudaError> {
+        self.check_write(slot, n)?;
         let start = self.len;
-        let dev = Arc::clone(&self.device);
-        let l = self.layers[i].as_mut().expect("owners have storage");
+        let l = self.layers[slot.0 as usize]
+            .as_mut()
+            .expect("owners have storage");
         let rows = l.pos.len();
-        let (kd, vd) = (
-            (spec.kv_heads * spec.head_dim) as i32,
-            (spec.kv_heads * spec.v_head_dim) as i32,
-        );
-        let (kc, vc, pc) = (dev.ptr(&l.k), dev.ptr(&l.v), dev.ptr(&l.dev_pos));
-        let (n32, start32, rows32, ring) = (n as i32, start as i32, rows as i32, l.ring as i32);
-        let total = n as u32 * (kd + vd) as u32;
-        let mut b = dev.stream.launch_builder(&dev.kernels.kv_write);
-        b.arg(&k)
-            .arg(&v)
-            .arg(&kc)
-            .arg(&vc)
-            .arg(&pc)
-            .arg(&n32)
-            .arg(&kd)
-            .arg(&vd)
-            .arg(&start32)
-            .arg(&rows32)
-            .arg(&ring);
-        // SAFETY: k and v hold n rows of kd and vd floats (the plan's values
-        // of those shapes); the cache rows written are `< rows` (a ring
-        // wraps, a full layer holds max_context ≥ len + n).
-        unsafe { b.launch(LaunchConfig::for_num_elems(total)) }?;
         for t in 0..n {
             let p = start + t;
             let row = if l.ring { p % rows } else { p };

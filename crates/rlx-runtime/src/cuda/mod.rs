@@ -165,7 +165,9 @@ impl CudaDevice {
         // One stream, used in order: the context need not track events.
         // SAFETY: every buffer is used on this one stream only.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of our own: the legacy default stream cannot be captured
+        // into a graph.
+        let stream = ctx.new_stream()?;
         let (major, minor) = ctx.compute_capability()?;
         let module = ctx.load_module(compile_kernels(major, minor)?)?;
         let f = |name: &str| module.load_function(name);

@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PushKernelArg};
 use rlx_ir::{Bindings, DType, Graph, KvSource, Mask, NodeId, Op, Start};
 
 use super::kv::CudaKvCache;
@@ -15,7 +16,7 @@ use crate::weights::WeightStore;
 
 /// A compiled graph for one GPU.
 pub struct CudaPlan {
-    graph: Graph,
+    graph_ir: Graph,
     weights: Arc<CudaWeights>,
     device: Arc<CudaDevice>,
     steps: Vec<NodeId>,
@@ -27,6 +28,13 @@ pub struct CudaPlan {
     rope_tables: HashMap<NodeId, CudaSlice<f32>>,
     /// Device copies of the graph's inputs, sized for the maxima.
     inputs: HashMap<NodeId, InputBuf>,
+    /// The cache length at the start of a run, read by the kernels that
+    /// need it (so that a captured graph replays at any length).
+    start: CudaSlice<i32>,
+    /// A run at the maxima (every decode step, every full prefill chunk)
+    /// captured once as a CUDA graph with the cache it used, then replayed:
+    /// one launch instead of hundreds.
+    graph: Option<(u64, CudaGraph)>,
     max: Bindings,
 }
 
@@ -128,16 +136,19 @@ pub fn compile_cuda(
             _ => {}
         }
     }
+    let start = s.alloc_zeros(1)?;
     Ok(CudaPlan {
         arena: s.alloc_zeros(sched.arena_elems.max(1))?,
         norm_buf: s.alloc_zeros(norm_elems.max(1))?,
-        graph: g,
+        graph_ir: g,
         weights: Arc::clone(weights),
         device,
         steps: sched.steps,
         locs: sched.locs,
         rope_tables,
         inputs,
+        start,
+        graph: None,
         max: opts.max.clone(),
     })
 }
@@ -165,7 +176,7 @@ enum Arg {
 
 impl CudaPlan {
     pub fn graph(&self) -> &Graph {
-        &self.graph
+        &self.graph_ir
     }
 
     /// Device memory this plan owns (weights are the [`CudaWeights`]').
@@ -211,10 +222,10 @@ impl CudaPlan {
         inputs: &HashMap<String, HostTensor>,
         mut kv: Option<&mut CudaKvCache>,
     ) -> Result<Vec<(String, HostTensor)>, CudaError> {
-        let b = bind(&self.graph, &self.max, inputs)?;
+        let b = bind(&self.graph_ir, &self.max, inputs)?;
         let stream = Arc::clone(&self.device.stream);
         for (&id, buf) in self.inputs.iter_mut() {
-            let Op::Input { name } = &self.graph.node(id).op else {
+            let Op::Input { name } = &self.graph_ir.node(id).op else {
                 unreachable!()
             };
             match (&inputs[name], buf) {
@@ -227,27 +238,66 @@ impl CudaPlan {
                 _ => {}
             }
         }
+        self.check_tokens(&b, inputs)?;
         let start = kv.as_ref().map_or(0, |c| c.len());
+        stream.memcpy_htod(&[start as i32], &mut self.start)?;
+        let cache_id = kv.as_ref().map(|c| c.id());
+        let at_max = b == self.max;
+        let replay = matches!((&self.graph, cache_id), (Some((id, _)), Some(c)) if *id == c);
         let mut wrote = None;
-        for i in 0..self.steps.len() {
-            let id = self.steps[i];
-            if let Some(n) = self.exec(id, &b, inputs, kv.as_deref_mut(), start)? {
-                wrote = Some(n);
+        if at_max && replay {
+            // The graph makes the cache writes; the host keeps their positions.
+            for i in 0..self.steps.len() {
+                if let Some((slot, tokens)) = self.kv_write_of(i) {
+                    kv.as_deref_mut()
+                        .ok_or(RunError::NoCache)?
+                        .record(slot, tokens)?;
+                    wrote = Some(tokens);
+                }
+            }
+            self.graph.as_ref().expect("checked").1.launch()?;
+        } else if let (true, Some(c)) = (at_max, cache_id) {
+            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+            let mut result = Ok(None);
+            for i in 0..self.steps.len() {
+                match self.exec(self.steps[i], &b, kv.as_deref_mut()) {
+                    Ok(Some(n)) => result = Ok(Some(n)),
+                    Ok(None) => {}
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            // End the capture even after an error, so the stream is usable.
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+            wrote = result?;
+            let graph = graph
+                .ok_or_else(|| CudaError::Unsupported("graph capture made no graph".into()))?;
+            graph.launch()?;
+            self.graph = Some((c, graph));
+        } else {
+            for i in 0..self.steps.len() {
+                if let Some(n) = self.exec(self.steps[i], &b, kv.as_deref_mut())? {
+                    wrote = Some(n);
+                }
             }
         }
         if let (Some(n), Some(c)) = (wrote, kv) {
             c.commit(n);
         }
         let mut outs = Vec::new();
-        for (name, id) in self.graph.outputs() {
-            let dims = self.graph.node(*id).shape.resolve(&b).expect("bound");
+        for (name, id) in self.graph_ir.outputs() {
+            let dims = self.graph_ir.node(*id).shape.resolve(&b).expect("bound");
             let len: usize = dims.iter().product();
             let mut root = *id;
             while let Loc::Alias(src) = self.locs[root.index()] {
                 root = src;
             }
             let Loc::Arena { offset, .. } = self.locs[root.index()] else {
-                return Err(node_err(&self.graph, *id, "outputs must be computed values").into());
+                return Err(
+                    node_err(&self.graph_ir, *id, "outputs must be computed values").into(),
+                );
             };
             let data = stream.clone_dtoh(&self.arena.slice(offset..offset + len))?;
             outs.push((name.clone(), HostTensor::f32(data, &dims)));
@@ -255,16 +305,55 @@ impl CudaPlan {
         Ok(outs)
     }
 
+    /// The slot and token count of step `i` if it writes the KV cache (at
+    /// the maxima: what a replayed graph writes).
+    fn kv_write_of(&self, i: usize) -> Option<(rlx_ir::CacheSlot, usize)> {
+        let g = &self.graph_ir;
+        let n = g.node(self.steps[i]);
+        let Op::KvWrite { slot } = n.op else {
+            return None;
+        };
+        let dims = g.node(n.inputs[0]).shape.resolve(&self.max)?;
+        Some((slot, dims[0]))
+    }
+
+    /// Token ids come from the host: checked there, before any launch.
+    fn check_tokens(
+        &self,
+        b: &Bindings,
+        inputs: &HashMap<String, HostTensor>,
+    ) -> Result<(), CudaError> {
+        let g = &self.graph_ir;
+        for &id in &self.steps {
+            let n = g.node(id);
+            if !matches!(n.op, Op::Gather) {
+                continue;
+            }
+            let vocab = g.node(n.inputs[0]).shape.resolve(b).expect("bound")[0];
+            if let Op::Input { name } = &g.node(n.inputs[1]).op {
+                if let HostTensor::I32 { data, .. } = &inputs[name] {
+                    if let Some(&t) = data.iter().find(|&&t| t < 0 || t as usize >= vocab) {
+                        return Err(node_err(
+                            g,
+                            id,
+                            format!("token id {t} is outside the vocabulary of {vocab}"),
+                        )
+                        .into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Launches one step; returns the token count if it wrote the KV cache.
     fn exec(
         &self,
         id: NodeId,
         b: &Bindings,
-        inputs: &HashMap<String, HostTensor>,
         kv: Option<&mut CudaKvCache>,
-        start: usize,
     ) -> Result<Option<usize>, CudaError> {
-        let g = &self.graph;
+        let g = &self.graph_ir;
         let n = g.node(id);
         let k = &self.device.kernels;
         let dims = n.shape.resolve(b).expect("bound");
@@ -276,29 +365,13 @@ impl CudaPlan {
             Op::KvWrite { slot } => {
                 let cache = kv.ok_or(RunError::NoCache)?;
                 let tokens = in_dims(0)[0];
-                cache.write(*slot, inp(0), inp(1), tokens)?;
+                cache.write(*slot, inp(0), inp(1), tokens, self.device.ptr(&self.start))?;
                 return Ok(Some(tokens));
             }
             Op::Input { .. } | Op::Weight { .. } | Op::Reshape { .. } => {}
             Op::Gather => {
                 let (code, table) = weight_of(g, &self.weights, n.inputs[0])?;
-                let (vocab, width) = {
-                    let d = in_dims(0);
-                    (d[0], d[1])
-                };
-                // Token ids come from the host: check them there.
-                if let Op::Input { name } = &g.node(n.inputs[1]).op {
-                    if let HostTensor::I32 { data, .. } = &inputs[name] {
-                        if let Some(&t) = data.iter().find(|&&t| t < 0 || t as usize >= vocab) {
-                            return Err(node_err(
-                                g,
-                                id,
-                                format!("token id {t} is outside the vocabulary of {vocab}"),
-                            )
-                            .into());
-                        }
-                    }
-                }
+                let width = in_dims(0)[1];
                 let rows = dims[0];
                 self.launch(
                     &k.gather[code as usize],
@@ -483,7 +556,7 @@ impl CudaPlan {
                         Arg::Ptr(l.k),
                         Arg::Ptr(l.v),
                         Arg::Ptr(l.pos),
-                        Arg::I32(start as i32),
+                        Arg::Ptr(self.device.ptr(&self.start)),
                         Arg::Ptr(out),
                         Arg::I32(hq as i32),
                         Arg::I32(l.kv_heads as i32),
