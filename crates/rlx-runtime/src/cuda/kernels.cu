@@ -209,6 +209,61 @@ MATMUL(matmul_q4_k, T_Q4_K)
 MATMUL(matmul_q5_k, T_Q5_K)
 MATMUL(matmul_q6_k, T_Q6_K)
 
+// y[y_off + r] = Σ_k x[k] · w[r, k] (one token). Each warp first copies its
+// row into shared memory with coalesced 32-bit loads (the byte-wise reads of
+// a unit would otherwise each go to memory), then its lanes dequantize the
+// row's 32-element units from there. Dynamic shared memory: warps per block
+// × the row rounded up to words.
+template <int T>
+__device__ void matvec_body(const u8* w, const float* x, float* y, int n, int k, int y_off) {
+    extern __shared__ u32 staged[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (r >= n) return;
+    int row_bytes = (k / block_elems(T)) * block_bytes(T);
+    int words = (row_bytes + 3) >> 2;
+    u32* buf = staged + (size_t)warp * words;
+    const u8* row = w + (size_t)r * row_bytes;
+    int whole = 0;
+    if ((((size_t)row) & 3) == 0) {
+        whole = row_bytes >> 2;
+        const u32* src = (const u32*)row;
+        for (int i = lane; i < whole; i += 32) buf[i] = src[i];
+    }
+    u8* bytes = (u8*)buf;
+    for (int i = 4 * whole + lane; i < row_bytes; i += 32) bytes[i] = row[i];
+    __syncwarp();
+    float acc = 0.0f, v[32];
+    for (int u = lane; u < (k >> 5); u += 32) {
+        unit<T>(bytes, u, v);
+        const float4* xp = (const float4*)(x + 32 * u);
+        #pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float4 q = xp[i];
+            acc += v[4 * i] * q.x + v[4 * i + 1] * q.y + v[4 * i + 2] * q.z + v[4 * i + 3] * q.w;
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[y_off + r] = acc;
+}
+
+#define MATVEC(NAME, T)                                                                   \
+    extern "C" __global__ void NAME(const u8* w, const float* x, float* y, int n, int k, \
+                                    int y_off) {                                         \
+        matvec_body<T>(w, x, y, n, k, y_off);                                            \
+    }
+MATVEC(matvec_f32, T_F32)
+MATVEC(matvec_f16, T_F16)
+MATVEC(matvec_bf16, T_BF16)
+MATVEC(matvec_q4_0, T_Q4_0)
+MATVEC(matvec_q4_1, T_Q4_1)
+MATVEC(matvec_q5_0, T_Q5_0)
+MATVEC(matvec_q5_1, T_Q5_1)
+MATVEC(matvec_q8_0, T_Q8_0)
+MATVEC(matvec_q4_k, T_Q4_K)
+MATVEC(matvec_q5_k, T_Q5_K)
+MATVEC(matvec_q6_k, T_Q6_K)
+
 // out[i, :] = table[ids[i], :] dequantized; one thread per 32-element unit.
 template <int T>
 __device__ void gather_body(const u8* table, const int* ids, float* out, int n, int k) {

@@ -88,8 +88,10 @@ pub fn compile_kernels(major: i32, minor: i32) -> Result<Ptx, CudaError> {
 
 /// The kernels of `kernels.cu`, looked up once.
 struct Kernels {
-    /// Per weight type code: `matmul_<type>` and `gather_<type>`.
+    /// Per weight type code: `matmul_<type>`, `matvec_<type>` (one token)
+    /// and `gather_<type>`.
     matmul: Vec<CudaFunction>,
+    matvec: Vec<CudaFunction>,
     gather: Vec<CudaFunction>,
     rms_norm: CudaFunction,
     binary: CudaFunction,
@@ -178,6 +180,10 @@ impl CudaDevice {
             matmul: types
                 .iter()
                 .map(|t| f(&format!("matmul_{t}")))
+                .collect::<Result<_, _>>()?,
+            matvec: types
+                .iter()
+                .map(|t| f(&format!("matvec_{t}")))
                 .collect::<Result<_, _>>()?,
             gather: types
                 .iter()

@@ -416,6 +416,34 @@ impl CudaPlan {
                 for &w in &n.inputs[first..] {
                     let (code, ptr) = weight_of(g, &self.weights, w)?;
                     let rows = g.node(w).shape.0[0].fixed().expect("fixed");
+                    let DType::Ggml(ty) = g.node(w).dtype else {
+                        unreachable!("a weight")
+                    };
+                    // One token: rows staged in shared memory, as many warps a
+                    // block as fit in 48 KiB (rows too long for one use the
+                    // general kernel).
+                    let words = (kin / ty.block_elems() * ty.block_bytes()).div_ceil(4);
+                    let warps = (48 * 1024 / (4 * words)).min(4);
+                    if m == 1 && warps > 0 {
+                        self.launch(
+                            &k.matvec[code as usize],
+                            LaunchConfig {
+                                grid_dim: (rows.div_ceil(warps) as u32, 1, 1),
+                                block_dim: (32 * warps as u32, 1, 1),
+                                shared_mem_bytes: (4 * words * warps) as u32,
+                            },
+                            &[
+                                Arg::Ptr(ptr),
+                                Arg::Ptr(x),
+                                Arg::Ptr(out),
+                                Arg::I32(rows as i32),
+                                Arg::I32(kin as i32),
+                                Arg::I32(off as i32),
+                            ],
+                        )?;
+                        off += rows;
+                        continue;
+                    }
                     self.launch(
                         &k.matmul[code as usize],
                         grid(rows.div_ceil(4), m.div_ceil(8), 128),
