@@ -116,16 +116,22 @@ impl CudaKvCache {
             .sum()
     }
 
-    fn owner(&self, slot: CacheSlot) -> Result<usize, KvError> {
-        let spec = self
-            .config
+    fn spec(&self, slot: CacheSlot) -> Result<KvLayerSpec, KvError> {
+        self.config
             .layers
             .get(slot.0 as usize)
+            .copied()
             .ok_or(KvError::NoSlot {
                 slot: slot.0,
                 slots: self.config.layers.len(),
-            })?;
-        Ok(spec.shares.map_or(slot.0 as usize, |s| s.0 as usize))
+            })
+    }
+
+    fn owner(&self, slot: CacheSlot) -> Result<usize, KvError> {
+        Ok(self
+            .spec(slot)?
+            .shares
+            .map_or(slot.0 as usize, |s| s.0 as usize))
     }
 
     /// The device buffers of a slot (a sharing layer's are its source's).
@@ -203,14 +209,7 @@ impl CudaKvCache {
             }
             .into());
         }
-        let spec = *self
-            .config
-            .layers
-            .get(slot.0 as usize)
-            .ok_or(KvError::NoSlot {
-                slot: slot.0,
-                slots: self.config.layers.len(),
-            })?;
+        let spec = self.spec(slot)?;
         if spec.shares.is_some() {
             return Err(KvError::Layout {
                 slot: slot.0,
