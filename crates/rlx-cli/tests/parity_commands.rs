@@ -101,10 +101,11 @@ fn greedy_is_deterministic_and_sampling_flags_are_honoured() {
 
 #[test]
 fn bad_input_is_one_error_line_and_a_failing_exit() {
-    let cases: [&[&str]; 3] = [
+    let cases: [&[&str]; 4] = [
         &["--tokens", "2,abc"],
         &["--tokens", "2,999999"],
         &["--tokens", "2", "--top-p", "1.5"],
+        &["--tokens", "2", "--device", "gpu"],
     ];
     for extra in cases {
         let out = rlx()
