@@ -124,8 +124,12 @@ pub(crate) enum Loc {
         offset: usize,
         cap: usize,
     },
-    /// Same data as another node (reshape).
-    Alias(NodeId),
+    /// Another node's data from element `offset` on (a reshape, or a
+    /// narrow a backend reads in place).
+    Alias {
+        src: NodeId,
+        offset: usize,
+    },
 }
 
 /// A compiled graph for one device.
@@ -163,7 +167,7 @@ pub fn compile(
         steps,
         locs,
         arena_elems,
-    } = schedule(&g, &opts.max)?;
+    } = schedule(&g, &opts.max, &|_| None)?;
     Ok(Plan {
         graph: g,
         store: Arc::clone(store),
@@ -235,8 +239,14 @@ pub(crate) struct Schedule {
 }
 
 /// Steps in graph order and an arena laid out by value lifetimes for the
-/// symbol maxima `max` (reshapes alias their input).
-pub(crate) fn schedule(g: &Graph, max: &Bindings) -> Result<Schedule, RunError> {
+/// symbol maxima `max`. Reshapes alias their input, and so does any node
+/// `view` maps to `(source, element offset)`; an alias keeps its source alive
+/// for as long as it is read.
+pub(crate) fn schedule(
+    g: &Graph,
+    max: &Bindings,
+    view: &dyn Fn(NodeId) -> Option<(NodeId, usize)>,
+) -> Result<Schedule, RunError> {
     let steps: Vec<NodeId> = g
         .ids()
         .filter(|&id| !g.node(id).inputs.is_empty())
@@ -248,13 +258,19 @@ pub(crate) fn schedule(g: &Graph, max: &Bindings) -> Result<Schedule, RunError> 
         locs[id.index()] = match &n.op {
             Op::Input { .. } => Loc::Input,
             Op::Weight { id: w, .. } => Loc::Weight(*w),
-            Op::Reshape { .. } => Loc::Alias(n.inputs[0]),
+            Op::Reshape { .. } => Loc::Alias {
+                src: n.inputs[0],
+                offset: 0,
+            },
             _ if n.dtype == DType::Effect => Loc::None,
-            _ => Loc::Arena { offset: 0, cap: 0 },
+            _ => match view(id) {
+                Some((src, offset)) => Loc::Alias { src, offset },
+                None => Loc::Arena { offset: 0, cap: 0 },
+            },
         };
     }
     let root = |mut id: NodeId| {
-        while let Loc::Alias(src) = locs[id.index()] {
+        while let Loc::Alias { src, .. } = locs[id.index()] {
             id = src;
         }
         id
@@ -534,7 +550,13 @@ impl Plan {
                 // every value live at that step (all values read here).
                 Val::F32(unsafe { self.arena.slice(offset, len) })
             }
-            Loc::Alias(src) => self.value(src, inputs, b),
+            Loc::Alias { src, offset } => match self.value(src, inputs, b) {
+                Val::F32(v) => {
+                    let len = n.shape.numel(b).expect("bound");
+                    Val::F32(&v[offset..offset + len])
+                }
+                other => other,
+            },
             Loc::None => Val::F32(&[]),
         }
     }
@@ -941,8 +963,8 @@ impl Plan {
                 Loc::Arena { offset, cap } => {
                     let _ = write!(s, "  @[{}..{})", offset * 4, (offset + cap) * 4);
                 }
-                Loc::Alias(src) => {
-                    let _ = write!(s, "  = view of {src}");
+                Loc::Alias { src, offset } => {
+                    let _ = write!(s, "  = view of {src} from {offset}");
                 }
                 _ => {}
             }

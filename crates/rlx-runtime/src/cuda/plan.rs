@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PushKernelArg};
-use rlx_ir::{Bindings, DType, Graph, KvSource, Mask, NodeId, Op, Start};
+use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, Mask, NodeId, Op, Start};
 
 use super::kv::CudaKvCache;
 use super::{type_code, CudaDevice, CudaError, CudaWeights};
@@ -66,7 +66,31 @@ pub fn compile_cuda(
     opts: &CompileOptions,
 ) -> Result<CudaPlan, CudaError> {
     let g = prepare(graph, store, opts)?;
-    let sched = schedule(&g, &opts.max)?;
+    // A narrow of a value whose shape is fixed (every symbol at most 1, as in
+    // decode) with nothing before its axis is a contiguous range: read in
+    // place rather than copied (the q/k/v and gate/up splits of a step).
+    let view = |id: NodeId| -> Option<(NodeId, usize)> {
+        let n = g.node(id);
+        let Op::Narrow { axis, start, .. } = n.op else {
+            return None;
+        };
+        let src = g.node(n.inputs[0]);
+        let fixed = src.shape.dims().iter().all(|d| match *d {
+            Dim::Fixed(_) => true,
+            Dim::Sym(s) => opts.max.get(s) == Some(1),
+        });
+        let dims = src.shape.resolve(&opts.max)?;
+        if !fixed || dims[..axis].iter().product::<usize>() != 1 {
+            return None;
+        }
+        let from = match start {
+            Start::FromStart(s) => s,
+            Start::FromEnd(e) => dims[axis].checked_sub(e)?,
+        };
+        let inner: usize = dims[axis + 1..].iter().product();
+        Some((n.inputs[0], from * inner))
+    };
+    let sched = schedule(&g, &opts.max, &view)?;
     let device = Arc::clone(weights.device());
     let s = &device.stream;
     let mut rope_tables = HashMap::new();
@@ -205,7 +229,7 @@ impl CudaPlan {
     fn addr(&self, id: NodeId) -> u64 {
         match self.locs[id.index()] {
             Loc::Arena { offset, .. } => self.device.ptr(&self.arena) + 4 * offset as u64,
-            Loc::Alias(src) => self.addr(src),
+            Loc::Alias { src, offset } => self.addr(src) + 4 * offset as u64,
             Loc::Input => match &self.inputs[&id] {
                 InputBuf::F32(s) => self.device.ptr(s),
                 InputBuf::I32(s) => self.device.ptr(s),
@@ -290,15 +314,17 @@ impl CudaPlan {
         for (name, id) in self.graph_ir.outputs() {
             let dims = self.graph_ir.node(*id).shape.resolve(&b).expect("bound");
             let len: usize = dims.iter().product();
-            let mut root = *id;
-            while let Loc::Alias(src) = self.locs[root.index()] {
+            let (mut root, mut skip) = (*id, 0);
+            while let Loc::Alias { src, offset } = self.locs[root.index()] {
                 root = src;
+                skip += offset;
             }
             let Loc::Arena { offset, .. } = self.locs[root.index()] else {
                 return Err(
                     node_err(&self.graph_ir, *id, "outputs must be computed values").into(),
                 );
             };
+            let offset = offset + skip;
             let data = stream.clone_dtoh(&self.arena.slice(offset..offset + len))?;
             outs.push((name.clone(), HostTensor::f32(data, &dims)));
         }
@@ -355,6 +381,10 @@ impl CudaPlan {
     ) -> Result<Option<usize>, CudaError> {
         let g = &self.graph_ir;
         let n = g.node(id);
+        if matches!(self.locs[id.index()], Loc::Alias { .. }) {
+            // Reshapes and in-place narrows: nothing to compute.
+            return Ok(None);
+        }
         let k = &self.device.kernels;
         let dims = n.shape.resolve(b).expect("bound");
         let numel: usize = dims.iter().product();
