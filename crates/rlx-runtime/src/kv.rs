@@ -63,6 +63,45 @@ impl KvCacheConfig {
         }
     }
 
+    /// Checks that `n` more tokens fit a cache holding `len`.
+    pub fn check_append(&self, len: usize, n: usize) -> Result<(), KvError> {
+        if n > self.max_chunk {
+            return Err(KvError::ChunkTooLong {
+                n,
+                max_chunk: self.max_chunk,
+            });
+        }
+        if len + n > self.max_context {
+            return Err(KvError::Full {
+                needed: len + n,
+                capacity: self.max_context,
+            });
+        }
+        Ok(())
+    }
+
+    /// The spec of `slot` if `n` rows can be written to it at length `len`:
+    /// they fit, and the slot owns its K/V.
+    pub(crate) fn writable(
+        &self,
+        slot: CacheSlot,
+        len: usize,
+        n: usize,
+    ) -> Result<KvLayerSpec, KvError> {
+        self.check_append(len, n)?;
+        let spec = *self.layers.get(slot.0 as usize).ok_or(KvError::NoSlot {
+            slot: slot.0,
+            slots: self.layers.len(),
+        })?;
+        if spec.shares.is_some() {
+            return Err(KvError::Layout {
+                slot: slot.0,
+                what: "layer shares another layer's K/V and cannot be written".into(),
+            });
+        }
+        Ok(spec)
+    }
+
     /// Bytes of K/V storage a cache of this config allocates.
     pub fn memory_bytes(&self) -> usize {
         self.layers
@@ -299,19 +338,7 @@ impl KvCache {
 
     /// Checks that `n` more tokens fit, before anything is written.
     pub fn check_append(&self, n: usize) -> Result<(), KvError> {
-        if n > self.config.max_chunk {
-            return Err(KvError::ChunkTooLong {
-                n,
-                max_chunk: self.config.max_chunk,
-            });
-        }
-        if self.len + n > self.config.max_context {
-            return Err(KvError::Full {
-                needed: self.len + n,
-                capacity: self.config.max_context,
-            });
-        }
-        Ok(())
+        self.config.check_append(self.len, n)
     }
 
     /// Writes K/V rows `[n, kv_heads, dim]` for positions `len .. len+n` of a
@@ -325,18 +352,8 @@ impl KvCache {
         n: usize,
         spans: Option<&[i32]>,
     ) -> Result<(), KvError> {
-        self.check_append(n)?;
+        let spec = self.config.writable(slot, self.len, n)?;
         let i = slot.0 as usize;
-        let spec = *self.config.layers.get(i).ok_or(KvError::NoSlot {
-            slot: slot.0,
-            slots: self.config.layers.len(),
-        })?;
-        if spec.shares.is_some() {
-            return Err(KvError::Layout {
-                slot: slot.0,
-                what: "layer shares another layer's K/V and cannot be written".into(),
-            });
-        }
         let (kd, vd) = (
             spec.kv_heads * spec.head_dim,
             spec.kv_heads * spec.v_head_dim,

@@ -323,6 +323,21 @@ pub(crate) fn schedule(
     })
 }
 
+/// Where a narrow of `len` rows starting at `start` begins on an axis of
+/// `axis_len` rows, or why it does not fit.
+pub(crate) fn narrow_from(start: Start, axis_len: usize, len: usize) -> Result<usize, String> {
+    let from = match start {
+        Start::FromStart(s) => s,
+        Start::FromEnd(e) => axis_len
+            .checked_sub(e)
+            .ok_or_else(|| format!("axis has {axis_len} rows, {e} from the end requested"))?,
+    };
+    if from + len > axis_len {
+        return Err(format!("rows {from}..{} past {axis_len}", from + len));
+    }
+    Ok(from)
+}
+
 /// Symbol values from the inputs' shapes, each checked against the graph and
 /// the compiled maxima `max`.
 pub(crate) fn bind(
@@ -878,23 +893,7 @@ impl Plan {
                 len,
             } => {
                 let xd = g.node(n.inputs[0]).shape.resolve(b).expect("bound");
-                let from = match s {
-                    Start::FromStart(s) => *s,
-                    Start::FromEnd(e) => xd[*axis].checked_sub(*e).ok_or_else(|| {
-                        node_err(
-                            g,
-                            id,
-                            format!("axis has {} rows, {e} from the end requested", xd[*axis]),
-                        )
-                    })?,
-                };
-                if from + len > xd[*axis] {
-                    return Err(node_err(
-                        g,
-                        id,
-                        format!("rows {from}..{} past {}", from + len, xd[*axis]),
-                    ));
-                }
+                let from = narrow_from(*s, xd[*axis], *len).map_err(|msg| node_err(g, id, msg))?;
                 shape_k::narrow(f32v(0), &xd, *axis, from, *len, out);
             }
             Op::Concat { axis } => {

@@ -254,7 +254,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             bandwidth,
         });
     }
-    let all_bw: Vec<f64> = rows.iter().flat_map(|r| r.bandwidth.clone()).collect();
+    let all_bw: Vec<f64> = rows
+        .iter()
+        .flat_map(|r| r.bandwidth.iter().copied())
+        .collect();
     let bandwidth = if all_bw.is_empty() {
         0.0
     } else {

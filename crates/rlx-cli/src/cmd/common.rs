@@ -39,7 +39,7 @@ impl ModelArgs {
     /// The K/V cache element type `--kv-type` asks for (`auto` is f32 on a
     /// GPU, whose cache holds f32 rows).
     pub fn kv_dtype(&self) -> KvDType {
-        let gpu = self.device.starts_with("cuda");
+        let gpu = self.on_gpu();
         match (self.kv_type.as_str(), self.precision.as_str()) {
             ("f16", _) => KvDType::F16,
             ("auto", "q8") if !gpu => KvDType::F16,
@@ -60,9 +60,13 @@ impl ModelArgs {
         }
     }
 
+    fn on_gpu(&self) -> bool {
+        matches!(self.device(), Ok(Device::Cuda(_)))
+    }
+
     /// The arithmetic that runs: the CPU's `--precision`, or exact on a GPU.
     pub fn precision_name(&self) -> &str {
-        if self.device.starts_with("cuda") {
+        if self.on_gpu() {
             "exact"
         } else {
             &self.precision

@@ -161,7 +161,7 @@ impl CudaKvCache {
         n: usize,
         start: u64,
     ) -> Result<(), CudaError> {
-        let spec = self.check_write(slot, n)?;
+        let spec = self.config.writable(slot, self.len, n)?;
         let dev = Arc::clone(&self.device);
         let l = self.layers[slot.0 as usize]
             .as_ref()
@@ -190,40 +190,20 @@ impl CudaKvCache {
         // written are `< rows` (a ring wraps, a full layer holds
         // max_context ≥ len + n, checked above).
         unsafe { b.launch(LaunchConfig::for_num_elems(total)) }?;
-        self.record(slot, n)
-    }
-
-    /// Checks that `n` rows fit an owning slot at the current length.
-    fn check_write(&self, slot: CacheSlot, n: usize) -> Result<KvLayerSpec, CudaError> {
-        if n > self.config.max_chunk {
-            return Err(KvError::ChunkTooLong {
-                n,
-                max_chunk: self.config.max_chunk,
-            }
-            .into());
-        }
-        if self.len + n > self.config.max_context {
-            return Err(KvError::Full {
-                needed: self.len + n,
-                capacity: self.config.max_context,
-            }
-            .into());
-        }
-        let spec = self.spec(slot)?;
-        if spec.shares.is_some() {
-            return Err(KvError::Layout {
-                slot: slot.0,
-                what: "layer shares another layer's K/V and cannot be written".into(),
-            }
-            .into());
-        }
-        Ok(spec)
+        self.note_rows(slot, n);
+        Ok(())
     }
 
     /// The host side of a write of `n` rows (row positions), for a write
     /// that a replayed graph makes on the device.
     pub(crate) fn record(&mut self, slot: CacheSlot, n: usize) -> Result<(), CudaError> {
-        self.check_write(slot, n)?;
+        self.config.writable(slot, self.len, n)?;
+        self.note_rows(slot, n);
+        Ok(())
+    }
+
+    /// Row positions of `n` rows written at the current length.
+    fn note_rows(&mut self, slot: CacheSlot, n: usize) {
         let start = self.len;
         let l = self.layers[slot.0 as usize]
             .as_mut()
@@ -234,7 +214,6 @@ impl CudaKvCache {
             let row = if l.ring { p % rows } else { p };
             l.pos[row] = p as i64;
         }
-        Ok(())
     }
 
     /// Advances the length after a step wrote `n` tokens to every layer.

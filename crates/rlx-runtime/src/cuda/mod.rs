@@ -43,22 +43,25 @@ pub enum CudaError {
     Run(#[from] crate::plan::RunError),
 }
 
-/// Weight types the kernels read, with the code `kernels.cu` uses.
-fn type_code(ty: GgmlType) -> Option<(&'static str, u32)> {
-    Some(match ty {
-        GgmlType::F32 => ("f32", 0),
-        GgmlType::F16 => ("f16", 1),
-        GgmlType::BF16 => ("bf16", 2),
-        GgmlType::Q4_0 => ("q4_0", 3),
-        GgmlType::Q4_1 => ("q4_1", 4),
-        GgmlType::Q5_0 => ("q5_0", 5),
-        GgmlType::Q5_1 => ("q5_1", 6),
-        GgmlType::Q8_0 => ("q8_0", 7),
-        GgmlType::Q4_K => ("q4_k", 8),
-        GgmlType::Q5_K => ("q5_k", 9),
-        GgmlType::Q6_K => ("q6_k", 10),
-        _ => return None,
-    })
+/// Weight types the kernels read, and their kernel-name suffixes; a type's
+/// index is the code `kernels.cu` uses (`T_F32` = 0 …).
+const TYPES: [(GgmlType, &str); 11] = [
+    (GgmlType::F32, "f32"),
+    (GgmlType::F16, "f16"),
+    (GgmlType::BF16, "bf16"),
+    (GgmlType::Q4_0, "q4_0"),
+    (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q5_0, "q5_0"),
+    (GgmlType::Q5_1, "q5_1"),
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q4_K, "q4_k"),
+    (GgmlType::Q5_K, "q5_k"),
+    (GgmlType::Q6_K, "q6_k"),
+];
+
+/// The kernel code of a weight type, if the kernels read it.
+fn type_code(ty: GgmlType) -> Option<u32> {
+    TYPES.iter().position(|&(t, _)| t == ty).map(|i| i as u32)
 }
 
 /// The weight types the CUDA kernels read in place.
@@ -173,22 +176,16 @@ impl CudaDevice {
         let (major, minor) = ctx.compute_capability()?;
         let module = ctx.load_module(compile_kernels(major, minor)?)?;
         let f = |name: &str| module.load_function(name);
-        let types = [
-            "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k",
-        ];
+        let per_type = |kind: &str| -> Result<Vec<CudaFunction>, _> {
+            TYPES
+                .iter()
+                .map(|(_, t)| f(&format!("{kind}_{t}")))
+                .collect()
+        };
         let kernels = Kernels {
-            matmul: types
-                .iter()
-                .map(|t| f(&format!("matmul_{t}")))
-                .collect::<Result<_, _>>()?,
-            matvec: types
-                .iter()
-                .map(|t| f(&format!("matvec_{t}")))
-                .collect::<Result<_, _>>()?,
-            gather: types
-                .iter()
-                .map(|t| f(&format!("gather_{t}")))
-                .collect::<Result<_, _>>()?,
+            matmul: per_type("matmul")?,
+            matvec: per_type("matvec")?,
+            gather: per_type("gather")?,
             rms_norm: f("rms_norm")?,
             binary: f("binary")?,
             unary: f("unary")?,

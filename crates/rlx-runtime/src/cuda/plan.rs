@@ -6,12 +6,14 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PushKernelArg};
-use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, Mask, NodeId, Op, Start};
+use rlx_ir::{Bindings, CacheSlot, DType, Dim, Graph, KvSource, Mask, NodeId, Op};
 
 use super::kv::CudaKvCache;
 use super::{type_code, CudaDevice, CudaError, CudaWeights};
 use crate::cpu::kernels::rope::inv_freqs;
-use crate::plan::{bind, node_err, prepare, schedule, CompileOptions, HostTensor, Loc, RunError};
+use crate::plan::{
+    bind, narrow_from, node_err, prepare, schedule, CompileOptions, HostTensor, Loc, RunError,
+};
 use crate::weights::WeightStore;
 
 /// A compiled graph for one GPU.
@@ -31,6 +33,11 @@ pub struct CudaPlan {
     /// The cache length at the start of a run, read by the kernels that
     /// need it (so that a captured graph replays at any length).
     start: CudaSlice<i32>,
+    /// The cache writes of a run at the maxima, in order: what a replayed
+    /// graph writes, for the host's row positions.
+    kv_writes: Vec<(CacheSlot, usize)>,
+    /// Gathers whose token ids are graph inputs (checked on the host).
+    gathers: Vec<NodeId>,
     /// A run at the maxima (every decode step, every full prefill chunk)
     /// captured once as a CUDA graph with the cache it used, then replayed:
     /// one launch instead of hundreds.
@@ -49,7 +56,7 @@ fn weight_of(g: &Graph, weights: &CudaWeights, id: NodeId) -> Result<(u32, u64),
     let (Op::Weight { id: w, name }, DType::Ggml(ty)) = (&n.op, n.dtype) else {
         return Err(node_err(g, id, "expected a weight").into());
     };
-    let code = type_code(ty).map(|(_, c)| c);
+    let code = type_code(ty);
     match (code, weights.ptr(*w)) {
         (Some(c), Some(p)) => Ok((c, p)),
         _ => Err(CudaError::Unsupported(format!(
@@ -71,7 +78,7 @@ pub fn compile_cuda(
     // place rather than copied (the q/k/v and gate/up splits of a step).
     let view = |id: NodeId| -> Option<(NodeId, usize)> {
         let n = g.node(id);
-        let Op::Narrow { axis, start, .. } = n.op else {
+        let Op::Narrow { axis, start, len } = n.op else {
             return None;
         };
         let src = g.node(n.inputs[0]);
@@ -83,10 +90,7 @@ pub fn compile_cuda(
         if !fixed || dims[..axis].iter().product::<usize>() != 1 {
             return None;
         }
-        let from = match start {
-            Start::FromStart(s) => s,
-            Start::FromEnd(e) => dims[axis].checked_sub(e)?,
-        };
+        let from = narrow_from(start, dims[axis], len).ok()?;
         let inner: usize = dims[axis + 1..].iter().product();
         Some((n.inputs[0], from * inner))
     };
@@ -160,8 +164,30 @@ pub fn compile_cuda(
             _ => {}
         }
     }
+    let kv_writes = sched
+        .steps
+        .iter()
+        .filter_map(|&id| {
+            let n = g.node(id);
+            let Op::KvWrite { slot } = n.op else {
+                return None;
+            };
+            Some((slot, g.node(n.inputs[0]).shape.resolve(&opts.max)?[0]))
+        })
+        .collect();
+    let gathers = sched
+        .steps
+        .iter()
+        .copied()
+        .filter(|&id| {
+            let n = g.node(id);
+            matches!(n.op, Op::Gather) && matches!(g.node(n.inputs[1]).op, Op::Input { .. })
+        })
+        .collect();
     let start = s.alloc_zeros(1)?;
     Ok(CudaPlan {
+        kv_writes,
+        gathers,
         arena: s.alloc_zeros(sched.arena_elems.max(1))?,
         norm_buf: s.alloc_zeros(norm_elems.max(1))?,
         graph_ir: g,
@@ -271,13 +297,11 @@ impl CudaPlan {
         let mut wrote = None;
         if at_max && replay {
             // The graph makes the cache writes; the host keeps their positions.
-            for i in 0..self.steps.len() {
-                if let Some((slot, tokens)) = self.kv_write_of(i) {
-                    kv.as_deref_mut()
-                        .ok_or(RunError::NoCache)?
-                        .record(slot, tokens)?;
-                    wrote = Some(tokens);
-                }
+            for &(slot, tokens) in &self.kv_writes {
+                kv.as_deref_mut()
+                    .ok_or(RunError::NoCache)?
+                    .record(slot, tokens)?;
+                wrote = Some(tokens);
             }
             self.graph.as_ref().expect("checked").1.launch()?;
         } else if let (true, Some(c)) = (at_max, cache_id) {
@@ -331,18 +355,6 @@ impl CudaPlan {
         Ok(outs)
     }
 
-    /// The slot and token count of step `i` if it writes the KV cache (at
-    /// the maxima: what a replayed graph writes).
-    fn kv_write_of(&self, i: usize) -> Option<(rlx_ir::CacheSlot, usize)> {
-        let g = &self.graph_ir;
-        let n = g.node(self.steps[i]);
-        let Op::KvWrite { slot } = n.op else {
-            return None;
-        };
-        let dims = g.node(n.inputs[0]).shape.resolve(&self.max)?;
-        Some((slot, dims[0]))
-    }
-
     /// Token ids come from the host: checked there, before any launch.
     fn check_tokens(
         &self,
@@ -350,11 +362,8 @@ impl CudaPlan {
         inputs: &HashMap<String, HostTensor>,
     ) -> Result<(), CudaError> {
         let g = &self.graph_ir;
-        for &id in &self.steps {
+        for &id in &self.gathers {
             let n = g.node(id);
-            if !matches!(n.op, Op::Gather) {
-                continue;
-            }
             let vocab = g.node(n.inputs[0]).shape.resolve(b).expect("bound")[0];
             if let Op::Input { name } = &g.node(n.inputs[1]).op {
                 if let HostTensor::I32 { data, .. } = &inputs[name] {
@@ -634,18 +643,7 @@ impl CudaPlan {
                 len,
             } => {
                 let xd = in_dims(0);
-                let from = match s {
-                    Start::FromStart(s) => Some(*s),
-                    Start::FromEnd(e) => xd[*axis].checked_sub(*e),
-                }
-                .filter(|f| f + len <= xd[*axis])
-                .ok_or_else(|| {
-                    node_err(
-                        g,
-                        id,
-                        format!("{len} rows past the {} of the axis", xd[*axis]),
-                    )
-                })?;
+                let from = narrow_from(*s, xd[*axis], *len).map_err(|msg| node_err(g, id, msg))?;
                 let outer: usize = xd[..*axis].iter().product();
                 let inner: usize = xd[*axis + 1..].iter().product();
                 self.launch(
