@@ -1,6 +1,7 @@
-//! The Gemma graph: one layer function for every phase (prefill chunks and
-//! decode differ only in the `seq` symbol's value), with each generation's
-//! features switched by the resolved [`LayerSpec`].
+//! The Gemma graph: one layer function for every step (prefill chunks,
+//! decode tokens of many sequences, or both, differ only in the `seq`
+//! symbol's value), with each generation's features switched by the
+//! resolved [`LayerSpec`].
 
 use rlx_ir::{
     AttentionSpec, CacheSlot, DType, Dim, Graph, KvSource, Mask, NodeId, RopeSpec, Shape, Start,
@@ -10,15 +11,6 @@ use rlx_runtime::{WeightError, WeightStore};
 
 use crate::altup;
 use crate::config::{AttentionKind, GemmaConfig, LayerSpec};
-
-/// Which positions get logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logits {
-    /// Every position (scoring, perplexity).
-    All,
-    /// Only the last position (generation).
-    Last,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -43,12 +35,15 @@ pub(crate) struct Ctx {
     pub(crate) per_layer: Option<NodeId>,
 }
 
-/// Builds the model graph. Inputs: `tokens` and `pos` (i32 `[seq]`); output
-/// `logits` (`[seq, vocab]` or `[1, vocab]`).
-pub fn build_graph(cfg: &GemmaConfig, store: &WeightStore, logits: Logits) -> Result<Graph> {
+/// Builds the model graph. Inputs: `tokens` and `pos` (i32 `[seq]`, the
+/// step's rows) and `logit_rows` (i32 `[rows]`, the rows whose logits are
+/// wanted); output `logits` `[rows, vocab]`. The final norm and the LM head
+/// run only on those rows.
+pub fn build_graph(cfg: &GemmaConfig, store: &WeightStore) -> Result<Graph> {
     let mut g = Graph::new();
     let tokens = g.input("tokens", DType::I32, Shape::new([seq()]));
     let pos = g.input("pos", DType::I32, Shape::new([seq()]));
+    let logit_rows = g.input("logit_rows", DType::I32, Shape::new([Dim::Sym(Sym::ROWS)]));
     let embd = store.node(&mut g, "token_embd.weight")?;
     let x = g.gather(embd, tokens)?;
     let mut x = g.scale(x, cfg.embed_scale)?;
@@ -77,9 +72,7 @@ pub fn build_graph(cfg: &GemmaConfig, store: &WeightStore, logits: Logits) -> Re
             x = altup::merge(&mut g, cfg, store, streams, n)?;
         }
     }
-    if logits == Logits::Last {
-        x = g.narrow(x, 0, Start::FromEnd(1), 1)?;
-    }
+    x = g.take_rows(x, logit_rows)?;
     let norm = store.node(&mut g, "output_norm.weight")?;
     let h = g.rms_norm(x, Some(norm), cfg.rms_eps)?;
     g.set_name(h, "output_norm");

@@ -2,8 +2,9 @@
 
 use std::time::Instant;
 
-use crate::model::{Result, Session};
+use crate::model::Result;
 use crate::sampling::Sampler;
+use crate::sequences::Session;
 
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,7 +2,9 @@
 //!
 //! File → [`GemmaConfig`] (every per-layer fact resolved once) →
 //! [`build_graph`] (one layer builder for every phase) → [`Model`] and
-//! [`Session`] (chunked prefill, decode, prefix reuse) → [`sampling`].
+//! [`Sequences`] (many sequences per step over a paged K/V pool) and
+//! [`Session`] (one conversation: chunked prefill, decode, prefix reuse)
+//! → [`sampling`].
 
 mod altup;
 pub mod builder;
@@ -10,7 +12,10 @@ pub mod config;
 pub mod generate;
 pub mod model;
 pub mod sampling;
+pub mod sequences;
 
-pub use builder::{build_graph, Logits};
+pub use builder::build_graph;
 pub use config::{Arch, AttentionKind, ConfigError, GemmaConfig, LayerSpec, MoeSpec};
-pub use model::{Device, Model, ModelError, ModelOptions, Session, SessionOptions};
+pub use model::{Model, ModelError, ModelOptions};
+pub use rlx_runtime::{Device, Precision, SeqId};
+pub use sequences::{Feed, Sequences, SequencesOptions, Session, SessionOptions, Want};

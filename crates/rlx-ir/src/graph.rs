@@ -200,6 +200,11 @@ impl Graph {
         self.push(Op::Gather, vec![table, ids])
     }
 
+    /// Rows `rows` (i32 `[m]`) of `x` `[n, …]`.
+    pub fn take_rows(&mut self, x: NodeId, rows: NodeId) -> Result<NodeId> {
+        self.push(Op::TakeRows, vec![x, rows])
+    }
+
     pub fn matmul(&mut self, x: NodeId, w: NodeId) -> Result<NodeId> {
         self.push(Op::MatMul { norm: None }, vec![x, w])
     }
@@ -440,6 +445,23 @@ impl Graph {
                     return Err(err(format!("table must be 2-D, is {}", table.shape)));
                 }
                 Ok((f32, Shape::new([ids.shape.0[0], table.shape.0[1]])))
+            }
+            Op::TakeRows => {
+                arity(2)?;
+                let x = f32_in(0)?;
+                let rows = node(1)?;
+                if rows.dtype != DType::I32 || rows.shape.rank() != 1 {
+                    return Err(err(format!(
+                        "rows must be i32 [m], are {} {}",
+                        rows.dtype, rows.shape
+                    )));
+                }
+                if x.shape.rank() == 0 {
+                    return Err(err("x must have at least one axis".into()));
+                }
+                let mut dims = x.shape.0.clone();
+                dims[0] = rows.shape.0[0];
+                Ok((f32, Shape(dims)))
             }
             Op::MatMul { norm } => {
                 let x = f32_in(0)?;

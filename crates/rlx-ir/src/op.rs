@@ -134,6 +134,10 @@ pub enum Op {
     /// `Σ_S w_e · down_e(gelu(gate_e·u) ⊙ up_e·u)`. Stands for softmax, top-k,
     /// and per-token matmuls against expert slices.
     Moe { top_k: usize },
+    /// Rows of an activation by index: inputs `[x, rows]` with `x` `[n, …]`
+    /// and `rows` i32 `[m]`, result `[m, …]` (the rows of a batch whose
+    /// logits are wanted).
+    TakeRows,
     /// Rows `start .. start+len` along `axis`.
     Narrow {
         axis: usize,
@@ -178,6 +182,7 @@ impl Op {
             Op::Attention(_) => "attention",
             Op::KvWrite { .. } => "kv_write",
             Op::Moe { .. } => "moe",
+            Op::TakeRows => "take_rows",
             Op::Narrow { .. } => "narrow",
             Op::Reshape { .. } => "reshape",
             Op::Concat { .. } => "concat",

@@ -12,6 +12,8 @@ impl Sym {
     pub const SEQ: Sym = Sym("seq");
     /// Sequences decoded together.
     pub const BATCH: Sym = Sym("batch");
+    /// Rows of a step whose logits are wanted.
+    pub const ROWS: Sym = Sym("rows");
 }
 
 impl fmt::Display for Sym {

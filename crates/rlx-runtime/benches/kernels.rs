@@ -22,9 +22,9 @@ use rlx_gguf::GgmlType;
 use rlx_ir::Mask;
 use rlx_runtime::cpu::features::Isa;
 use rlx_runtime::cpu::kernels::{attention, elementwise, norm};
+use rlx_runtime::cpu::kv::RowsView;
 use rlx_runtime::cpu::matmul::{matmul, MatmulOptions, MatmulScratch, Precision, WeightMatrix};
 use rlx_runtime::cpu::pool::{split_range, ThreadPool};
-use rlx_runtime::kv::RowsView;
 
 fn main() {
     divan::main();
@@ -359,7 +359,15 @@ mod attention_f32 {
             bencher = bencher.counter(BytesCount::new(kv_bytes));
         }
         bencher.bench_local(|| {
-            attention::attention(&pool, isa, params, &qs, &kv, &mut out);
+            attention::attention(
+                &pool,
+                isa,
+                params,
+                &qs,
+                &kv,
+                &attention::Segment::all(queries),
+                &mut out,
+            );
             black_box(&mut out);
         });
     }

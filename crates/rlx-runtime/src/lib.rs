@@ -1,19 +1,31 @@
-//! rlx-runtime: compiles rlx graphs into plans and runs them.
+//! rlx-runtime: compiles rlx graphs into plans and runs them, many
+//! sequences per step, on any device behind one interface.
 //!
-//! - [`WeightStore`]: one per model and device; every plan refers to it.
-//! - [`compile`] → [`Plan`]: schedule, kernel choice, arena by liveness.
-//! - [`KvCache`]: per-layer K/V with ring buffers for sliding layers.
-//! - [`cpu`]: the CPU backend (thread pool, SIMD matmuls, kernels).
-//! - `cuda` (feature `cuda`): the same graphs on an NVIDIA GPU.
+//! - [`Backend`] (and [`open`]): a device — its weights, plans and K/V
+//!   storage. [`cpu`] is one implementation, `cuda` (feature `cuda`) another.
+//! - [`Batch`]: one step's tokens, each with its sequence and position.
+//! - [`KvPool`]: paged K/V for every sequence (blocks, block tables,
+//!   reference counts, sliding windows).
+//! - [`compile`](mod@compile): what backends share — passes, schedule,
+//!   arena layout, binding.
+//! - [`WeightStore`]: one per model; every backend refers to it.
 
+pub mod backend;
+pub mod batch;
+pub mod compile;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod kv;
 pub mod memory;
-mod plan;
 pub mod weights;
 
-pub use kv::{KvCache, KvCacheConfig, KvDType, KvError, KvLayerSpec};
-pub use plan::{compile, CompileOptions, HostTensor, Plan, RunError, Tap};
+pub use backend::{host_memory, open, Backend, BackendOptions, Device, Executable, MemoryReport};
+pub use batch::{Batch, BatchError, SeqId, SeqRun};
+pub use compile::{CompileOptions, HostTensor, RunError, StepInputs, Tap};
+pub use cpu::matmul::Precision;
+pub use kv::{
+    KvDType, KvError, KvGroup, KvLayerSpec, KvPool, KvPoolConfig, KvStorage, StepLayout,
+    BLOCK_TOKENS,
+};
 pub use weights::{WeightError, WeightInfo, WeightStore};

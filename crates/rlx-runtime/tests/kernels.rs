@@ -7,8 +7,8 @@
 use rlx_ir::{Mask, RopeSpec};
 use rlx_runtime::cpu::features::Isa;
 use rlx_runtime::cpu::kernels::{attention, elementwise, norm, rope, shape};
+use rlx_runtime::cpu::kv::RowsView;
 use rlx_runtime::cpu::pool::ThreadPool;
-use rlx_runtime::kv::RowsView;
 
 struct Rng(u64);
 
@@ -239,7 +239,8 @@ fn attention_handles_gqa_masks_softcap_and_empty_rows() {
             scale: 0.3,
             softcap: cap,
         };
-        attention::attention(&pool, Isa::detect(), p, &queries, &kv, &mut out);
+        let all = attention::Segment::all(qpos.len());
+        attention::attention(&pool, Isa::detect(), p, &queries, &kv, &all, &mut out);
         let want = attention_ref(&q, &qpos, hq, &k, &v, &kpos, hkv, hd, mask, 0.3, cap);
         assert_close(&out, &want, 1e-5, &format!("attention {mask:?}"));
     }

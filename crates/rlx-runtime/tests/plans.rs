@@ -1,6 +1,7 @@
 //! Whole plans on a small transformer-shaped model with packed weights:
 //! fusion is exact, one plan serves every length, incremental decode matches
-//! prefill, taps expose intermediates, and plans share the weights.
+//! prefill, a batch of sequences matches each alone, taps expose
+//! intermediates, and plans share the weights.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,10 +12,10 @@ use rlx_ir::{
     AttentionSpec, Bindings, CacheSlot, DType, Dim, Graph, KvSource, Mask, NodeId, RopeSpec, Shape,
     Sym,
 };
-use rlx_runtime::cpu::CpuDevice;
+use rlx_runtime::cpu::{compile, CpuDevice, CpuKvStorage, Plan};
 use rlx_runtime::{
-    compile, CompileOptions, HostTensor, KvCache, KvCacheConfig, KvDType, KvLayerSpec, Plan,
-    RunError, WeightStore,
+    Batch, CompileOptions, KvDType, KvError, KvLayerSpec, KvPool, KvPoolConfig, RunError, SeqId,
+    WeightStore,
 };
 
 const D: usize = 256;
@@ -192,7 +193,8 @@ fn model_graph(s: &WeightStore) -> Graph {
     g
 }
 
-fn cache(max_chunk: usize) -> KvCache {
+/// A pool for `seqs` sequences and one sequence in it.
+fn pool(max_chunk: usize, seqs: usize) -> KvPool {
     let layer = |l: usize| KvLayerSpec {
         kv_heads: HKV,
         head_dim: HD,
@@ -200,13 +202,22 @@ fn cache(max_chunk: usize) -> KvCache {
         window: l.is_multiple_of(2).then_some(WINDOW),
         shares: None,
     };
-    KvCache::new(KvCacheConfig {
+    let config = KvPoolConfig {
         layers: (0..LAYERS).map(layer).collect(),
-        max_context: 64,
-        max_chunk,
         dtype: KvDType::F32,
-    })
-    .unwrap()
+        tokens: 64 * seqs,
+        max_seqs: seqs,
+        max_chunk,
+    };
+    let storage = CpuKvStorage::new(&config).unwrap();
+    KvPool::new(config, Box::new(storage)).unwrap()
+}
+
+/// A pool holding one empty sequence.
+fn cache(max_chunk: usize) -> (KvPool, SeqId) {
+    let mut p = pool(max_chunk, 1);
+    let s = p.add_sequence();
+    (p, s)
 }
 
 fn plan(s: &Arc<WeightStore>, max_seq: usize, fuse: FuseOptions, threads: usize) -> Plan {
@@ -221,17 +232,13 @@ fn tokens(n: usize, start: usize) -> Vec<i32> {
         .collect()
 }
 
-fn step(p: &mut Plan, kv: &mut KvCache, toks: &[i32]) -> Vec<f32> {
-    let start = kv.len() as i32;
-    let pos: Vec<i32> = (start..start + toks.len() as i32).collect();
-    let inputs = HashMap::from([
-        (
-            "tokens".to_string(),
-            HostTensor::i32(toks.to_vec(), &[toks.len()]),
-        ),
-        ("pos".to_string(), HostTensor::i32(pos, &[toks.len()])),
-    ]);
-    let out = p.run(&inputs, Some(kv)).unwrap();
+fn step(p: &mut Plan, (kv, seq): &mut (KvPool, SeqId), toks: &[i32]) -> Vec<f32> {
+    let start = kv.len(*seq).unwrap();
+    let mut b = Batch::new();
+    for (i, &t) in toks.iter().enumerate() {
+        b.push(*seq, start + i, t as u32, true);
+    }
+    let out = p.run(&b, Some(kv)).unwrap();
     out[0].1.as_f32().unwrap().to_vec()
 }
 
@@ -289,7 +296,7 @@ fn incremental_decode_matches_one_prefill_across_the_window() {
     ] {
         got.extend(step(&mut p3, &mut kv, chunk));
     }
-    assert_eq!(kv.len(), 12);
+    assert_eq!(kv.0.len(kv.1).unwrap(), 12);
     let err = rel_l2(&got, &full);
     assert!(err < 1e-5, "chunked vs single prefill relative L2 {err}");
 }
@@ -300,11 +307,15 @@ fn taps_expose_named_intermediates() {
     let toks = tokens(6, 0);
     let mut seen: HashMap<String, Vec<f32>> = HashMap::new();
     let mut p = plan(&s, 8, FuseOptions::none(), 2);
-    let inputs = HashMap::from([
-        ("tokens".to_string(), HostTensor::i32(toks.clone(), &[6])),
-        ("pos".to_string(), HostTensor::i32((0..6).collect(), &[6])),
-    ]);
-    p.run_with_tap(&inputs, Some(&mut cache(8)), &mut |name, dims, v| {
+    let (mut kv, seq) = cache(8);
+    let mut batch = Batch::new();
+    batch.push_run(
+        seq,
+        0,
+        &toks.iter().map(|&t| t as u32).collect::<Vec<_>>(),
+        |_| true,
+    );
+    p.run_with_tap(&batch, Some(&mut kv), &mut |name, dims, v| {
         if name.starts_with("blk.") {
             assert_eq!(dims.iter().product::<usize>(), v.len());
             seen.insert(name.to_owned(), v.to_vec());
@@ -316,8 +327,9 @@ fn taps_expose_named_intermediates() {
     // The fused plan taps the same values.
     let mut fused = plan(&s, 8, FuseOptions::default(), 2);
     let mut again = Vec::new();
+    let (mut kv, _) = cache(8);
     fused
-        .run_with_tap(&inputs, Some(&mut cache(8)), &mut |name, _, v| {
+        .run_with_tap(&batch, Some(&mut kv), &mut |name, _, v| {
             if name == "blk.1.out" {
                 again = v.to_vec();
             }
@@ -361,19 +373,63 @@ fn the_plan_dump_shows_kernels_buffers_and_fused_groups() {
 }
 
 #[test]
+fn a_batch_of_sequences_matches_each_alone() {
+    let s = store();
+    let mut p = plan(&s, 24, FuseOptions::default(), 2);
+    // Three sequences of different lengths, each a prompt then one token.
+    let prompts = [tokens(9, 0), tokens(3, 5), tokens(6, 20)];
+    let mut alone = Vec::new();
+    for toks in &prompts {
+        let mut kv = cache(24);
+        let mut rows = step(&mut p, &mut kv, &toks[..toks.len() - 1]);
+        rows.extend(step(&mut p, &mut kv, &toks[toks.len() - 1..]));
+        alone.push(rows);
+    }
+    let mut kv = pool(24, 3);
+    let ids: Vec<SeqId> = (0..3).map(|_| kv.add_sequence()).collect();
+    let mut got = vec![Vec::new(); 3];
+    // Step 1: every prompt but its last token, in one batch.
+    let mut b = Batch::new();
+    for (s, toks) in ids.iter().zip(&prompts) {
+        let n = toks.len() - 1;
+        let t: Vec<u32> = toks[..n].iter().map(|&t| t as u32).collect();
+        b.push_run(*s, 0, &t, |_| true);
+    }
+    let out = p.run(&b, Some(&mut kv)).unwrap();
+    let logits = out[0].1.as_f32().unwrap();
+    let mut row = 0;
+    for (i, toks) in prompts.iter().enumerate() {
+        let n = (toks.len() - 1) * VOCAB;
+        got[i].extend_from_slice(&logits[row..row + n]);
+        row += n;
+    }
+    // Step 2: the last tokens, decoded together.
+    let mut b = Batch::new();
+    for (s, toks) in ids.iter().zip(&prompts) {
+        b.push(*s, toks.len() - 1, *toks.last().unwrap() as u32, true);
+    }
+    let out = p.run(&b, Some(&mut kv)).unwrap();
+    for (i, row) in out[0].1.as_f32().unwrap().chunks(VOCAB).enumerate() {
+        got[i].extend_from_slice(row);
+    }
+    for i in 0..3 {
+        let err = rel_l2(&got[i], &alone[i]);
+        assert!(err < 1e-6, "sequence {i}: batch vs alone relative L2 {err}");
+    }
+    kv.check_invariants().unwrap();
+}
+
+#[test]
 fn run_errors_name_the_problem() {
     let s = store();
     let mut p = plan(&s, 4, FuseOptions::default(), 1);
-    let run = |p: &mut Plan, toks: Vec<i32>, pos: Vec<i32>| {
-        let n = toks.len();
-        let m = pos.len();
-        let inputs = HashMap::from([
-            ("tokens".to_string(), HostTensor::i32(toks, &[n])),
-            ("pos".to_string(), HostTensor::i32(pos, &[m])),
-        ]);
-        p.run(&inputs, Some(&mut cache(8)))
+    let (mut kv, seq) = cache(8);
+    let mut run = |toks: Vec<u32>, start: usize| {
+        let mut b = Batch::new();
+        b.push_run(seq, start, &toks, |_| true);
+        p.run(&b, Some(&mut kv))
     };
-    let e = run(&mut p, vec![1; 5], vec![0; 5]).unwrap_err();
+    let e = run(vec![1; 5], 0).unwrap_err();
     assert!(
         matches!(
             e,
@@ -385,13 +441,20 @@ fn run_errors_name_the_problem() {
         ),
         "{e}"
     );
-    let e = run(&mut p, vec![1, 2], vec![0; 3]).unwrap_err();
-    assert!(e.to_string().contains("seq"), "{e}");
-    let e = run(&mut p, vec![1, VOCAB as i32 + 3], vec![0, 1]).unwrap_err();
+    let e = run(vec![1, 2], 3).unwrap_err();
+    assert!(
+        matches!(e, RunError::Kv(KvError::Position { len: 0, pos: 3, .. })),
+        "{e}"
+    );
+    let e = run(vec![1, VOCAB as u32 + 3], 0).unwrap_err();
     assert!(
         e.to_string().contains(&format!("token id {}", VOCAB + 3)),
         "{e}"
     );
-    let e = p.run(&HashMap::new(), None).unwrap_err();
-    assert!(e.to_string().contains("missing"), "{e}");
+    let mut b = Batch::new();
+    b.push(SeqId(7), 0, 1, true);
+    let e = p.run(&b, Some(&mut kv)).unwrap_err();
+    assert!(e.to_string().contains("sequence 7"), "{e}");
+    let e = p.run(&Batch::new(), Some(&mut kv)).unwrap_err();
+    assert!(e.to_string().contains("empty"), "{e}");
 }

@@ -182,7 +182,7 @@ fn time_one(
     let mut s = model.session(SessionOptions {
         context: Some(depth + prompt + gen + 1),
         prefill_chunk: prompt.max(512),
-        kv_dtype,
+        kv_dtype: Some(kv_dtype),
         ..Default::default()
     })?;
     if depth > 0 {
@@ -205,7 +205,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bail!("-r must be at least 1");
     }
     let model = args.model.load()?;
-    let kv_dtype = args.model.kv_dtype();
+    let kv_dtype = args
+        .model
+        .kv_dtype()
+        .unwrap_or_else(|| model.default_kv_dtype());
     let threads = args
         .model
         .threads

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use rlx_gemma::{Device, Model, ModelOptions};
-use rlx_runtime::cpu::matmul::Precision;
 use rlx_runtime::KvDType;
+use rlx_runtime::Precision;
 
 /// The model used when `-m` is not given (fetched by scripts/fetch-model.sh).
 pub const DEFAULT_MODEL: &str = "gemma-3-270m-q4_k_m";
@@ -36,28 +36,20 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// The K/V cache element type `--kv-type` asks for (`auto` is f32 on a
-    /// GPU, whose cache holds f32 rows).
-    pub fn kv_dtype(&self) -> KvDType {
-        let gpu = self.on_gpu();
-        match (self.kv_type.as_str(), self.precision.as_str()) {
-            ("f16", _) => KvDType::F16,
-            ("auto", "q8") if !gpu => KvDType::F16,
-            ("bf16", _) => KvDType::BF16,
-            _ => KvDType::F32,
+    /// The K/V cache element type `--kv-type` asks for: `None` (auto) lets
+    /// the device choose for the precision.
+    pub fn kv_dtype(&self) -> Option<KvDType> {
+        match self.kv_type.as_str() {
+            "f32" => Some(KvDType::F32),
+            "f16" => Some(KvDType::F16),
+            "bf16" => Some(KvDType::BF16),
+            _ => None,
         }
     }
 
     /// The device `--device` names.
     pub fn device(&self) -> Result<Device> {
-        match self.device.as_str() {
-            "cpu" => Ok(Device::Cpu),
-            "cuda" => Ok(Device::Cuda(0)),
-            d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(n)) => Ok(Device::Cuda(n)),
-                _ => bail!("--device {d:?}: expected cpu, cuda or cuda:N"),
-            },
-        }
+        Device::parse(&self.device).map_err(|e| anyhow::anyhow!("--device: {e}"))
     }
 
     fn on_gpu(&self) -> bool {
@@ -83,6 +75,16 @@ impl ModelArgs {
             opts.threads = t;
         }
         opts.device = self.device()?;
+        if let Some(kv) = self.kv_dtype() {
+            if !opts.device.kv_dtypes().contains(&kv) {
+                bail!(
+                    "--kv-type {}: {} keeps K/V as {:?}",
+                    self.kv_type,
+                    opts.device,
+                    opts.device.kv_dtypes()
+                );
+            }
+        }
         opts.precision = match self.precision.as_str() {
             "q8" => Precision::Quantized,
             _ => Precision::Exact,

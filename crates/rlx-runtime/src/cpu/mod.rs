@@ -1,9 +1,12 @@
 //! The CPU backend: a persistent thread pool, runtime-dispatched SIMD
-//! matmuls for every weight type, and plain f32 kernels for the other ops.
+//! matmuls for every weight type, plain f32 kernels for the other ops, K/V
+//! in host memory. Weights stay in the file's mapping.
 
 pub mod features;
 pub mod kernels;
+pub mod kv;
 pub mod matmul;
+mod plan;
 pub mod pool;
 
 use std::marker::PhantomData;
@@ -11,6 +14,116 @@ use std::sync::Arc;
 
 use features::Isa;
 use pool::ThreadPool;
+use rlx_gguf::GgmlType;
+use rlx_ir::{Graph, Op};
+
+use crate::backend::{host_memory, Backend, Device, Executable, MemoryReport};
+use crate::batch::Batch;
+use crate::compile::{CompileOptions, HostTensor, RunError, Tap};
+use crate::kv::{KvPool, KvPoolConfig};
+use crate::weights::WeightStore;
+pub use kv::CpuKvStorage;
+pub use plan::{compile, Plan};
+
+/// The CPU as a [`Backend`].
+pub struct CpuBackend {
+    store: Arc<WeightStore>,
+    device: CpuDevice,
+}
+
+impl CpuBackend {
+    pub fn new(store: Arc<WeightStore>, threads: usize) -> Self {
+        CpuBackend {
+            store,
+            device: CpuDevice::new(threads),
+        }
+    }
+
+    /// A backend on an existing device (a chosen ISA, a shared pool).
+    pub fn with_device(store: Arc<WeightStore>, device: CpuDevice) -> Self {
+        CpuBackend { store, device }
+    }
+
+    pub fn cpu(&self) -> &CpuDevice {
+        &self.device
+    }
+}
+
+impl Backend for CpuBackend {
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "cpu: {} threads, {:?}",
+            self.device.threads(),
+            self.device.isa()
+        )
+    }
+
+    fn store(&self) -> &Arc<WeightStore> {
+        &self.store
+    }
+
+    /// The CPU is the reference: it runs every op.
+    fn supports_op(&self, _op: &Op) -> bool {
+        true
+    }
+
+    /// Every ggml type has a CPU matmul (quantized or dequantizing).
+    fn supports_weight(&self, _ty: GgmlType) -> bool {
+        true
+    }
+
+    fn compile(
+        &self,
+        graph: &Graph,
+        opts: &CompileOptions,
+    ) -> Result<Box<dyn Executable>, RunError> {
+        Ok(Box::new(compile(graph, &self.store, &self.device, opts)?))
+    }
+
+    fn kv_pool(&self, config: KvPoolConfig) -> Result<KvPool, RunError> {
+        let storage = CpuKvStorage::new(&config)?;
+        Ok(KvPool::new(config, Box::new(storage))?)
+    }
+
+    fn memory(&self) -> MemoryReport {
+        host_memory()
+    }
+}
+
+impl Executable for Plan {
+    fn run(
+        &mut self,
+        batch: &Batch,
+        kv: Option<&mut KvPool>,
+    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+        Plan::run(self, batch, kv)
+    }
+
+    fn run_with_tap(
+        &mut self,
+        batch: &Batch,
+        kv: Option<&mut KvPool>,
+        tap: &mut Tap<'_>,
+    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+        Plan::run_with_tap(self, batch, kv, tap)
+    }
+
+    fn graph(&self) -> &Graph {
+        Plan::graph(self)
+    }
+
+    fn arena_bytes(&self) -> usize {
+        Plan::arena_bytes(self)
+    }
+
+    fn dump(&self) -> String {
+        Plan::dump(self)
+    }
+}
 
 /// A CPU device: the thread pool and instruction set kernels may use.
 #[derive(Clone)]

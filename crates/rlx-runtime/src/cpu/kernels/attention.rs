@@ -26,9 +26,9 @@ use rlx_ir::Mask;
 
 use crate::cpu::features::Isa;
 use crate::cpu::kernels::elementwise::exp_f32;
+use crate::cpu::kv::RowsView;
 use crate::cpu::pool::ThreadPool;
 use crate::cpu::SharedMut;
-use crate::kv::RowsView;
 
 /// Keys and values with the token position of each row.
 pub struct KvRows<'a> {
@@ -41,6 +41,25 @@ pub struct KvRows<'a> {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub v_head_dim: usize,
+}
+
+/// The queries of one sequence and the key blocks ([`KEYS`] rows each) it
+/// may read: a batch of several sequences is one call with a segment each.
+#[derive(Clone, Debug)]
+pub struct Segment<'a> {
+    pub queries: Range<usize>,
+    /// Indices of the sequence's key blocks; `None`: every block.
+    pub blocks: Option<&'a [u32]>,
+}
+
+impl Segment<'static> {
+    /// Queries `0..n` over every key block: a call with one sequence.
+    pub fn all(n: usize) -> [Segment<'static>; 1] {
+        [Segment {
+            queries: 0..n,
+            blocks: None,
+        }]
+    }
 }
 
 /// Queries `[n, q_heads, head_dim]` with their positions (and span ids).
@@ -73,8 +92,10 @@ pub struct Params {
     pub softcap: Option<f32>,
 }
 
-/// Key rows per block: the width of a score tile and of the mask bits.
-const KEYS: usize = 32;
+/// Key rows per block: the width of a score tile and of the mask bits, and
+/// the rows of a K/V pool block.
+pub const KEYS: usize = 32;
+const _: () = assert!(KEYS == crate::kv::BLOCK_TOKENS);
 /// Query rows (queries × heads of a group) a job aims for: each K and V row
 /// read serves this many rows; at head size 256 the query tile (32 KiB) still
 /// stays in L1 next to the 4 key rows a score tile reads. On Gemma 3 270M
@@ -140,14 +161,15 @@ impl Tiles {
 /// `out[i, h] = Σ_t softmax_t(softcap(scale·q·k_t) + mask) · v_t` with query
 /// head `h` reading KV head `h / (q_heads / kv_heads)`. The heads sharing a
 /// KV head are done together, so each K and V row is read once per block of
-/// queries. A query that sees no key gets zeros. `isa` is lowered to what
-/// the CPU supports.
+/// queries. A query that sees no key gets zeros. Each segment's queries
+/// see only its key blocks. `isa` is lowered to what the CPU supports.
 pub fn attention(
     pool: &ThreadPool,
     isa: Isa,
     p: Params,
     q: &Queries,
     kv: &KvRows,
+    segments: &[Segment],
     out: &mut [f32],
 ) {
     let n = q.pos.len();
@@ -165,7 +187,7 @@ pub fn attention(
         "query heads must be a multiple of KV heads"
     );
     assert!(q.q.len() >= n * shape.hq * shape.hd && out.len() >= n * shape.hq * shape.hdv);
-    let plan = JobPlan::new(p.mask, q, kv, pool.threads());
+    let plan = JobPlan::new(p.mask, q, kv, segments, pool.threads());
     let tiles = Tiles::new(isa);
     let slot_len = plan.rows_pad * (2 + shape.hdv);
     let mut parts = vec![0f32; plan.partials * slot_len];
@@ -174,7 +196,7 @@ pub fn attention(
         let parts = SharedMut::new(&mut parts);
         pool.for_each(plan.tasks.len(), &|t| {
             let task = &plan.tasks[t];
-            let queries = plan.queries(task.qb, n);
+            let queries = plan.qblocks[task.qb].clone();
             let mut job = Job::new(&shape, queries.len());
             let blocks = &plan.active[task.blocks.clone()];
             job.run(&tiles, p, q, kv, task.g, queries.clone(), blocks);
@@ -198,7 +220,7 @@ pub fn attention(
         });
     }
     for merge in &plan.merges {
-        let queries = plan.queries(merge.qb, n);
+        let queries = plan.qblocks[merge.qb].clone();
         let slots: Vec<&[f32]> = merge
             .slots
             .clone()
@@ -262,7 +284,8 @@ struct KeyBlock {
 /// visit, and the tasks in the order they should start (longest first, so
 /// the pool's dynamic claiming balances causal masks).
 struct JobPlan {
-    queries_per_block: usize,
+    /// Query rows of each query block (within one segment).
+    qblocks: Vec<Range<usize>>,
     /// Query rows of a full block, padded for the tiles.
     rows_pad: usize,
     /// Active key blocks of every query block, one block after the other.
@@ -273,36 +296,42 @@ struct JobPlan {
 }
 
 impl JobPlan {
-    fn new(mask: Mask, q: &Queries, kv: &KvRows, threads: usize) -> JobPlan {
-        let n = q.pos.len();
+    fn new(mask: Mask, q: &Queries, kv: &KvRows, segments: &[Segment], threads: usize) -> JobPlan {
         let group = q.heads / kv.kv_heads;
-        let queries_per_block = (TARGET_ROWS / group).clamp(1, n);
-        let key_blocks = key_blocks(kv.pos, kv.span);
-        let n_qb = n.div_ceil(queries_per_block);
+        let longest = segments.iter().map(|s| s.queries.len()).max().unwrap_or(1);
+        let queries_per_block = (TARGET_ROWS / group).clamp(1, longest.max(1));
+        let mut qblocks = Vec::new();
         let mut active = Vec::new();
-        let mut ranges = Vec::with_capacity(n_qb);
-        for qb in 0..n_qb {
-            let i = qb * queries_per_block..((qb + 1) * queries_per_block).min(n);
-            let pos = &q.pos[i.clone()];
-            let qrange = (
-                pos.iter().copied().min().unwrap_or(0),
-                pos.iter().copied().max().unwrap_or(0),
-            );
-            let q_span = q.span.is_some_and(|s| s[i].iter().any(|&s| s != 0));
-            let start = active.len();
-            for kb in &key_blocks {
-                let (none, all) = cover(mask, qrange, (kb.min, kb.max));
-                // A shared span can open keys the mask hides.
-                if none && !(q_span && kb.has_span) {
-                    continue;
+        let mut ranges = Vec::new();
+        for seg in segments {
+            let key_blocks = key_blocks(kv.pos, kv.span, seg.blocks);
+            let mut i0 = seg.queries.start;
+            while i0 < seg.queries.end {
+                let i = i0..(i0 + queries_per_block).min(seg.queries.end);
+                i0 = i.end;
+                let pos = &q.pos[i.clone()];
+                let qrange = (
+                    pos.iter().copied().min().unwrap_or(0),
+                    pos.iter().copied().max().unwrap_or(0),
+                );
+                let q_span = q.span.is_some_and(|s| s[i.clone()].iter().any(|&s| s != 0));
+                let start = active.len();
+                for kb in &key_blocks {
+                    let (none, all) = cover(mask, qrange, (kb.min, kb.max));
+                    // A shared span can open keys the mask hides.
+                    if none && !(q_span && kb.has_span) {
+                        continue;
+                    }
+                    active.push(ActiveBlock {
+                        index: kb.index,
+                        whole: all && !kb.has_empty,
+                    });
                 }
-                active.push(ActiveBlock {
-                    index: kb.index,
-                    whole: all && !kb.has_empty,
-                });
+                ranges.push(start..active.len());
+                qblocks.push(i);
             }
-            ranges.push(start..active.len());
         }
+        let n_qb = qblocks.len();
         // Few jobs (decode): split each job's keys so every thread has work.
         let jobs = kv.kv_heads * n_qb;
         let wanted = if threads > 1 && jobs < 2 * threads {
@@ -343,7 +372,7 @@ impl JobPlan {
         }
         tasks.sort_by_key(|t| std::cmp::Reverse(t.blocks.len()));
         JobPlan {
-            queries_per_block,
+            qblocks,
             rows_pad: padded_rows(queries_per_block * group),
             active,
             tasks,
@@ -351,37 +380,36 @@ impl JobPlan {
             partials,
         }
     }
-
-    fn queries(&self, qb: usize, n: usize) -> Range<usize> {
-        qb * self.queries_per_block..((qb + 1) * self.queries_per_block).min(n)
-    }
 }
 
-/// The blocks of [`KEYS`] rows that hold at least one non-empty row.
-fn key_blocks(pos: &[i64], span: &[i32]) -> Vec<KeyBlock> {
+/// The blocks of [`KEYS`] rows (all, or those listed) that hold at least
+/// one non-empty row.
+fn key_blocks(pos: &[i64], span: &[i32], listed: Option<&[u32]>) -> Vec<KeyBlock> {
     let rows = pos.len();
-    (0..rows.div_ceil(KEYS))
-        .filter_map(|b| {
-            let t = b * KEYS..((b + 1) * KEYS).min(rows);
-            let mut kb = KeyBlock {
-                index: b as u32,
-                min: i64::MAX,
-                max: i64::MIN,
-                has_empty: false,
-                has_span: false,
-            };
-            for (&p, &s) in pos[t.clone()].iter().zip(&span[t]) {
-                if p < 0 {
-                    kb.has_empty = true;
-                    continue;
-                }
-                kb.min = kb.min.min(p);
-                kb.max = kb.max.max(p);
-                kb.has_span |= s != 0;
+    let summary = |b: usize| {
+        let t = b * KEYS..((b + 1) * KEYS).min(rows);
+        let mut kb = KeyBlock {
+            index: b as u32,
+            min: i64::MAX,
+            max: i64::MIN,
+            has_empty: false,
+            has_span: false,
+        };
+        for (&p, &s) in pos[t.clone()].iter().zip(&span[t]) {
+            if p < 0 {
+                kb.has_empty = true;
+                continue;
             }
-            (kb.min <= kb.max).then_some(kb)
-        })
-        .collect()
+            kb.min = kb.min.min(p);
+            kb.max = kb.max.max(p);
+            kb.has_span |= s != 0;
+        }
+        (kb.min <= kb.max).then_some(kb)
+    };
+    match listed {
+        Some(list) => list.iter().filter_map(|&b| summary(b as usize)).collect(),
+        None => (0..rows.div_ceil(KEYS)).filter_map(summary).collect(),
+    }
 }
 
 /// Rows of a tile: a multiple of 4 from 3 rows on, else 1 or 2.

@@ -150,7 +150,15 @@ impl Case {
             heads: self.hq,
         };
         let mut out = vec![f32::NAN; self.qpos.len() * self.hq * self.hdv];
-        attention(pool, isa, self.p, &queries, &kv, &mut out);
+        attention(
+            pool,
+            isa,
+            self.p,
+            &queries,
+            &kv,
+            &Segment::all(self.qpos.len()),
+            &mut out,
+        );
         out
     }
 

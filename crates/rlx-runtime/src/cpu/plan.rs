@@ -1,138 +1,32 @@
-//! Compiling a graph into a plan for the CPU, and running it.
-//!
-//! A plan is the optimised graph, a schedule, one kernel per step and an
-//! arena laid out by value lifetimes for the largest shapes it will see.
-//! Weights are read from the shared [`WeightStore`]; a plan owns only its
-//! arena and scratch space.
+//! A graph compiled for the CPU, and its runs: one kernel per step over an
+//! arena laid out by value lifetimes (see [`crate::compile`]). Weights are
+//! read from the shared [`WeightStore`]; a plan owns only its arena and
+//! scratch space.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
 use rlx_gguf::GgmlType;
-use rlx_ir::passes::{self, FuseOptions};
-use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, NodeId, Op, Shape, Start, WeightId};
+use rlx_ir::{Bindings, DType, Graph, KvSource, NodeId, Op};
 
+use crate::batch::Batch;
+use crate::compile::{
+    bind, narrow_from, node_err, prepare, schedule, CompileOptions, HostTensor, Loc, RunError,
+    Schedule, StepInputs, Tap,
+};
 use crate::cpu::kernels::{attention, elementwise, moe, norm, rope, shape as shape_k};
-use crate::cpu::matmul::{self, MatmulOptions, MatmulScratch, Precision, WeightMatrix};
+use crate::cpu::kv::{CpuKvStorage, RowsView};
+use crate::cpu::matmul::{self, MatmulOptions, MatmulScratch, WeightMatrix};
 use crate::cpu::CpuDevice;
-use crate::kv::{KvCache, KvError, RowsView};
-use crate::memory::{plan_memory, BufferRequest};
+use crate::kv::{KvError, KvPool, StepLayout};
 use crate::weights::WeightStore;
 
 /// Outputs at least this long run their elementwise kernel on every thread;
 /// below it (decode-sized rows) a wake-up costs more than the work.
 const PARALLEL_MIN: usize = 1 << 15;
 
-/// How to compile.
-#[derive(Clone, Debug)]
-pub struct CompileOptions {
-    /// The largest value each symbol takes; the arena is sized for these.
-    pub max: Bindings,
-    pub fuse: FuseOptions,
-    /// Run CSE, fusion and DCE before scheduling.
-    pub optimize: bool,
-    pub precision: Precision,
-}
-
-impl CompileOptions {
-    pub fn new(max: Bindings) -> Self {
-        CompileOptions {
-            max,
-            fuse: FuseOptions::default(),
-            optimize: true,
-            precision: Precision::Exact,
-        }
-    }
-}
-
-/// A host-side tensor passed in or returned.
-#[derive(Clone, Debug, PartialEq)]
-pub enum HostTensor {
-    F32 { data: Vec<f32>, shape: Vec<usize> },
-    I32 { data: Vec<i32>, shape: Vec<usize> },
-}
-
-impl HostTensor {
-    pub fn f32(data: Vec<f32>, shape: &[usize]) -> Self {
-        HostTensor::F32 {
-            data,
-            shape: shape.to_vec(),
-        }
-    }
-
-    pub fn i32(data: Vec<i32>, shape: &[usize]) -> Self {
-        HostTensor::I32 {
-            data,
-            shape: shape.to_vec(),
-        }
-    }
-
-    pub fn shape(&self) -> &[usize] {
-        match self {
-            HostTensor::F32 { shape, .. } | HostTensor::I32 { shape, .. } => shape,
-        }
-    }
-
-    pub fn as_f32(&self) -> Option<&[f32]> {
-        match self {
-            HostTensor::F32 { data, .. } => Some(data),
-            HostTensor::I32 { .. } => None,
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error(transparent)]
-    Ir(#[from] rlx_ir::IrError),
-    #[error("input {name:?}: {msg}")]
-    Input { name: String, msg: String },
-    #[error("symbol {sym} = {value} exceeds the {max} this plan was compiled for")]
-    TooLarge {
-        sym: &'static str,
-        value: usize,
-        max: usize,
-    },
-    #[error("node {node} ({op}): {msg}")]
-    Node {
-        node: NodeId,
-        op: &'static str,
-        msg: String,
-    },
-    #[error(transparent)]
-    Kv(#[from] KvError),
-    #[error(transparent)]
-    Matmul(#[from] matmul::MatmulError),
-    #[error("the graph uses the KV cache but no cache was given")]
-    NoCache,
-}
-
-/// Receives `(name, shape, values)` of each named value as it is computed.
-pub type Tap<'a> = dyn FnMut(&str, &[usize], &[f32]) + 'a;
-
-/// Where a value lives during a run.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Loc {
-    /// Nothing (effects).
-    None,
-    Input,
-    Weight(WeightId),
-    /// `[offset, offset+cap)` f32 elements of the arena.
-    Arena {
-        offset: usize,
-        cap: usize,
-    },
-    /// Another node's data from element `offset` on (a reshape, or a
-    /// narrow a backend reads in place).
-    Alias {
-        src: NodeId,
-        offset: usize,
-    },
-}
-
-/// A compiled graph for one device.
+/// A compiled graph for the CPU.
 pub struct Plan {
     graph: Graph,
     store: Arc<WeightStore>,
@@ -145,14 +39,6 @@ pub struct Plan {
     /// The normalised input of a norm-folded matmul, reused across steps.
     norm_buf: std::cell::RefCell<Vec<f32>>,
     opts: CompileOptions,
-}
-
-pub(crate) fn node_err(g: &Graph, id: NodeId, msg: impl Into<String>) -> RunError {
-    RunError::Node {
-        node: id,
-        op: g.node(id).op.name(),
-        msg: msg.into(),
-    }
 }
 
 /// Compiles `graph` for `device`, reading weights from `store`.
@@ -179,225 +65,6 @@ pub fn compile(
         norm_buf: std::cell::RefCell::new(Vec::new()),
         opts: opts.clone(),
     })
-}
-
-/// The graph every backend runs: validated, optimised (or only pruned), its
-/// weights checked against the store, i32 values only at inputs.
-pub(crate) fn prepare(
-    graph: &Graph,
-    store: &WeightStore,
-    opts: &CompileOptions,
-) -> Result<Graph, RunError> {
-    graph.validate()?;
-    let g = if opts.optimize {
-        passes::optimize(graph, &opts.fuse)?
-    } else {
-        passes::dce(graph)?
-    };
-    for id in g.ids() {
-        let n = g.node(id);
-        match &n.op {
-            Op::Weight { id: w, name } => {
-                if w.0 as usize >= store.len() {
-                    return Err(node_err(
-                        &g,
-                        id,
-                        format!("weight {name:?} is not in the store"),
-                    ));
-                }
-                let info = store.info(*w);
-                let DType::Ggml(ty) = n.dtype else {
-                    unreachable!()
-                };
-                if info.ty != ty || Shape::fixed(&info.shape) != n.shape {
-                    return Err(node_err(
-                        &g,
-                        id,
-                        format!(
-                            "weight {name:?} is {} {:?} in the store, {} {} in the graph",
-                            info.ty, info.shape, ty, n.shape
-                        ),
-                    ));
-                }
-            }
-            Op::Input { .. } => {}
-            _ if n.dtype == DType::I32 => {
-                return Err(node_err(&g, id, "i32 values can only be graph inputs"));
-            }
-            _ => {}
-        }
-    }
-    Ok(g)
-}
-
-/// The order of a plan's steps and where each value lives.
-pub(crate) struct Schedule {
-    pub steps: Vec<NodeId>,
-    pub locs: Vec<Loc>,
-    /// f32 elements of the arena.
-    pub arena_elems: usize,
-}
-
-/// Steps in graph order and an arena laid out by value lifetimes for the
-/// symbol maxima `max`. Reshapes alias their input, and so does any node
-/// `view` maps to `(source, element offset)`; an alias keeps its source alive
-/// for as long as it is read.
-pub(crate) fn schedule(
-    g: &Graph,
-    max: &Bindings,
-    view: &dyn Fn(NodeId) -> Option<(NodeId, usize)>,
-) -> Result<Schedule, RunError> {
-    let steps: Vec<NodeId> = g
-        .ids()
-        .filter(|&id| !g.node(id).inputs.is_empty())
-        .collect();
-    // Locations and the root of each alias chain.
-    let mut locs = vec![Loc::None; g.len()];
-    for id in g.ids() {
-        let n = g.node(id);
-        locs[id.index()] = match &n.op {
-            Op::Input { .. } => Loc::Input,
-            Op::Weight { id: w, .. } => Loc::Weight(*w),
-            Op::Reshape { .. } => Loc::Alias {
-                src: n.inputs[0],
-                offset: 0,
-            },
-            _ if n.dtype == DType::Effect => Loc::None,
-            _ => match view(id) {
-                Some((src, offset)) => Loc::Alias { src, offset },
-                None => Loc::Arena { offset: 0, cap: 0 },
-            },
-        };
-    }
-    let root = |mut id: NodeId| {
-        while let Loc::Alias { src, .. } = locs[id.index()] {
-            id = src;
-        }
-        id
-    };
-    // Lifetimes of arena values (aliases extend their root's).
-    let pos: HashMap<NodeId, usize> = steps.iter().enumerate().map(|(i, &id)| (id, i)).collect();
-    let mut last = vec![0usize; g.len()];
-    for (i, &id) in steps.iter().enumerate() {
-        for &inp in &g.node(id).inputs {
-            let r = root(inp);
-            last[r.index()] = last[r.index()].max(i);
-        }
-    }
-    for (_, out) in g.outputs() {
-        let r = root(*out);
-        last[r.index()] = steps.len();
-    }
-    let mut reqs = Vec::new();
-    let mut owners = Vec::new();
-    for &id in &steps {
-        if let Loc::Arena { .. } = locs[id.index()] {
-            let n = g.node(id);
-            let elems = n.shape.numel(max).ok_or_else(|| {
-                node_err(
-                    g,
-                    id,
-                    format!("shape {} has a symbol without a maximum", n.shape),
-                )
-            })?;
-            let first = pos[&id];
-            reqs.push(BufferRequest {
-                bytes: elems * 4,
-                first,
-                last: last[id.index()].max(first),
-            });
-            owners.push(id);
-        }
-    }
-    let mem = plan_memory(&reqs, 64);
-    for (req, (&id, &offset)) in reqs.iter().zip(owners.iter().zip(&mem.offsets)) {
-        locs[id.index()] = Loc::Arena {
-            offset: offset / 4,
-            cap: req.bytes / 4,
-        };
-    }
-    Ok(Schedule {
-        steps,
-        locs,
-        arena_elems: mem.arena_bytes / 4,
-    })
-}
-
-/// Where a narrow of `len` rows starting at `start` begins on an axis of
-/// `axis_len` rows, or why it does not fit.
-pub(crate) fn narrow_from(start: Start, axis_len: usize, len: usize) -> Result<usize, String> {
-    let from = match start {
-        Start::FromStart(s) => s,
-        Start::FromEnd(e) => axis_len
-            .checked_sub(e)
-            .ok_or_else(|| format!("axis has {axis_len} rows, {e} from the end requested"))?,
-    };
-    if from + len > axis_len {
-        return Err(format!("rows {from}..{} past {axis_len}", from + len));
-    }
-    Ok(from)
-}
-
-/// Symbol values from the inputs' shapes, each checked against the graph and
-/// the compiled maxima `max`.
-pub(crate) fn bind(
-    graph: &Graph,
-    max: &Bindings,
-    inputs: &HashMap<String, HostTensor>,
-) -> Result<Bindings, RunError> {
-    let mut b = Bindings::new();
-    for id in graph.ids() {
-        let n = graph.node(id);
-        let Op::Input { name } = &n.op else { continue };
-        let bad = |msg: String| RunError::Input {
-            name: name.clone(),
-            msg,
-        };
-        let t = inputs.get(name).ok_or_else(|| bad("missing".into()))?;
-        let ok_type = matches!(
-            (t, n.dtype),
-            (HostTensor::F32 { .. }, DType::F32) | (HostTensor::I32 { .. }, DType::I32)
-        );
-        if !ok_type {
-            return Err(bad(format!("expected {}", n.dtype)));
-        }
-        let given = t.shape();
-        if given.len() != n.shape.rank() {
-            return Err(bad(format!("expected shape {}, got {given:?}", n.shape)));
-        }
-        for (d, &g) in n.shape.dims().iter().zip(given) {
-            match *d {
-                Dim::Fixed(f) if f != g => {
-                    return Err(bad(format!("expected shape {}, got {given:?}", n.shape)))
-                }
-                Dim::Fixed(_) => {}
-                Dim::Sym(s) => match b.get(s) {
-                    Some(v) if v != g => {
-                        return Err(bad(format!("{s} is {v} elsewhere, {g} here")))
-                    }
-                    _ => {
-                        let max = max.get(s).unwrap_or(0);
-                        if g > max {
-                            return Err(RunError::TooLarge {
-                                sym: s.0,
-                                value: g,
-                                max,
-                            });
-                        }
-                        b.set(s, g)
-                    }
-                },
-            }
-        }
-        let len = match t {
-            HostTensor::F32 { data, .. } => data.len(),
-            HostTensor::I32 { data, .. } => data.len(),
-        };
-        if len != given.iter().product::<usize>() {
-            return Err(bad(format!("{len} values for shape {given:?}")));
-        }
-    }
-    Ok(b)
 }
 
 /// The activation buffer. Accessed only through raw-pointer slices of
@@ -465,60 +132,64 @@ impl Plan {
         self.arena.len * 4
     }
 
-    /// Runs the plan. Symbols are bound from the inputs' shapes. A graph that
-    /// writes the KV cache appends at `kv.len()` and commits afterwards.
+    /// Runs one step of `batch`: symbols are bound from its length, and a
+    /// graph that uses the K/V pool writes each row at its sequence and
+    /// position (the pool advances the sequences afterwards). Returns the
+    /// graph's outputs (logits: one row per batch row that wants them).
     pub fn run(
         &mut self,
-        inputs: &HashMap<String, HostTensor>,
-        kv: Option<&mut KvCache>,
+        batch: &Batch,
+        kv: Option<&mut KvPool>,
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
-        self.run_inner(inputs, kv, None)
+        self.run_inner(batch, kv, None)
     }
 
     /// Like [`Plan::run`], calling `tap(name, shape, values)` for every named
     /// f32 value as soon as it is computed (for parity bisection).
     pub fn run_with_tap(
         &mut self,
-        inputs: &HashMap<String, HostTensor>,
-        kv: Option<&mut KvCache>,
+        batch: &Batch,
+        kv: Option<&mut KvPool>,
         tap: &mut Tap<'_>,
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
-        self.run_inner(inputs, kv, Some(tap))
+        self.run_inner(batch, kv, Some(tap))
     }
 
     /// Runs every step; named values go to `tap` when there is one.
     fn run_inner(
         &mut self,
-        inputs: &HashMap<String, HostTensor>,
-        mut kv: Option<&mut KvCache>,
+        batch: &Batch,
+        mut kv: Option<&mut KvPool>,
         mut tap: Option<&mut Tap<'_>>,
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
-        let b = self.bind(inputs)?;
-        let mut wrote: Option<usize> = None;
-        let start = kv.as_ref().map_or(0, |c| c.len());
+        let inputs = StepInputs::new(batch);
+        let b = bind(&self.graph, &self.opts.max, &inputs)?;
+        batch.runs()?;
+        let layout = match kv.as_deref_mut() {
+            Some(pool) => Some(pool.prepare(batch)?),
+            None => None,
+        };
         for si in 0..self.steps.len() {
             let id = self.steps[si];
-            if let Some(n) = self.exec(id, &b, inputs, kv.as_deref_mut(), start)? {
-                wrote = Some(n);
-            }
+            self.exec(id, &b, &inputs, kv.as_deref_mut(), layout.as_ref())?;
             let Some(tap) = tap.as_deref_mut() else {
                 continue;
             };
             let node = self.graph.node(id);
             if let (Some(name), DType::F32) = (&node.name, node.dtype) {
                 let dims = node.shape.resolve(&b).expect("bound");
-                if let Val::F32(v) = self.value(id, inputs, &b) {
+                if let Val::F32(v) = self.value(id, &inputs, &b) {
                     tap(name, &dims, v);
                 }
             }
         }
-        if let (Some(n), Some(c)) = (wrote, kv) {
-            c.commit(n);
+        if let (Some(layout), Some(pool)) = (&layout, kv) {
+            pool.commit(layout);
         }
         let mut outs = Vec::new();
         for (name, id) in self.graph.outputs() {
             let dims = self.graph.node(*id).shape.resolve(&b).expect("bound");
-            let t = match self.value(*id, inputs, &b) {
+            let t = match self.value(*id, &inputs, &b) {
                 Val::F32(v) => HostTensor::f32(v.to_vec(), &dims),
                 Val::I32(v) => HostTensor::i32(v.to_vec(), &dims),
                 Val::Weight(..) => {
@@ -530,26 +201,14 @@ impl Plan {
         Ok(outs)
     }
 
-    fn bind(&self, inputs: &HashMap<String, HostTensor>) -> Result<Bindings, RunError> {
-        bind(&self.graph, &self.opts.max, inputs)
-    }
-
-    fn value<'a>(
-        &'a self,
-        id: NodeId,
-        inputs: &'a HashMap<String, HostTensor>,
-        b: &Bindings,
-    ) -> Val<'a> {
+    fn value<'a>(&'a self, id: NodeId, inputs: &'a StepInputs, b: &Bindings) -> Val<'a> {
         let n = self.graph.node(id);
         match self.locs[id.index()] {
             Loc::Input => {
                 let Op::Input { name } = &n.op else {
                     unreachable!()
                 };
-                match &inputs[name] {
-                    HostTensor::F32 { data, .. } => Val::F32(data),
-                    HostTensor::I32 { data, .. } => Val::I32(data),
-                }
+                Val::I32(inputs.get(name).expect("bound inputs exist"))
             }
             Loc::Weight(w) => {
                 let DType::Ggml(ty) = n.dtype else {
@@ -576,31 +235,35 @@ impl Plan {
         }
     }
 
-    /// Executes one step; returns the token count if it wrote the KV cache.
+    /// Executes one step.
     fn exec(
         &self,
         id: NodeId,
         b: &Bindings,
-        inputs: &HashMap<String, HostTensor>,
-        kv: Option<&mut KvCache>,
-        start: usize,
-    ) -> Result<Option<usize>, RunError> {
+        inputs: &StepInputs,
+        kv: Option<&mut KvPool>,
+        layout: Option<&StepLayout>,
+    ) -> Result<(), RunError> {
         let g = &self.graph;
         let n = g.node(id);
         let Loc::Arena { offset, .. } = self.locs[id.index()] else {
             // Reshapes alias; effects write the cache.
             if let Op::KvWrite { slot } = n.op {
-                let cache = kv.ok_or(RunError::NoCache)?;
-                let tokens = g.node(n.inputs[0]).shape.0[0].resolve(b).expect("bound");
+                let (pool, layout) = kv.zip(layout).ok_or(RunError::NoCache)?;
+                let group = pool.group_of(slot)?;
+                let rows = &layout.write_rows[group];
                 let (k, v) = (
                     self.f32_of(n.inputs[0], inputs, b),
                     self.f32_of(n.inputs[1], inputs, b),
                 );
-                let spans = n.inputs.get(2).map(|&s| self.i32_of(s, inputs, b));
-                cache.write(slot, k, v, tokens, spans)?;
-                return Ok(Some(tokens));
+                cpu_storage(pool)?.write(slot.0 as usize, k, v, rows)?;
+                if let Some(&s) = n.inputs.get(2) {
+                    for (&row, &span) in rows.iter().zip(self.i32_of(s, inputs, b)) {
+                        pool.set_span(group, row, span);
+                    }
+                }
             }
-            return Ok(None);
+            return Ok(());
         };
         let out_len = n.shape.numel(b).expect("bound");
         let dims = n.shape.resolve(b).expect("bound");
@@ -792,7 +455,8 @@ impl Plan {
                     out,
                 );
             }
-            Op::Attention(spec) => {
+            Op::Attention(attn_spec) => {
+                let spec = attn_spec;
                 let q = f32v(0);
                 let n_q = dims[0];
                 let params = attention::Params {
@@ -801,9 +465,10 @@ impl Plan {
                     softcap: spec.softcap,
                 };
                 // Key rows with their positions: the K/V inputs at 0..m (the
-                // queries being the last n of them), or the cache slot.
-                let (kpos, kspan, view);
-                let (rows, qpos, qspan) = match spec.kv {
+                // queries being the last n of them), or the pool's blocks of
+                // each sequence.
+                let (kpos, kspan, qpos_inputs): (Vec<i64>, Vec<i32>, Vec<i64>);
+                let (rows, qpos, qspan, segments) = match spec.kv {
                     KvSource::Inputs => {
                         let kd = g.node(n.inputs[1]).shape.resolve(b).expect("bound");
                         let vd = g.node(n.inputs[2]).shape.resolve(b).expect("bound");
@@ -819,35 +484,68 @@ impl Plan {
                             head_dim: kd[2],
                             v_head_dim: vd[2],
                         };
-                        let qpos: Vec<i64> =
-                            (0..n_q).map(|i| (m + i) as i64 - n_q as i64).collect();
-                        (rows, qpos, None)
+                        qpos_inputs = (0..n_q).map(|i| (m + i) as i64 - n_q as i64).collect();
+                        let all = vec![attention::Segment {
+                            queries: 0..n_q,
+                            blocks: None,
+                        }];
+                        (rows, &qpos_inputs, None, all)
                     }
                     KvSource::Cache(slot) => {
-                        view = kv.ok_or(RunError::NoCache)?.view(slot)?;
+                        let kvp = kv.as_deref().ok_or(RunError::NoCache)?;
+                        let layout = layout.ok_or(RunError::NoCache)?;
+                        let (owner, spec) = kvp.owner(slot)?;
+                        let group = kvp.group_of(slot)?;
+                        let storage = kvp
+                            .storage()
+                            .as_any()
+                            .downcast_ref::<CpuKvStorage>()
+                            .ok_or_else(not_cpu)?;
+                        let (k, v) = storage.view(owner.0 as usize).ok_or_else(not_cpu)?;
+                        let g_rows = kvp.rows(group);
                         let rows = attention::KvRows {
-                            k: view.k,
-                            v: view.v,
-                            pos: view.pos,
-                            span: view.span,
-                            kv_heads: view.spec.kv_heads,
-                            head_dim: view.spec.head_dim,
-                            v_head_dim: view.spec.v_head_dim,
+                            k,
+                            v,
+                            pos: g_rows.pos,
+                            span: g_rows.span,
+                            kv_heads: spec.kv_heads,
+                            head_dim: spec.head_dim,
+                            v_head_dim: spec.v_head_dim,
                         };
-                        let qpos: Vec<i64> = (0..n_q).map(|i| (start + i) as i64).collect();
-                        let qspan = spec
+                        qpos_inputs = inputs.pos.iter().map(|&p| p as i64).collect();
+                        let qspan = attn_spec
                             .bidirectional_spans
                             .then(|| self.i32_of(n.inputs[2], inputs, b));
-                        (rows, qpos, qspan)
+                        let segments = layout
+                            .runs
+                            .iter()
+                            .zip(&layout.blocks[group])
+                            .map(|(run, blocks)| attention::Segment {
+                                queries: run.rows.clone(),
+                                blocks: Some(blocks),
+                            })
+                            .collect();
+                        (rows, &qpos_inputs, qspan, segments)
                     }
                 };
                 let queries = attention::Queries {
                     q,
-                    pos: &qpos,
+                    pos: qpos,
                     span: qspan,
                     heads: dims[1],
                 };
-                attention::attention(pool, isa, params, &queries, &rows, out);
+                attention::attention(pool, isa, params, &queries, &rows, &segments, out);
+            }
+            Op::TakeRows => {
+                let x = f32v(0);
+                let width: usize = dims[1..].iter().product();
+                let n_x = x.len() / width.max(1);
+                for (r, &src) in self.i32_of(n.inputs[1], inputs, b).iter().enumerate() {
+                    if src < 0 || src as usize >= n_x {
+                        return Err(node_err(g, id, format!("row {src} of {n_x}")));
+                    }
+                    out[r * width..][..width].copy_from_slice(&x[src as usize * width..][..width]);
+                }
             }
             Op::Moe { top_k } => {
                 let stack = |i: usize| -> moe::ExpertStack<'_> {
@@ -913,27 +611,17 @@ impl Plan {
                 unreachable!("not an arena step")
             }
         }
-        Ok(None)
+        Ok(())
     }
 
-    fn f32_of<'a>(
-        &'a self,
-        id: NodeId,
-        inputs: &'a HashMap<String, HostTensor>,
-        b: &Bindings,
-    ) -> &'a [f32] {
+    fn f32_of<'a>(&'a self, id: NodeId, inputs: &'a StepInputs, b: &Bindings) -> &'a [f32] {
         match self.value(id, inputs, b) {
             Val::F32(v) => v,
             _ => unreachable!("validated f32"),
         }
     }
 
-    fn i32_of<'a>(
-        &'a self,
-        id: NodeId,
-        inputs: &'a HashMap<String, HostTensor>,
-        b: &Bindings,
-    ) -> &'a [i32] {
+    fn i32_of<'a>(&'a self, id: NodeId, inputs: &'a StepInputs, b: &Bindings) -> &'a [i32] {
         match self.value(id, inputs, b) {
             Val::I32(v) => v,
             _ => unreachable!("validated i32"),
@@ -1001,4 +689,18 @@ impl Plan {
         }
         s
     }
+}
+
+fn not_cpu() -> RunError {
+    RunError::Kv(KvError::Storage(
+        "the K/V pool is not in host memory (it belongs to another device)".into(),
+    ))
+}
+
+/// The pool's storage, which a CPU plan can only use in host memory.
+fn cpu_storage(pool: &mut KvPool) -> Result<&mut CpuKvStorage, RunError> {
+    pool.storage_mut()
+        .as_any_mut()
+        .downcast_mut::<CpuKvStorage>()
+        .ok_or_else(not_cpu)
 }

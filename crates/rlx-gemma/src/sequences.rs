@@ -1,0 +1,473 @@
+//! Many sequences on one model: a paged K/V pool, and steps that run
+//! prefill chunks of some sequences and decode tokens of others together.
+//! [`Session`] is the one-conversation wrapper over it.
+
+use std::collections::BTreeMap;
+
+use rlx_runtime::{Batch as StepBatch, Executable, KvDType, KvPool, SeqId};
+
+use crate::model::{Model, ModelError, Result};
+
+/// Which logits a sequence's tokens in a step want.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// None (a prompt chunk before the last).
+    None,
+    /// The last token's (generation).
+    Last,
+    /// Every token's (scoring).
+    All,
+}
+
+/// Tokens of one sequence in a step.
+#[derive(Clone, Copy, Debug)]
+pub struct Feed<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+    pub logits: Want,
+}
+
+/// What a [`Sequences`] is sized for.
+#[derive(Clone, Debug)]
+pub struct SequencesOptions {
+    /// Most sequences alive at once.
+    pub max_seqs: usize,
+    /// Tokens of K/V the full-attention layers hold over all sequences
+    /// (default: `max_seqs` × the context).
+    pub kv_tokens: Option<usize>,
+    /// Longest sequence in tokens (default: the model's context).
+    pub context: Option<usize>,
+    /// Most tokens in one step, over all sequences (the prefill chunk).
+    pub max_step_tokens: usize,
+    /// K/V storage type (default: the device's for the model's precision).
+    pub kv_dtype: Option<KvDType>,
+    /// Refuse to start when the estimate exceeds this.
+    pub memory_limit_bytes: Option<usize>,
+}
+
+impl Default for SequencesOptions {
+    fn default() -> Self {
+        SequencesOptions {
+            max_seqs: 1,
+            kv_tokens: None,
+            context: None,
+            max_step_tokens: 512,
+            kv_dtype: None,
+            memory_limit_bytes: None,
+        }
+    }
+}
+
+/// The plans of a [`Sequences`]: one for single decode tokens, one for
+/// steps of up to `max_step_tokens` rows with a logit row per sequence, and
+/// one (compiled on first use) with a logit row per token.
+struct Plans {
+    decode: Box<dyn Executable>,
+    step: Box<dyn Executable>,
+    score: Option<Box<dyn Executable>>,
+}
+
+/// Sequences sharing one model and one K/V pool.
+pub struct Sequences<'m> {
+    model: &'m Model,
+    pool: KvPool,
+    plans: Plans,
+    tokens: BTreeMap<SeqId, Vec<u32>>,
+    max_seqs: usize,
+    max_step_tokens: usize,
+    context: usize,
+    /// Tokens run through the model so far.
+    computed: usize,
+    batch: StepBatch,
+}
+
+impl Model {
+    /// A pool and plans for up to `opts.max_seqs` sequences; memory is
+    /// estimated and checked before anything is allocated.
+    pub fn sequences(&self, opts: SequencesOptions) -> Result<Sequences<'_>> {
+        let max_seqs = opts.max_seqs.max(1);
+        let context = opts.context.unwrap_or(self.config().context_length).max(1);
+        let kv_tokens = opts.kv_tokens.unwrap_or(context * max_seqs).max(1);
+        let context = context.min(kv_tokens);
+        let step_tokens = opts.max_step_tokens.clamp(1, kv_tokens);
+        let dtype = opts.kv_dtype.unwrap_or_else(|| self.default_kv_dtype());
+        let kv_config = self.kv_config(kv_tokens, max_seqs, step_tokens.min(context), dtype);
+        let kv = kv_config.memory_bytes();
+        let needed = kv + self.activation_bytes(step_tokens, max_seqs);
+        if let Some(limit) = opts.memory_limit_bytes {
+            if needed > limit {
+                return Err(ModelError::OutOfMemory { needed, kv, limit });
+            }
+        }
+        let plans = Plans {
+            decode: self.plan(1, 1)?,
+            step: self.plan(step_tokens, max_seqs.min(step_tokens))?,
+            score: None,
+        };
+        Ok(Sequences {
+            model: self,
+            pool: self.backend().kv_pool(kv_config)?,
+            plans,
+            tokens: BTreeMap::new(),
+            max_seqs,
+            max_step_tokens: step_tokens,
+            context,
+            computed: 0,
+            batch: StepBatch::new(),
+        })
+    }
+}
+
+impl<'m> Sequences<'m> {
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    pub fn pool(&self) -> &KvPool {
+        &self.pool
+    }
+
+    /// Longest sequence in tokens.
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    pub fn max_seqs(&self) -> usize {
+        self.max_seqs
+    }
+
+    /// Most tokens one step may carry.
+    pub fn max_step_tokens(&self) -> usize {
+        self.max_step_tokens
+    }
+
+    /// Tokens run through the model so far (prefix reuse keeps this low).
+    pub fn computed_tokens(&self) -> usize {
+        self.computed
+    }
+
+    /// A new, empty sequence.
+    pub fn add(&mut self) -> Result<SeqId> {
+        if self.tokens.len() >= self.max_seqs {
+            return Err(ModelError::Invalid(format!(
+                "{} sequences are alive, the most this pool was sized for",
+                self.max_seqs
+            )));
+        }
+        let id = self.pool.add_sequence();
+        self.tokens.insert(id, Vec::new());
+        Ok(id)
+    }
+
+    /// A new sequence continuing from what `seq` holds, sharing its K/V
+    /// blocks (copied only where one of them writes).
+    pub fn fork(&mut self, seq: SeqId) -> Result<SeqId> {
+        let tokens = self.tokens(seq)?.to_vec();
+        if self.tokens.len() >= self.max_seqs {
+            return Err(ModelError::Invalid(format!(
+                "cannot fork {seq}: {} sequences are alive, the most this pool was sized for",
+                self.max_seqs
+            )));
+        }
+        let id = self.pool.fork(seq)?;
+        self.tokens.insert(id, tokens);
+        Ok(id)
+    }
+
+    /// Ends a sequence; its blocks go back to the pool.
+    pub fn remove(&mut self, seq: SeqId) -> Result<()> {
+        self.pool.free(seq)?;
+        self.tokens.remove(&seq);
+        Ok(())
+    }
+
+    /// The tokens a sequence holds.
+    pub fn tokens(&self, seq: SeqId) -> Result<&[u32]> {
+        self.tokens
+            .get(&seq)
+            .map(Vec::as_slice)
+            .ok_or(ModelError::Kv(rlx_runtime::KvError::UnknownSeq(seq)))
+    }
+
+    /// Forgets everything after the first `len` tokens of a sequence. When a
+    /// sliding layer no longer holds the window that needs, the kept prefix
+    /// runs again.
+    pub fn rewind(&mut self, seq: SeqId, len: usize) -> Result<()> {
+        let held = self.tokens(seq)?.len();
+        if len >= held {
+            return Ok(());
+        }
+        match self.pool.truncate(seq, len) {
+            Ok(()) => {}
+            Err(e) if ModelError::from(e.clone()).is_rewind_too_far() => {
+                let keep = self.tokens[&seq][..len].to_vec();
+                self.pool.truncate(seq, 0)?;
+                self.tokens.insert(seq, Vec::new());
+                for chunk in keep.chunks(self.max_step_tokens) {
+                    self.step(&[Feed {
+                        seq,
+                        tokens: chunk,
+                        logits: Want::None,
+                    }])?;
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.tokens.get_mut(&seq).expect("checked").truncate(len);
+        Ok(())
+    }
+
+    /// Runs one step: every feed's tokens appended to its sequence, all in
+    /// one pass over the weights. Returns, per feed, the logits it asked for
+    /// (`[rows × vocab]`: none, its last token's, or all of its tokens').
+    pub fn step(&mut self, feeds: &[Feed]) -> Result<Vec<Vec<f32>>> {
+        let vocab = self.model.config().n_vocab;
+        let total: usize = feeds.iter().map(|f| f.tokens.len()).sum();
+        if total == 0 {
+            return Err(ModelError::Empty);
+        }
+        if total > self.max_step_tokens {
+            return Err(ModelError::Invalid(format!(
+                "{total} tokens in one step, more than the {} this pool was sized for",
+                self.max_step_tokens
+            )));
+        }
+        self.batch.clear();
+        let mut logit_rows = 0;
+        for f in feeds {
+            let held = self.tokens(f.seq)?.len();
+            if let Some(&t) = f.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ModelError::BadToken { token: t, vocab });
+            }
+            if held + f.tokens.len() > self.context {
+                return Err(ModelError::ContextFull {
+                    tokens: held + f.tokens.len(),
+                    context: self.context,
+                });
+            }
+            let n = f.tokens.len();
+            let want = |i: usize| match f.logits {
+                Want::None => false,
+                Want::Last => i + 1 == n,
+                Want::All => true,
+            };
+            logit_rows += (0..n).filter(|&i| want(i)).count();
+            self.batch.push_run(f.seq, held, f.tokens, want);
+        }
+        let plan = if total == 1 && logit_rows <= 1 {
+            &mut self.plans.decode
+        } else if logit_rows <= self.max_seqs.min(self.max_step_tokens) {
+            &mut self.plans.step
+        } else {
+            match &mut self.plans.score {
+                Some(p) => p,
+                slot => slot.insert(
+                    self.model
+                        .plan(self.max_step_tokens, self.max_step_tokens)?,
+                ),
+            }
+        };
+        let mut out = plan.run(&self.batch, Some(&mut self.pool))?;
+        let logits = match out.swap_remove(0).1 {
+            rlx_runtime::HostTensor::F32 { data, .. } => data,
+            rlx_runtime::HostTensor::I32 { .. } => unreachable!("logits are f32"),
+        };
+        let mut rows = logits.chunks_exact(vocab);
+        let mut result = Vec::with_capacity(feeds.len());
+        for f in feeds {
+            let n = match f.logits {
+                Want::None => 0,
+                Want::Last => 1,
+                Want::All => f.tokens.len(),
+            };
+            let mut v = Vec::with_capacity(n * vocab);
+            for row in rows.by_ref().take(n) {
+                v.extend_from_slice(row);
+            }
+            result.push(v);
+            self.tokens
+                .get_mut(&f.seq)
+                .expect("checked")
+                .extend_from_slice(f.tokens);
+            self.computed += f.tokens.len();
+        }
+        Ok(result)
+    }
+}
+
+/// Options of one session.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Context length in tokens (default: the model's).
+    pub context: Option<usize>,
+    /// Tokens per prefill step.
+    pub prefill_chunk: usize,
+    /// K/V storage type (default: the device's for the model's precision).
+    pub kv_dtype: Option<KvDType>,
+    /// Refuse to start when the estimate exceeds this.
+    pub memory_limit_bytes: Option<usize>,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            context: None,
+            prefill_chunk: 512,
+            kv_dtype: None,
+            memory_limit_bytes: None,
+        }
+    }
+}
+
+/// One conversation: a single sequence with chunked prefill, decode,
+/// prefix reuse and rewind.
+pub struct Session<'m> {
+    seqs: Sequences<'m>,
+    id: SeqId,
+}
+
+impl Model {
+    /// Starts a session; its memory is estimated and checked before anything
+    /// is allocated.
+    pub fn session(&self, opts: SessionOptions) -> Result<Session<'_>> {
+        let context = opts.context.unwrap_or(self.config().context_length).max(1);
+        let mut seqs = self.sequences(SequencesOptions {
+            max_seqs: 1,
+            kv_tokens: Some(context),
+            context: Some(context),
+            max_step_tokens: opts.prefill_chunk.clamp(1, context),
+            kv_dtype: opts.kv_dtype,
+            memory_limit_bytes: opts.memory_limit_bytes,
+        })?;
+        let id = seqs.add()?;
+        Ok(Session { seqs, id })
+    }
+}
+
+impl Session<'_> {
+    /// Tokens run through the model so far (prefix reuse keeps this low).
+    pub fn computed_tokens(&self) -> usize {
+        self.seqs.computed_tokens()
+    }
+
+    pub fn model(&self) -> &Model {
+        self.seqs.model()
+    }
+
+    /// Tokens whose K/V the cache holds.
+    pub fn tokens(&self) -> &[u32] {
+        self.seqs.tokens(self.id).expect("the session's sequence")
+    }
+
+    pub fn context(&self) -> usize {
+        self.seqs.context()
+    }
+
+    /// Bytes of K/V storage allocated.
+    pub fn kv_bytes(&self) -> usize {
+        self.seqs.pool().memory_bytes()
+    }
+
+    fn check(&self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(ModelError::Empty);
+        }
+        let vocab = self.model().config().n_vocab;
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::BadToken { token: t, vocab });
+        }
+        let held = self.tokens().len();
+        if held + tokens.len() > self.context() {
+            return Err(ModelError::ContextFull {
+                tokens: held + tokens.len(),
+                context: self.context(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Appends `tokens` (prefilled in chunks) and returns the logits of the
+    /// last one.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.feed_with_progress(tokens, &mut |_, _| {})
+    }
+
+    /// Like [`Session::feed`], calling `progress(done, total)` after each chunk.
+    pub fn feed_with_progress(
+        &mut self,
+        tokens: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<f32>> {
+        self.check(tokens)?;
+        let mut last = Vec::new();
+        let mut done = 0;
+        let chunk = self.seqs.max_step_tokens();
+        for part in tokens.chunks(chunk) {
+            let logits = if done + part.len() == tokens.len() {
+                Want::Last
+            } else {
+                Want::None
+            };
+            last = self.run(part, logits)?;
+            done += part.len();
+            progress(done, tokens.len());
+        }
+        Ok(last)
+    }
+
+    fn run(&mut self, tokens: &[u32], logits: Want) -> Result<Vec<f32>> {
+        let feed = Feed {
+            seq: self.id,
+            tokens,
+            logits,
+        };
+        Ok(self.seqs.step(&[feed])?.swap_remove(0))
+    }
+
+    /// Appends `tokens` and returns the logits of every one of them,
+    /// `[tokens.len() × vocab]`.
+    pub fn score(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.check(tokens)?;
+        let mut all = Vec::with_capacity(tokens.len() * self.model().config().n_vocab);
+        for part in tokens.chunks(self.seqs.max_step_tokens()) {
+            all.extend(self.run(part, Want::All)?);
+        }
+        Ok(all)
+    }
+
+    /// Forgets everything after the first `len` tokens.
+    pub fn rewind(&mut self, len: usize) -> Result<()> {
+        self.seqs.rewind(self.id, len)
+    }
+
+    /// Continues from `tokens`, reusing the cached prefix they share with
+    /// what the session holds; returns the logits of the last token.
+    pub fn feed_prompt(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.feed_prompt_with_progress(tokens, &mut |_, _| {})
+    }
+
+    /// Like [`Session::feed_prompt`], reporting prefill progress.
+    pub fn feed_prompt_with_progress(
+        &mut self,
+        tokens: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<f32>> {
+        let common = self
+            .tokens()
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // At least one token must run to produce logits.
+        let keep = common.min(tokens.len().saturating_sub(1));
+        self.rewind(keep)?;
+        let keep = self.tokens().len();
+        self.feed_with_progress(&tokens[keep..], progress)
+    }
+
+    pub fn reset(&mut self) {
+        // Truncating to nothing always succeeds.
+        let _ = self.seqs.rewind(self.id, 0);
+    }
+}

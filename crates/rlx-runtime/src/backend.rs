@@ -1,0 +1,179 @@
+//! The one interface a device implements, and the one place that maps a
+//! [`Device`] to its implementation.
+//!
+//! A backend owns the weights on its device (mapped or uploaded once and
+//! shared by every plan), compiles graphs into [`Executable`] plans, makes
+//! the storage of a [`KvPool`], says what it supports and reports memory.
+//! Callers hold an `Arc<dyn Backend>` and never match on devices.
+
+use std::fmt;
+use std::sync::Arc;
+
+use rlx_gguf::GgmlType;
+use rlx_ir::{Graph, Op};
+
+use crate::batch::Batch;
+use crate::compile::{CompileOptions, HostTensor, RunError, Tap};
+use crate::cpu::matmul::Precision;
+use crate::cpu::CpuBackend;
+use crate::kv::{KvDType, KvPool, KvPoolConfig};
+use crate::weights::WeightStore;
+
+/// Where a model runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Device {
+    #[default]
+    Cpu,
+    /// The NVIDIA GPU of this ordinal (needs the `cuda` feature).
+    Cuda(usize),
+}
+
+impl Device {
+    /// `cpu`, `cuda` or `cuda:N`.
+    pub fn parse(s: &str) -> Result<Device, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda(0)),
+            _ => match s.strip_prefix("cuda:").map(str::parse) {
+                Some(Ok(n)) => Ok(Device::Cuda(n)),
+                _ => Err(format!(
+                    "unknown device {s:?} (expected cpu, cuda or cuda:N)"
+                )),
+            },
+        }
+    }
+
+    /// The K/V storage type used when none is asked for: f16 with `q8` on
+    /// the CPU (llama.cpp's choice), f32 otherwise (the exact path, and the
+    /// CUDA kernels, which read f32 rows).
+    pub fn default_kv_dtype(self, precision: Precision) -> KvDType {
+        match (self, precision) {
+            (Device::Cpu, Precision::Quantized) => KvDType::F16,
+            _ => KvDType::F32,
+        }
+    }
+
+    /// K/V storage types this device's kernels read.
+    pub fn kv_dtypes(self) -> &'static [KvDType] {
+        match self {
+            Device::Cpu => &[KvDType::F32, KvDType::F16, KvDType::BF16],
+            Device::Cuda(_) => &[KvDType::F32],
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// How to open a backend.
+#[derive(Clone, Debug)]
+pub struct BackendOptions {
+    /// CPU threads (on a GPU: for loading and the host side only).
+    pub threads: usize,
+}
+
+/// Memory of a device, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// What the device has, when known.
+    pub total: Option<usize>,
+    /// What is available for new allocations, when known.
+    pub available: Option<usize>,
+    /// What the weights take on the device (0 where they stay mapped).
+    pub weights: usize,
+}
+
+/// A device: weights, plans and K/V storage.
+pub trait Backend: Send + Sync {
+    fn device(&self) -> Device;
+    /// One line for logs and `rlx bench`.
+    fn describe(&self) -> String;
+    /// The model's weights as mapped from the file; plans refer to the
+    /// backend's own copy of them.
+    fn store(&self) -> &Arc<WeightStore>;
+    fn supports_op(&self, op: &Op) -> bool;
+    fn supports_weight(&self, ty: GgmlType) -> bool;
+    fn compile(
+        &self,
+        graph: &Graph,
+        opts: &CompileOptions,
+    ) -> Result<Box<dyn Executable>, RunError>;
+    /// A K/V pool with its storage on this device.
+    fn kv_pool(&self, config: KvPoolConfig) -> Result<KvPool, RunError>;
+    fn memory(&self) -> MemoryReport;
+}
+
+/// A compiled graph on one device.
+pub trait Executable: Send {
+    /// Runs one step of `batch`; a graph that uses the K/V pool writes and
+    /// reads each row at its own sequence and position.
+    fn run(
+        &mut self,
+        batch: &Batch,
+        kv: Option<&mut KvPool>,
+    ) -> Result<Vec<(String, HostTensor)>, RunError>;
+    /// Like `run`, calling `tap(name, shape, values)` for every named f32
+    /// value where the device can (the CPU); others run without the tap.
+    fn run_with_tap(
+        &mut self,
+        batch: &Batch,
+        kv: Option<&mut KvPool>,
+        tap: &mut Tap<'_>,
+    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+        let _ = tap;
+        self.run(batch, kv)
+    }
+    /// The optimised graph it runs.
+    fn graph(&self) -> &Graph;
+    /// Bytes of activations it owns.
+    fn arena_bytes(&self) -> usize;
+    fn dump(&self) -> String;
+}
+
+/// The backend of `device` for the weights of `store`.
+pub fn open(
+    device: Device,
+    store: &Arc<WeightStore>,
+    opts: &BackendOptions,
+) -> Result<Arc<dyn Backend>, RunError> {
+    match device {
+        Device::Cpu => Ok(Arc::new(CpuBackend::new(Arc::clone(store), opts.threads))),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => Ok(Arc::new(crate::cuda::CudaBackend::new(
+            ordinal,
+            Arc::clone(store),
+        )?)),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(RunError::Device {
+            device: device.to_string(),
+            msg: "this build has no CUDA backend (build with the `cuda` feature)".into(),
+        }),
+    }
+}
+
+/// Available host memory from `/proc/meminfo` (Linux); `None` elsewhere.
+pub fn host_memory() -> MemoryReport {
+    let read = || -> Option<(usize, usize)> {
+        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let field = |key: &str| -> Option<usize> {
+            let line = text.lines().find(|l| l.starts_with(key))?;
+            let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        };
+        Some((field("MemTotal:")?, field("MemAvailable:")?))
+    };
+    match read() {
+        Some((total, available)) => MemoryReport {
+            total: Some(total),
+            available: Some(available),
+            weights: 0,
+        },
+        None => MemoryReport::default(),
+    }
+}

@@ -1,0 +1,380 @@
+//! What every backend shares: compile options, the graph a backend runs
+//! (validated, optimised, weights checked), the schedule and arena layout
+//! by value lifetimes, and the binding of a step's inputs to symbols.
+
+use std::collections::HashMap;
+
+use rlx_ir::passes::{self, FuseOptions};
+use rlx_ir::{Bindings, DType, Dim, Graph, NodeId, Op, Shape, Start, WeightId};
+
+use crate::batch::{Batch, BatchError};
+use crate::cpu::matmul::{self, Precision};
+use crate::kv::KvError;
+use crate::memory::{plan_memory, BufferRequest};
+use crate::weights::WeightStore;
+
+/// How to compile.
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// The largest value each symbol takes; the arena is sized for these.
+    pub max: Bindings,
+    pub fuse: FuseOptions,
+    /// Run CSE, fusion and DCE before scheduling.
+    pub optimize: bool,
+    pub precision: Precision,
+}
+
+impl CompileOptions {
+    pub fn new(max: Bindings) -> Self {
+        CompileOptions {
+            max,
+            fuse: FuseOptions::default(),
+            optimize: true,
+            precision: Precision::Exact,
+        }
+    }
+}
+
+/// A host-side tensor passed in or returned.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostTensor {
+    F32 { data: Vec<f32>, shape: Vec<usize> },
+    I32 { data: Vec<i32>, shape: Vec<usize> },
+}
+
+impl HostTensor {
+    pub fn f32(data: Vec<f32>, shape: &[usize]) -> Self {
+        HostTensor::F32 {
+            data,
+            shape: shape.to_vec(),
+        }
+    }
+
+    pub fn i32(data: Vec<i32>, shape: &[usize]) -> Self {
+        HostTensor::I32 {
+            data,
+            shape: shape.to_vec(),
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            HostTensor::F32 { shape, .. } | HostTensor::I32 { shape, .. } => shape,
+        }
+    }
+
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match self {
+            HostTensor::F32 { data, .. } => Some(data),
+            HostTensor::I32 { .. } => None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Ir(#[from] rlx_ir::IrError),
+    #[error("input {name:?}: {msg}")]
+    Input { name: String, msg: String },
+    #[error("symbol {sym} = {value} exceeds the {max} this plan was compiled for")]
+    TooLarge {
+        sym: &'static str,
+        value: usize,
+        max: usize,
+    },
+    #[error("node {node} ({op}): {msg}")]
+    Node {
+        node: NodeId,
+        op: &'static str,
+        msg: String,
+    },
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    #[error(transparent)]
+    Matmul(#[from] matmul::MatmulError),
+    #[error("the graph uses the KV cache but no cache was given")]
+    NoCache,
+    #[error(transparent)]
+    Batch(#[from] BatchError),
+    #[error("{device}: {msg}")]
+    Device { device: String, msg: String },
+}
+
+/// Receives `(name, shape, values)` of each named value as it is computed.
+pub type Tap<'a> = dyn FnMut(&str, &[usize], &[f32]) + 'a;
+
+/// Where a value lives during a run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Loc {
+    /// Nothing (effects).
+    None,
+    Input,
+    Weight(WeightId),
+    /// `[offset, offset+cap)` f32 elements of the arena.
+    Arena {
+        offset: usize,
+        cap: usize,
+    },
+    /// Another node's data from element `offset` on (a reshape, or a
+    /// narrow a backend reads in place).
+    Alias {
+        src: NodeId,
+        offset: usize,
+    },
+}
+
+pub(crate) fn node_err(g: &Graph, id: NodeId, msg: impl Into<String>) -> RunError {
+    RunError::Node {
+        node: id,
+        op: g.node(id).op.name(),
+        msg: msg.into(),
+    }
+}
+
+/// The graph every backend runs: validated, optimised (or only pruned), its
+/// weights checked against the store, i32 values only at inputs.
+pub(crate) fn prepare(
+    graph: &Graph,
+    store: &WeightStore,
+    opts: &CompileOptions,
+) -> Result<Graph, RunError> {
+    graph.validate()?;
+    let g = if opts.optimize {
+        passes::optimize(graph, &opts.fuse)?
+    } else {
+        passes::dce(graph)?
+    };
+    for id in g.ids() {
+        let n = g.node(id);
+        match &n.op {
+            Op::Weight { id: w, name } => {
+                if w.0 as usize >= store.len() {
+                    return Err(node_err(
+                        &g,
+                        id,
+                        format!("weight {name:?} is not in the store"),
+                    ));
+                }
+                let info = store.info(*w);
+                let DType::Ggml(ty) = n.dtype else {
+                    unreachable!()
+                };
+                if info.ty != ty || Shape::fixed(&info.shape) != n.shape {
+                    return Err(node_err(
+                        &g,
+                        id,
+                        format!(
+                            "weight {name:?} is {} {:?} in the store, {} {} in the graph",
+                            info.ty, info.shape, ty, n.shape
+                        ),
+                    ));
+                }
+            }
+            Op::Input { name } => {
+                if !StepInputs::NAMES.contains(&name.as_str()) || n.dtype != DType::I32 {
+                    return Err(node_err(
+                        &g,
+                        id,
+                        format!(
+                            "input {name:?} ({}): a step supplies i32 inputs named {:?}",
+                            n.dtype,
+                            StepInputs::NAMES
+                        ),
+                    ));
+                }
+            }
+            _ if n.dtype == DType::I32 => {
+                return Err(node_err(&g, id, "i32 values can only be graph inputs"));
+            }
+            _ => {}
+        }
+    }
+    Ok(g)
+}
+
+/// The order of a plan's steps and where each value lives.
+pub(crate) struct Schedule {
+    pub steps: Vec<NodeId>,
+    pub locs: Vec<Loc>,
+    /// f32 elements of the arena.
+    pub arena_elems: usize,
+}
+
+/// Steps in graph order and an arena laid out by value lifetimes for the
+/// symbol maxima `max`. Reshapes alias their input, and so does any node
+/// `view` maps to `(source, element offset)`; an alias keeps its source alive
+/// for as long as it is read.
+pub(crate) fn schedule(
+    g: &Graph,
+    max: &Bindings,
+    view: &dyn Fn(NodeId) -> Option<(NodeId, usize)>,
+) -> Result<Schedule, RunError> {
+    let steps: Vec<NodeId> = g
+        .ids()
+        .filter(|&id| !g.node(id).inputs.is_empty())
+        .collect();
+    // Locations and the root of each alias chain.
+    let mut locs = vec![Loc::None; g.len()];
+    for id in g.ids() {
+        let n = g.node(id);
+        locs[id.index()] = match &n.op {
+            Op::Input { .. } => Loc::Input,
+            Op::Weight { id: w, .. } => Loc::Weight(*w),
+            Op::Reshape { .. } => Loc::Alias {
+                src: n.inputs[0],
+                offset: 0,
+            },
+            _ if n.dtype == DType::Effect => Loc::None,
+            _ => match view(id) {
+                Some((src, offset)) => Loc::Alias { src, offset },
+                None => Loc::Arena { offset: 0, cap: 0 },
+            },
+        };
+    }
+    let root = |mut id: NodeId| {
+        while let Loc::Alias { src, .. } = locs[id.index()] {
+            id = src;
+        }
+        id
+    };
+    // Lifetimes of arena values (aliases extend their root's).
+    let pos: HashMap<NodeId, usize> = steps.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+    let mut last = vec![0usize; g.len()];
+    for (i, &id) in steps.iter().enumerate() {
+        for &inp in &g.node(id).inputs {
+            let r = root(inp);
+            last[r.index()] = last[r.index()].max(i);
+        }
+    }
+    for (_, out) in g.outputs() {
+        let r = root(*out);
+        last[r.index()] = steps.len();
+    }
+    let mut reqs = Vec::new();
+    let mut owners = Vec::new();
+    for &id in &steps {
+        if let Loc::Arena { .. } = locs[id.index()] {
+            let n = g.node(id);
+            let elems = n.shape.numel(max).ok_or_else(|| {
+                node_err(
+                    g,
+                    id,
+                    format!("shape {} has a symbol without a maximum", n.shape),
+                )
+            })?;
+            let first = pos[&id];
+            reqs.push(BufferRequest {
+                bytes: elems * 4,
+                first,
+                last: last[id.index()].max(first),
+            });
+            owners.push(id);
+        }
+    }
+    let mem = plan_memory(&reqs, 64);
+    for (req, (&id, &offset)) in reqs.iter().zip(owners.iter().zip(&mem.offsets)) {
+        locs[id.index()] = Loc::Arena {
+            offset: offset / 4,
+            cap: req.bytes / 4,
+        };
+    }
+    Ok(Schedule {
+        steps,
+        locs,
+        arena_elems: mem.arena_bytes / 4,
+    })
+}
+
+/// Where a narrow of `len` rows starting at `start` begins on an axis of
+/// `axis_len` rows, or why it does not fit.
+pub(crate) fn narrow_from(start: Start, axis_len: usize, len: usize) -> Result<usize, String> {
+    let from = match start {
+        Start::FromStart(s) => s,
+        Start::FromEnd(e) => axis_len
+            .checked_sub(e)
+            .ok_or_else(|| format!("axis has {axis_len} rows, {e} from the end requested"))?,
+    };
+    if from + len > axis_len {
+        return Err(format!("rows {from}..{} past {axis_len}", from + len));
+    }
+    Ok(from)
+}
+
+/// The graph inputs a step supplies, by name: `tokens` and `pos` (one per
+/// batch row) and `logit_rows` (the rows whose logits are wanted).
+pub struct StepInputs<'a> {
+    pub tokens: &'a [i32],
+    pub pos: &'a [i32],
+    pub logit_rows: Vec<i32>,
+}
+
+impl<'a> StepInputs<'a> {
+    /// The names a graph's inputs may have.
+    pub const NAMES: [&'static str; 3] = ["tokens", "pos", "logit_rows"];
+
+    pub fn new(batch: &'a Batch) -> Self {
+        StepInputs {
+            tokens: batch.tokens(),
+            pos: batch.positions(),
+            logit_rows: batch.logit_rows(),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&[i32]> {
+        match name {
+            "tokens" => Some(self.tokens),
+            "pos" => Some(self.pos),
+            "logit_rows" => Some(&self.logit_rows),
+            _ => None,
+        }
+    }
+}
+
+/// Symbol values from the inputs' lengths, each checked against the graph
+/// and the compiled maxima `max`.
+pub(crate) fn bind(
+    graph: &Graph,
+    max: &Bindings,
+    inputs: &StepInputs,
+) -> Result<Bindings, RunError> {
+    let mut b = Bindings::new();
+    for id in graph.ids() {
+        let n = graph.node(id);
+        let Op::Input { name } = &n.op else { continue };
+        let bad = |msg: String| RunError::Input {
+            name: name.clone(),
+            msg,
+        };
+        let data = inputs
+            .get(name)
+            .ok_or_else(|| bad("not a step input".into()))?;
+        match n.shape.dims() {
+            [Dim::Fixed(f)] if *f != data.len() => {
+                return Err(bad(format!("expected {f} values, got {}", data.len())))
+            }
+            [Dim::Fixed(_)] => {}
+            [Dim::Sym(s)] => {
+                let g = data.len();
+                match b.get(*s) {
+                    Some(v) if v != g => {
+                        return Err(bad(format!("{s} is {v} elsewhere, {g} here")))
+                    }
+                    _ => {
+                        let max = max.get(*s).unwrap_or(0);
+                        if g > max {
+                            return Err(RunError::TooLarge {
+                                sym: s.0,
+                                value: g,
+                                max,
+                            });
+                        }
+                        b.set(*s, g)
+                    }
+                }
+            }
+            _ => return Err(bad(format!("step inputs are one axis, not {}", n.shape))),
+        }
+    }
+    Ok(b)
+}

@@ -1,0 +1,232 @@
+//! K/V storage in host memory: per owning layer, the rows of every block
+//! of its group in one vector, in f32, f16 or bf16.
+
+use std::any::Any;
+
+use half::{bf16, f16};
+
+use crate::kv::{KvDType, KvError, KvPoolConfig, KvStorage, BLOCK_TOKENS};
+
+pub(crate) enum Rows {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+impl Rows {
+    pub(crate) fn new(dtype: KvDType, n: usize) -> Self {
+        match dtype {
+            KvDType::F32 => Rows::F32(vec![0.0; n]),
+            KvDType::F16 => Rows::F16(vec![f16::ZERO; n]),
+            KvDType::BF16 => Rows::BF16(vec![bf16::ZERO; n]),
+        }
+    }
+
+    pub(crate) fn write(&mut self, at: usize, src: &[f32]) {
+        match self {
+            Rows::F32(v) => v[at..at + src.len()].copy_from_slice(src),
+            Rows::F16(v) => v[at..at + src.len()]
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, s)| *d = f16::from_f32(*s)),
+            Rows::BF16(v) => v[at..at + src.len()]
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, s)| *d = bf16::from_f32(*s)),
+        }
+    }
+
+    pub(crate) fn view(&self) -> RowsView<'_> {
+        match self {
+            Rows::F32(v) => RowsView::F32(v),
+            Rows::F16(v) => RowsView::F16(v),
+            Rows::BF16(v) => RowsView::BF16(v),
+        }
+    }
+
+    fn copy_rows(&mut self, from: usize, to: usize, len: usize) {
+        match self {
+            Rows::F32(v) => v.copy_within(from..from + len, to),
+            Rows::F16(v) => v.copy_within(from..from + len, to),
+            Rows::BF16(v) => v.copy_within(from..from + len, to),
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Rows::F32(v) => v.len() * 4,
+            Rows::F16(v) => v.len() * 2,
+            Rows::BF16(v) => v.len() * 2,
+        }
+    }
+}
+
+/// Borrowed K or V rows of one layer, in the cache's storage type.
+#[derive(Clone, Copy)]
+pub enum RowsView<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+}
+
+impl RowsView<'_> {
+    /// Element `i` as f32.
+    #[inline]
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            RowsView::F32(v) => v[i],
+            RowsView::F16(v) => v[i].to_f32(),
+            RowsView::BF16(v) => v[i].to_f32(),
+        }
+    }
+
+    /// The `buf.len()` elements at `start` as f32: borrowed in place for f32
+    /// storage, converted into `buf` otherwise.
+    #[inline]
+    pub fn row<'b>(&'b self, start: usize, buf: &'b mut [f32]) -> &'b [f32] {
+        match self {
+            RowsView::F32(v) => &v[start..start + buf.len()],
+            _ => {
+                self.read(start, buf);
+                buf
+            }
+        }
+    }
+
+    /// Copies `out.len()` elements starting at `start` into `out` as f32.
+    #[inline]
+    pub fn read(&self, start: usize, out: &mut [f32]) {
+        let end = start + out.len();
+        match self {
+            RowsView::F32(v) => out.copy_from_slice(&v[start..end]),
+            RowsView::F16(v) => out
+                .iter_mut()
+                .zip(&v[start..end])
+                .for_each(|(o, s)| *o = s.to_f32()),
+            RowsView::BF16(v) => out
+                .iter_mut()
+                .zip(&v[start..end])
+                .for_each(|(o, s)| *o = s.to_f32()),
+        }
+    }
+}
+
+/// One owning layer's keys and values.
+pub(crate) struct LayerRows {
+    pub k: Rows,
+    pub v: Rows,
+    /// Elements per row of `k` and `v`.
+    pub k_width: usize,
+    pub v_width: usize,
+}
+
+/// The K/V rows of a pool on the CPU.
+pub struct CpuKvStorage {
+    /// Per slot; `None` for layers that share another's K/V.
+    pub(crate) layers: Vec<Option<LayerRows>>,
+    /// The owning slots of each group.
+    groups: Vec<Vec<usize>>,
+}
+
+impl CpuKvStorage {
+    pub fn new(config: &KvPoolConfig) -> Result<Self, KvError> {
+        config.validate()?;
+        let groups = config.groups();
+        let mut layers: Vec<Option<LayerRows>> = (0..config.layers.len()).map(|_| None).collect();
+        for g in &groups {
+            let rows = g.blocks * BLOCK_TOKENS;
+            for slot in &g.slots {
+                let spec = &config.layers[slot.0 as usize];
+                let (k_width, v_width) = (
+                    spec.kv_heads * spec.head_dim,
+                    spec.kv_heads * spec.v_head_dim,
+                );
+                layers[slot.0 as usize] = Some(LayerRows {
+                    k: Rows::new(config.dtype, rows * k_width),
+                    v: Rows::new(config.dtype, rows * v_width),
+                    k_width,
+                    v_width,
+                });
+            }
+        }
+        Ok(CpuKvStorage {
+            layers,
+            groups: groups
+                .iter()
+                .map(|g| g.slots.iter().map(|s| s.0 as usize).collect())
+                .collect(),
+        })
+    }
+
+    /// Writes K/V rows `[n, width]` of an owning slot to physical rows `rows`.
+    pub(crate) fn write(
+        &mut self,
+        slot: usize,
+        k: &[f32],
+        v: &[f32],
+        rows: &[u32],
+    ) -> Result<(), KvError> {
+        let l = self
+            .layers
+            .get_mut(slot)
+            .and_then(|l| l.as_mut())
+            .ok_or_else(|| KvError::Layout {
+                slot: slot as u32,
+                what: "layer shares another layer's K/V and cannot be written".into(),
+            })?;
+        let n = rows.len();
+        if k.len() != n * l.k_width || v.len() != n * l.v_width {
+            return Err(KvError::Layout {
+                slot: slot as u32,
+                what: format!(
+                    "expected k {n}×{} and v {n}×{} values, got {} and {}",
+                    l.k_width,
+                    l.v_width,
+                    k.len(),
+                    v.len()
+                ),
+            });
+        }
+        for (t, &row) in rows.iter().enumerate() {
+            let row = row as usize;
+            l.k.write(row * l.k_width, &k[t * l.k_width..][..l.k_width]);
+            l.v.write(row * l.v_width, &v[t * l.v_width..][..l.v_width]);
+        }
+        Ok(())
+    }
+
+    /// The keys and values of an owning slot.
+    pub(crate) fn view(&self, slot: usize) -> Option<(RowsView<'_>, RowsView<'_>)> {
+        let l = self.layers.get(slot)?.as_ref()?;
+        Some((l.k.view(), l.v.view()))
+    }
+}
+
+impl KvStorage for CpuKvStorage {
+    fn copy_block(&mut self, group: usize, from: u32, to: u32) -> Result<(), KvError> {
+        let (from, to) = (from as usize * BLOCK_TOKENS, to as usize * BLOCK_TOKENS);
+        for &slot in &self.groups[group] {
+            let l = self.layers[slot].as_mut().expect("owners have storage");
+            let (kw, vw) = (l.k_width, l.v_width);
+            l.k.copy_rows(from * kw, to * kw, BLOCK_TOKENS * kw);
+            l.v.copy_rows(from * vw, to * vw, BLOCK_TOKENS * vw);
+        }
+        Ok(())
+    }
+
+    fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|l| l.k.bytes() + l.v.bytes())
+            .sum()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
