@@ -33,7 +33,7 @@ pub struct SequencesOptions {
     /// Most sequences alive at once.
     pub max_seqs: usize,
     /// Tokens of K/V the full-attention layers hold over all sequences
-    /// (default: `max_seqs` × the context).
+    /// (default: `max_seqs` × the context, rounded up to whole blocks).
     pub kv_tokens: Option<usize>,
     /// Longest sequence in tokens (default: the model's context).
     pub context: Option<usize>,
@@ -87,7 +87,9 @@ impl Model {
     pub fn sequences(&self, opts: SequencesOptions) -> Result<Sequences<'_>> {
         let max_seqs = opts.max_seqs.max(1);
         let context = opts.context.unwrap_or(self.config().context_length).max(1);
-        let kv_tokens = opts.kv_tokens.unwrap_or(context * max_seqs).max(1);
+        // Each sequence holds whole blocks.
+        let per_seq = context.next_multiple_of(rlx_runtime::BLOCK_TOKENS);
+        let kv_tokens = opts.kv_tokens.unwrap_or(per_seq * max_seqs).max(1);
         let context = context.min(kv_tokens);
         let step_tokens = opts.max_step_tokens.clamp(1, kv_tokens);
         let dtype = opts.kv_dtype.unwrap_or_else(|| self.default_kv_dtype());

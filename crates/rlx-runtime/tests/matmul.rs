@@ -344,7 +344,7 @@ fn many_activation_rows_match_the_q8_0_activation_reference() {
     ];
     for ty in types {
         for isa in Isa::supported() {
-            let (rows, k, m) = (37, 512, 29);
+            let (rows, k, m) = (37, 512, 71);
             let data = random_weights(ty, rows, k, &mut rng);
             let x = rng.vec(m * k);
             let xq = rlx_gguf::dequantize_to_vec(

@@ -40,6 +40,11 @@ pub struct BenchArgs {
     /// Print a JSON array instead of a markdown table.
     #[arg(long)]
     pub json: bool,
+    /// Sequences decoded together (comma-separated), as llama-batched-bench
+    /// `-npl`: each of B sequences prefills its own `-p`-token prompt, then
+    /// all decode `-n` tokens in steps of B; reports the aggregate speeds.
+    #[arg(long = "batch", value_delimiter = ',')]
+    pub batch: Vec<usize>,
 }
 
 struct Row {
@@ -147,7 +152,7 @@ fn decode_bytes(model: &Model, kv_dtype: KvDType, context: usize) -> f64 {
     weights as f64 + kv as f64
 }
 
-fn mean_std(v: &[f64]) -> (f64, f64) {
+pub(super) fn mean_std(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     let mean = v.iter().sum::<f64>() / n;
     let var = if v.len() > 1 {
@@ -159,7 +164,7 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 }
 
 /// Deterministic token ids spread over the vocabulary (BOS first).
-fn tokens(model: &Model, n: usize, salt: usize) -> Vec<u32> {
+pub(super) fn tokens(model: &Model, n: usize, salt: usize) -> Vec<u32> {
     let vocab = model.config().n_vocab;
     (0..n)
         .map(|i| {
@@ -209,6 +214,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .model
         .kv_dtype()
         .unwrap_or_else(|| model.default_kv_dtype());
+    if !args.batch.is_empty() {
+        return super::bench_batch::run(args, &model, kv_dtype);
+    }
     let threads = args
         .model
         .threads

@@ -1,4 +1,5 @@
 pub mod bench;
+mod bench_batch;
 pub mod chat;
 pub mod common;
 pub mod generate;
