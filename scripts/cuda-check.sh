@@ -4,12 +4,15 @@
 #
 #   scripts/cuda-check.sh build     # here: binaries and a tokenizer-only GGUF into .devbin/
 #   scripts/cuda-check.sh run       # there: parity tests, then rlx bench on the GPU
+#                                   # (BENCH_ONLY=1: only the benches)
 #
 # `run` writes Gemma 3 270M- and 1B-shaped random files with make_gguf (the
-# tokenizer comes from .devbin/tokenizer.gguf), runs crates/rlx-gemma/tests/
+# tokenizer comes from .devbin/tokenizer.gguf), runs the runtime's CUDA unit
+# tests (paged batches against the CPU backend) and crates/rlx-gemma/tests/
 # cuda.rs (the GPU against the CPU's exact path: tiny fixtures of every
-# supported generation and type, and those files) and then `rlx bench` on
-# the GPU and on the machine's CPU for comparison.
+# supported generation and type, those files, and mixed batches of many
+# sequences against each alone), then `rlx bench` on the GPU (one sequence,
+# and --batch 1,8,32,64) and on the machine's CPU for comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.devbin
@@ -21,9 +24,12 @@ case "${1:-}" in
     cargo build --release -q -p rlx-gguf --example make_gguf
     test_bin=$(cargo test --release -p rlx-gemma --features cuda --test cuda --no-run 2>&1 |
       grep -o 'target/release/deps/cuda-[0-9a-f]*' | head -1)
+    unit_bin=$(cargo test --release -p rlx-runtime --features cuda --lib --no-run 2>&1 |
+      grep -o 'target/release/deps/rlx_runtime-[0-9a-f]*' | head -1)
     cp target/release/rlx target/release/examples/make_gguf "$BIN/"
     cp "$test_bin" "$BIN/cuda-test"
-    strip "$BIN/rlx" "$BIN/make_gguf" "$BIN/cuda-test"
+    cp "$unit_bin" "$BIN/cuda-unit-test"
+    strip "$BIN/rlx" "$BIN/make_gguf" "$BIN/cuda-test" "$BIN/cuda-unit-test"
     [ -f "$BIN/tokenizer.gguf" ] ||
       "$BIN/make_gguf" tokenizer --from "$(bash scripts/fetch-model.sh)" -o "$BIN/tokenizer.gguf"
     du -sh "$BIN"/*
@@ -37,10 +43,13 @@ case "${1:-}" in
       [ -f "$M/$shape.gguf" ] || "$BIN/make_gguf" random --shape "$shape" --type q4_k_m \
         --tokenizer-from "$BIN/tokenizer.gguf" -o "$M/$shape.gguf" 2>&1 | head -1
     done
-    [ -n "${BENCH_ONLY:-}" ] ||
+    if [ -z "${BENCH_ONLY:-}" ]; then
+      "$BIN/cuda-unit-test" --ignored --nocapture --test-threads 1 cuda::tests
       RLX_CUDA_MODELS="$M/270m.gguf $M/1b.gguf" "$BIN/cuda-test" --ignored --nocapture --test-threads 1
+    fi
     for shape in 270m 1b; do
       "$BIN/rlx" bench -m "$M/$shape.gguf" --device cuda -p 512 -n 128 -r 3
+      "$BIN/rlx" bench -m "$M/$shape.gguf" --device cuda --batch 1,8,32,64 -p 128 -n 64 -r 2
       "$BIN/rlx" bench -m "$M/$shape.gguf" -p 512 -n 128 -r 2 | tail -n +3
     done
     ;;

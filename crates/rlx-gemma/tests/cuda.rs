@@ -1,6 +1,7 @@
 //! The CUDA backend against the CPU's exact path on the same files: prefill
-//! (in chunks, so sliding layers' rings wrap), decode steps, all-position
-//! scoring and a rewind. Needs an NVIDIA GPU, so CI (which has none) skips
+//! (in chunks, so sliding layers drop blocks), decode steps, all-position
+//! scoring and a rewind; and mixed batches of many sequences on the GPU
+//! against each sequence alone on the CPU. Needs an NVIDIA GPU, so CI (which has none) skips
 //! these; run them on one with
 //!
 //! ```sh
@@ -10,7 +11,11 @@
 //! `RLX_CUDA_MODELS` adds GGUF paths (blank-separated) to the tiny fixtures.
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use std::path::{Path, PathBuf};
+
+use common::scenario::{run_batched, Script};
 
 use rlx_gemma::{Device, Model, ModelError, ModelOptions, SessionOptions};
 
@@ -22,9 +27,7 @@ fn fixture(rel: &str) -> PathBuf {
 
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
+    common::rel_l2(a, b)
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -147,4 +150,62 @@ fn a_type_without_kernels_is_a_clear_error() {
         .expect("Q2_K has no CUDA kernel");
     let msg = err.to_string();
     assert!(msg.contains("Q2_K") && msg.contains("CUDA"), "{msg}");
+}
+
+/// The worst relative L2, over the scenario's sequences, of the GPU's
+/// batched logits against each sequence scored alone on the CPU.
+fn batched_against_cpu(path: &Path, script: &Script) -> f64 {
+    let cpu = load(path, Device::Cpu).unwrap();
+    let gpu = load(path, Device::Cuda(0)).unwrap();
+    let runs = run_batched(&gpu, script);
+    assert_eq!(runs.len(), 5);
+    let mut worst = 0f64;
+    for (tokens, logits) in runs {
+        let mut alone = cpu
+            .session(SessionOptions {
+                context: Some(tokens.len()),
+                prefill_chunk: script.budget,
+                ..SessionOptions::default()
+            })
+            .unwrap();
+        worst = worst.max(rel_l2(&logits, &alone.score(&tokens).unwrap()));
+    }
+    worst
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (see the file's header)"]
+fn batched_sequences_on_the_gpu_match_each_alone() {
+    let _gpu = rlx_runtime::cuda::CudaDevice::new(0).unwrap();
+    let script = Script {
+        prompt_a: 45,
+        prompt_b: 9,
+        prompt_d: 70,
+        target: 90,
+        budget: 24,
+    };
+    for f in [
+        "gemma/model-f32.gguf",
+        "gemma2/model-f32.gguf",
+        "gemma3/model-f32.gguf",
+        "gemma3/model-Q8_0.gguf",
+        "gemma3-q/model-Q4_K_M.gguf",
+    ] {
+        let worst = batched_against_cpu(&fixture(f), &script);
+        println!("{f}: batched on the GPU vs alone on the CPU, worst relative L2 {worst:.2e}");
+        assert!(worst < 1e-4, "{f}: {worst:.2e}");
+    }
+    let list = std::env::var("RLX_CUDA_MODELS").unwrap_or_default();
+    if let Some(path) = list.split_whitespace().next() {
+        let script = Script {
+            prompt_a: 530,
+            prompt_b: 40,
+            prompt_d: 300,
+            target: 560,
+            budget: 256,
+        };
+        let worst = batched_against_cpu(Path::new(path), &script);
+        println!("{path}: batched on the GPU vs alone on the CPU, worst relative L2 {worst:.2e}");
+        assert!(worst < 1e-4, "{path}: {worst:.2e}");
+    }
 }

@@ -171,19 +171,20 @@ pub(crate) fn prepare(
                     ));
                 }
             }
-            Op::Input { name } => {
-                if !StepInputs::NAMES.contains(&name.as_str()) || n.dtype != DType::I32 {
-                    return Err(node_err(
-                        &g,
-                        id,
-                        format!(
-                            "input {name:?} ({}): a step supplies i32 inputs named {:?}",
-                            n.dtype,
-                            StepInputs::NAMES
-                        ),
-                    ));
-                }
+            Op::Input { name }
+                if !StepInputs::NAMES.contains(&name.as_str()) || n.dtype != DType::I32 =>
+            {
+                return Err(node_err(
+                    &g,
+                    id,
+                    format!(
+                        "input {name:?} ({}): a step supplies i32 inputs named {:?}",
+                        n.dtype,
+                        StepInputs::NAMES
+                    ),
+                ));
             }
+            Op::Input { .. } => {}
             _ if n.dtype == DType::I32 => {
                 return Err(node_err(&g, id, "i32 values can only be graph inputs"));
             }

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+pub mod scenario;
+
 /// The repository's `tests/fixtures` folder.
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")

@@ -382,23 +382,24 @@ extern "C" __global__ void rope(const float* x, const int* pos, const float* inv
     y[idx] = c < half ? a * co - b * s : b * co + a * s;
 }
 
-// Rows t < n of k [n, kd] and v [n, vd] stored for positions *start + t, at
-// row p % cap of a ring or row p; kpos[row] records the position.
+// Rows t < n of k [n, kd] and v [n, vd] stored at physical rows rows[t] of
+// the layer's K/V buffers (the pool's choice: a block of the row's sequence
+// at its position).
 extern "C" __global__ void kv_write(const float* k, const float* v, float* kc, float* vc,
-                                    int* kpos, int n, int kd, int vd, const int* start, int cap,
-                                    int ring) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+                                    const int* rows, int n, int kd, int vd) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     int per = kd + vd;
-    if (idx >= n * per) return;
-    int t = idx / per, c = idx % per;
-    int p = *start + t;
-    int row = ring ? p % cap : p;
-    if (c == 0) kpos[row] = p;
+    if (idx >= (long long)n * per) return;
+    int t = (int)(idx / per), c = (int)(idx % per);
+    size_t row = (size_t)rows[t];
     if (c < kd)
-        kc[(size_t)row * kd + c] = k[(size_t)t * kd + c];
+        kc[row * kd + c] = k[(size_t)t * kd + c];
     else
-        vc[(size_t)row * vd + (c - kd)] = v[(size_t)t * vd + (c - kd)];
+        vc[row * vd + (c - kd)] = v[(size_t)t * vd + (c - kd)];
 }
+
+// Rows of a K/V block; the Rust side's BLOCK_TOKENS.
+#define BLOCK 32
 
 #define MASK_CAUSAL 0
 #define MASK_SLIDING 1
@@ -413,14 +414,32 @@ __device__ __forceinline__ bool visible(int mask, int w, int qp, int kp) {
     }
 }
 
-// One block of 4 warps per (query, head). Each warp walks every 4th key row
-// with an online softmax; the warps' partial results are merged at the end.
-// q [n, hq, hd] at positions *q_start + i, cache k [rows, hkv, hd], v [rows,
-// hkv, hdv], kpos [rows] (−1 empty), out [n, hq, hdv]. hd, hdv ≤ 512.
+// Whether any key at positions lo .. lo + BLOCK - 1 may be visible to a
+// query at qp: lets whole blocks be skipped without reading them.
+__device__ __forceinline__ bool block_visible(int mask, int w, int qp, int lo) {
+    int hi = lo + BLOCK - 1;
+    switch (mask) {
+        case MASK_CAUSAL: return lo <= qp;
+        case MASK_SLIDING: return lo <= qp && qp - hi < w;
+        case MASK_FULL: return true;
+        default: return lo - qp <= w && qp - hi <= w;
+    }
+}
+
+// One block of 4 warps per (query row, head). Query row qi [hq, hd] of q
+// [n, hq, hd] is at position qpos[qi] in run r = run_of_row[qi], which reads
+// the blocks listed at table entries block_start[r] .. block_start[r + 1]:
+// pairs (physical block, logical block). Row i of such a block holds the key
+// at position logical·BLOCK + i, in row physical·BLOCK + i of kc [rows, hkv,
+// hd] and vc [rows, hkv, hdv]; rows at or past run_end[r] hold nothing of this
+// run yet. The warps take every 4th row of each visible block with an online
+// softmax, and their partial results are merged at the end. A query that
+// sees no key gets zeros. out [n, hq, hdv]; hd, hdv ≤ 512.
 #define AW 4
 extern "C" __global__ void attention(const float* q, const float* kc, const float* vc,
-                                     const int* kpos, const int* q_start, float* out, int hq,
-                                     int hkv, int hd, int hdv, int rows, float scale,
+                                     const int* qpos, const int* run_of_row, const int* run_end,
+                                     const int* block_start, const int* table, float* out,
+                                     int hq, int hkv, int hd, int hdv, float scale,
                                      float softcap, int mask, int window) {
     __shared__ float sm_m[AW], sm_l[AW];
     __shared__ float sm_o[AW][512];
@@ -436,29 +455,37 @@ extern "C" __global__ void attention(const float* q, const float* kc, const floa
         acc[i] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
-    int qp = *q_start + qi;
-    for (int j = warp; j < rows; j += AW) {
-        int kp = kpos[j];
-        if (kp < 0 || !visible(mask, window, qp, kp)) continue;
-        const float* kr = kc + ((size_t)j * hkv + g) * hd;
-        float s = 0.0f;
-        #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            int c = lane + 32 * i;
-            if (c < hd) s += qv[i] * kr[c];
+    int qp = qpos[qi];
+    int r = run_of_row[qi];
+    int end = run_end[r];
+    int e_end = block_start[r + 1];
+    for (int e = block_start[r]; e < e_end; e++) {
+        int phys = table[2 * e], lo = table[2 * e + 1] * BLOCK;
+        if (lo >= end || !block_visible(mask, window, qp, lo)) continue;
+        for (int i = warp; i < BLOCK; i += AW) {
+            int kp = lo + i;
+            if (kp >= end || !visible(mask, window, qp, kp)) continue;
+            size_t row = (size_t)phys * BLOCK + i;
+            const float* kr = kc + (row * hkv + g) * hd;
+            float s = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < 16; j++) {
+                int c = lane + 32 * j;
+                if (c < hd) s += qv[j] * kr[c];
+            }
+            s = warp_sum(s) * scale;
+            if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+            float m_new = fmaxf(m, s);
+            float alpha = expf(m - m_new), p = expf(s - m_new);
+            const float* vr = vc + (row * hkv + g) * hdv;
+            #pragma unroll
+            for (int j = 0; j < 16; j++) {
+                int c = lane + 32 * j;
+                if (c < hdv) acc[j] = acc[j] * alpha + p * vr[c];
+            }
+            l = l * alpha + p;
+            m = m_new;
         }
-        s = warp_sum(s) * scale;
-        if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
-        float m_new = fmaxf(m, s);
-        float alpha = expf(m - m_new), p = expf(s - m_new);
-        const float* vr = vc + ((size_t)j * hkv + g) * hdv;
-        #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            int c = lane + 32 * i;
-            if (c < hdv) acc[i] = acc[i] * alpha + p * vr[c];
-        }
-        l = l * alpha + p;
-        m = m_new;
     }
     if (lane == 0) {
         sm_m[warp] = m;
@@ -482,6 +509,15 @@ extern "C" __global__ void attention(const float* q, const float* kc, const floa
             if (sm_m[w] > NEG_INF) o += expf(sm_m[w] - big) * sm_o[w][c];
         orow[c] = total > 0.0f ? o / total : 0.0f;
     }
+}
+
+// y [m, width] = rows rows[i] of x [n, width] (checked < n on the host).
+extern "C" __global__ void take_rows(const float* x, const int* rows, float* y, long long m,
+                                     long long width) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= m * width) return;
+    long long r = i / width, c = i % width;
+    y[i] = x[(long long)rows[r] * width + c];
 }
 
 // y [outer, len] = x [outer, x_len] columns start .. start+len.

@@ -1,92 +1,89 @@
-//! The KV cache in device memory: the CPU cache's layout (rows per layer
-//! from [`KvCacheConfig::rows`], rings for sliding layers, shared layers
-//! without storage) with f32 rows. Row positions live on the device for the
-//! attention kernel and on the host for rewinds.
+//! K/V storage in device memory: per owning layer, the f32 rows of every
+//! block of its group in one buffer for keys and one for values. Where a row
+//! belongs (sequence, position) is the [`KvPool`](crate::KvPool)'s
+//! bookkeeping; each step's plan uploads what its kernels need of it.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use rlx_ir::CacheSlot;
+use cudarc::driver::{CudaSlice, CudaStream, DriverError};
 
 use super::{CudaDevice, CudaError};
-use crate::kv::{check_rewind, KvCacheConfig, KvDType, KvError, KvLayerSpec};
+use crate::kv::{KvDType, KvError, KvPoolConfig, KvStorage, BLOCK_TOKENS};
 
-struct Layer {
+/// One owning layer's rows.
+struct LayerRows {
+    /// `[blocks · BLOCK_TOKENS, kv_heads · head_dim]`.
     k: CudaSlice<f32>,
+    /// `[blocks · BLOCK_TOKENS, kv_heads · v_head_dim]`.
     v: CudaSlice<f32>,
-    /// Device copy of `pos` as i32 (−1 = empty).
-    dev_pos: CudaSlice<i32>,
-    pos: Vec<i64>,
-    ring: bool,
+    k_width: usize,
+    v_width: usize,
 }
 
-/// The K/V of one sequence on a GPU.
-pub struct CudaKvCache {
-    /// Unique per cache: a plan's captured graphs hold this cache's
-    /// addresses and are replayed only with it.
-    id: u64,
-    device: Arc<CudaDevice>,
-    config: KvCacheConfig,
-    layers: Vec<Option<Layer>>,
-    len: usize,
-}
-
-/// What the attention kernel needs of one layer.
+/// The device addresses and row widths of one owning layer.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct LayerPtrs {
     pub k: u64,
     pub v: u64,
-    pub pos: u64,
-    pub rows: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub v_head_dim: usize,
+    /// f32 elements per row of `k` and `v`.
+    pub k_width: usize,
+    pub v_width: usize,
 }
 
-impl CudaKvCache {
-    pub fn new(device: &Arc<CudaDevice>, config: KvCacheConfig) -> Result<Self, CudaError> {
+/// The K/V rows of a pool on a GPU.
+pub struct CudaKvStorage {
+    /// Unique per storage: a plan's captured graphs hold this storage's
+    /// addresses and are replayed only with it.
+    id: u64,
+    device: Arc<CudaDevice>,
+    /// Per slot; `None` for layers that share another's K/V.
+    layers: Vec<Option<LayerRows>>,
+    /// The owning slots of each group.
+    groups: Vec<Vec<usize>>,
+}
+
+impl CudaKvStorage {
+    /// Zeroed rows for every owning layer of `config`, which must hold f32
+    /// K/V (the kernels read f32 rows).
+    pub fn new(device: &Arc<CudaDevice>, config: &KvPoolConfig) -> Result<Self, CudaError> {
+        config.validate()?;
         if config.dtype != KvDType::F32 {
-            return Err(CudaError::Unsupported(format!(
-                "the CUDA K/V cache holds f32 rows, not {:?}",
+            return Err(KvError::Config(format!(
+                "the CUDA K/V storage holds f32 rows; {:?} is not supported",
                 config.dtype
-            )));
+            ))
+            .into());
         }
-        if config.max_chunk == 0 {
-            return Err(CudaError::Unsupported(
-                "max_chunk must be at least 1".into(),
-            ));
-        }
+        let groups = config.groups();
         let s = &device.stream;
-        let mut layers = Vec::with_capacity(config.layers.len());
-        for (i, spec) in config.layers.iter().enumerate() {
-            if let Some(src) = spec.shares {
-                let owner = config.layers.get(src.0 as usize);
-                if src.0 as usize >= i || owner.is_none_or(|o| o.shares.is_some()) {
-                    return Err(CudaError::Unsupported(format!(
-                        "layer {i} shares layer {}, which is not an earlier owning layer",
-                        src.0
-                    )));
-                }
-                layers.push(None);
-                continue;
+        let mut layers: Vec<Option<LayerRows>> = (0..config.layers.len()).map(|_| None).collect();
+        for g in &groups {
+            let rows = g.blocks * BLOCK_TOKENS;
+            for slot in &g.slots {
+                let spec = &config.layers[slot.0 as usize];
+                let (k_width, v_width) = (
+                    spec.kv_heads * spec.head_dim,
+                    spec.kv_heads * spec.v_head_dim,
+                );
+                layers[slot.0 as usize] = Some(LayerRows {
+                    k: s.alloc_zeros(rows * k_width)?,
+                    v: s.alloc_zeros(rows * v_width)?,
+                    k_width,
+                    v_width,
+                });
             }
-            let (rows, ring) = config.rows(spec);
-            let pos = vec![-1i64; rows];
-            layers.push(Some(Layer {
-                k: s.alloc_zeros(rows * spec.kv_heads * spec.head_dim)?,
-                v: s.alloc_zeros(rows * spec.kv_heads * spec.v_head_dim)?,
-                dev_pos: s.clone_htod(&vec![-1i32; rows])?,
-                pos,
-                ring,
-            }));
         }
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-        Ok(CudaKvCache {
+        Ok(CudaKvStorage {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             device: Arc::clone(device),
-            config,
             layers,
-            len: 0,
+            groups: groups
+                .iter()
+                .map(|g| g.slots.iter().map(|s| s.0 as usize).collect())
+                .collect(),
         })
     }
 
@@ -94,21 +91,67 @@ impl CudaKvCache {
         self.id
     }
 
-    pub fn config(&self) -> &KvCacheConfig {
-        &self.config
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
     }
 
-    /// Tokens held (the position the next token gets).
-    pub fn len(&self) -> usize {
-        self.len
+    /// The buffers of an owning slot (`None` for a sharing or unknown slot).
+    pub(crate) fn layer(&self, slot: usize) -> Option<LayerPtrs> {
+        let l = self.layers.get(slot)?.as_ref()?;
+        Some(LayerPtrs {
+            k: self.device.ptr(&l.k),
+            v: self.device.ptr(&l.v),
+            k_width: l.k_width,
+            v_width: l.v_width,
+        })
+    }
+}
+
+/// Copies `len` elements of `buf` from `from` to `to` on `stream`; the
+/// ranges must not overlap (they are different blocks).
+fn copy_within(
+    stream: &Arc<CudaStream>,
+    buf: &mut CudaSlice<f32>,
+    from: usize,
+    to: usize,
+    len: usize,
+) -> Result<(), DriverError> {
+    if len == 0 {
+        return Ok(());
+    }
+    if from < to {
+        let (lo, mut hi) = buf.split_at_mut(to);
+        stream.memcpy_dtod(&lo.slice(from..from + len), &mut hi.slice_mut(..len))
+    } else {
+        let (mut lo, hi) = buf.split_at_mut(from);
+        stream.memcpy_dtod(&hi.slice(..len), &mut lo.slice_mut(to..to + len))
+    }
+}
+
+impl KvStorage for CudaKvStorage {
+    /// Device-to-device copies on the device's stream, so they land before
+    /// the kernels of the step that asked for them.
+    fn copy_block(&mut self, group: usize, from: u32, to: u32) -> Result<(), KvError> {
+        if from == to {
+            return Ok(());
+        }
+        let slots = self
+            .groups
+            .get(group)
+            .ok_or_else(|| KvError::Storage(format!("group {group} does not exist")))?;
+        let (src, dst) = (from as usize * BLOCK_TOKENS, to as usize * BLOCK_TOKENS);
+        let stream = &self.device.stream;
+        for &slot in slots {
+            let l = self.layers[slot].as_mut().expect("owners have storage");
+            let (kw, vw) = (l.k_width, l.v_width);
+            copy_within(stream, &mut l.k, src * kw, dst * kw, BLOCK_TOKENS * kw)
+                .and_then(|()| copy_within(stream, &mut l.v, src * vw, dst * vw, BLOCK_TOKENS * vw))
+                .map_err(|e| KvError::Storage(format!("copying block {from} to {to}: {e}")))?;
+        }
+        Ok(())
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Bytes of device memory the rows take.
-    pub fn memory_bytes(&self) -> usize {
+    fn bytes(&self) -> usize {
         self.layers
             .iter()
             .flatten()
@@ -116,143 +159,11 @@ impl CudaKvCache {
             .sum()
     }
 
-    fn spec(&self, slot: CacheSlot) -> Result<KvLayerSpec, KvError> {
-        self.config
-            .layers
-            .get(slot.0 as usize)
-            .copied()
-            .ok_or(KvError::NoSlot {
-                slot: slot.0,
-                slots: self.config.layers.len(),
-            })
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 
-    fn owner(&self, slot: CacheSlot) -> Result<usize, KvError> {
-        Ok(self
-            .spec(slot)?
-            .shares
-            .map_or(slot.0 as usize, |s| s.0 as usize))
-    }
-
-    /// The device buffers of a slot (a sharing layer's are its source's).
-    pub(crate) fn layer(&self, slot: CacheSlot) -> Result<LayerPtrs, KvError> {
-        let owner = self.owner(slot)?;
-        let spec = self.config.layers[owner];
-        let l = self.layers[owner].as_ref().expect("owners have storage");
-        Ok(LayerPtrs {
-            k: self.device.ptr(&l.k),
-            v: self.device.ptr(&l.v),
-            pos: self.device.ptr(&l.dev_pos),
-            rows: l.pos.len(),
-            kv_heads: spec.kv_heads,
-            head_dim: spec.head_dim,
-            v_head_dim: spec.v_head_dim,
-        })
-    }
-
-    /// Stores K/V rows `[n, kv_heads, dim]` (device addresses) for positions
-    /// `len .. len + n` of an owning slot (`start` holds `len` on the
-    /// device); the length moves on at [`CudaKvCache::commit`].
-    pub(crate) fn write(
-        &mut self,
-        slot: CacheSlot,
-        k: u64,
-        v: u64,
-        n: usize,
-        start: u64,
-    ) -> Result<(), CudaError> {
-        let spec = self.config.writable(slot, self.len, n)?;
-        let dev = Arc::clone(&self.device);
-        let l = self.layers[slot.0 as usize]
-            .as_ref()
-            .expect("owners have storage");
-        let (kd, vd) = (
-            (spec.kv_heads * spec.head_dim) as i32,
-            (spec.kv_heads * spec.v_head_dim) as i32,
-        );
-        let (kc, vc, pc) = (dev.ptr(&l.k), dev.ptr(&l.v), dev.ptr(&l.dev_pos));
-        let (n32, rows32, ring) = (n as i32, l.pos.len() as i32, l.ring as i32);
-        let total = n as u32 * (kd + vd) as u32;
-        let mut b = dev.stream.launch_builder(&dev.kernels.kv_write);
-        b.arg(&k)
-            .arg(&v)
-            .arg(&kc)
-            .arg(&vc)
-            .arg(&pc)
-            .arg(&n32)
-            .arg(&kd)
-            .arg(&vd)
-            .arg(&start)
-            .arg(&rows32)
-            .arg(&ring);
-        // SAFETY: k and v hold n rows of kd and vd floats (the plan's values
-        // of those shapes); `start` is the device copy of `len`, so the rows
-        // written are `< rows` (a ring wraps, a full layer holds
-        // max_context ≥ len + n, checked above).
-        unsafe { b.launch(LaunchConfig::for_num_elems(total)) }?;
-        self.note_rows(slot, n);
-        Ok(())
-    }
-
-    /// The host side of a write of `n` rows (row positions), for a write
-    /// that a replayed graph makes on the device.
-    pub(crate) fn record(&mut self, slot: CacheSlot, n: usize) -> Result<(), CudaError> {
-        self.config.writable(slot, self.len, n)?;
-        self.note_rows(slot, n);
-        Ok(())
-    }
-
-    /// Row positions of `n` rows written at the current length.
-    fn note_rows(&mut self, slot: CacheSlot, n: usize) {
-        let start = self.len;
-        let l = self.layers[slot.0 as usize]
-            .as_mut()
-            .expect("owners have storage");
-        let rows = l.pos.len();
-        for t in 0..n {
-            let p = start + t;
-            let row = if l.ring { p % rows } else { p };
-            l.pos[row] = p as i64;
-        }
-    }
-
-    /// Advances the length after a step wrote `n` tokens to every layer.
-    pub(crate) fn commit(&mut self, n: usize) {
-        self.len += n;
-    }
-
-    /// Forgets every token from position `len` on; fails, changing nothing,
-    /// if a sliding layer no longer holds the window position `len` needs.
-    pub fn truncate(&mut self, len: usize) -> Result<(), CudaError> {
-        if len >= self.len {
-            return Ok(());
-        }
-        for (i, l) in self.layers.iter().enumerate() {
-            let Some(l) = l else { continue };
-            if l.ring {
-                let window = self.config.layers[i].window.unwrap_or(usize::MAX);
-                check_rewind(&l.pos, window, len, i as u32)?;
-            }
-        }
-        self.forget_from(len)
-    }
-
-    /// Empties the cache.
-    pub fn clear(&mut self) -> Result<(), CudaError> {
-        self.forget_from(0)
-    }
-
-    fn forget_from(&mut self, len: usize) -> Result<(), CudaError> {
-        for l in self.layers.iter_mut().flatten() {
-            for p in l.pos.iter_mut() {
-                if *p >= len as i64 {
-                    *p = -1;
-                }
-            }
-            let dev: Vec<i32> = l.pos.iter().map(|&p| p as i32).collect();
-            self.device.stream.memcpy_htod(&dev, &mut l.dev_pos)?;
-        }
-        self.len = len;
-        Ok(())
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }

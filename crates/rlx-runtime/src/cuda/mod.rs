@@ -1,18 +1,34 @@
 //! The CUDA backend: the same graphs as the CPU backend, run by kernels
-//! compiled at start with NVRTC (`kernels.cu`).
+//! compiled at start with NVRTC (`kernels.cu`), many sequences per step.
 //!
+//! - [`CudaBackend`]: the [`Backend`](crate::Backend) of one GPU — its
+//!   weights, plans and K/V storage.
 //! - [`CudaDevice`]: context, stream and the compiled kernels.
 //! - [`CudaWeights`]: every weight of a store uploaded once, matrices in
 //!   their packed GGUF blocks (vectors as f32); plans refer to it.
-//! - [`CudaKvCache`]: the K/V of one sequence in device memory, laid out as
-//!   the CPU cache is (rings for sliding layers).
+//! - [`CudaKvStorage`]: the rows of a [`KvPool`](crate::KvPool) in device
+//!   memory. Per owning layer one f32 buffer of keys and one of values,
+//!   `blocks × BLOCK_TOKENS` rows each; row `b·BLOCK_TOKENS + i` is row `i`
+//!   of physical block `b` of the layer's group. The pool keeps the block
+//!   tables on the host.
 //! - [`compile_cuda`] → [`CudaPlan`]: the CPU plan's schedule and arena
 //!   layout, in one device buffer.
+//!
+//! A step's plan uploads, in one copy before its kernels, the step inputs
+//! and what the kernels need of the pool's layout: the physical row each
+//! batch row's K/V go to, each row's sequence (run), each run's end and the
+//! (physical, logical) blocks it reads. Attention derives a key's position
+//! from its block's logical index, so no row positions live on the device:
+//! a key is valid if its position is below its run's end after this step,
+//! and the mask decides the rest. These buffers have fixed addresses, so a
+//! run at the plan's maxima is captured once as a CUDA graph and replayed
+//! for every later step with the same storage.
 //!
 //! Arithmetic is f32 on exactly dequantized weights (the CPU's `exact`
 //! precision). The CUDA libraries are loaded at run time: without a driver
 //! [`CudaDevice::new`] returns an error and nothing else changes.
 
+mod backend;
 mod kv;
 mod plan;
 
@@ -22,9 +38,11 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStrea
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions as NvrtcOptions, Ptx};
 use rlx_gguf::GgmlType;
 
+use crate::compile::RunError;
 use crate::weights::WeightStore;
 
-pub use kv::CudaKvCache;
+pub use backend::CudaBackend;
+pub use kv::CudaKvStorage;
 pub use plan::{compile_cuda, CudaPlan};
 
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +58,22 @@ pub enum CudaError {
     #[error(transparent)]
     Kv(#[from] crate::kv::KvError),
     #[error(transparent)]
-    Run(#[from] crate::plan::RunError),
+    Run(#[from] RunError),
+}
+
+impl CudaError {
+    /// The error as the [`Backend`](crate::Backend) interface reports it:
+    /// run and K/V errors as they are, device errors naming `device`.
+    pub fn into_run(self, device: &str) -> RunError {
+        match self {
+            CudaError::Run(e) => e,
+            CudaError::Kv(e) => RunError::Kv(e),
+            e => RunError::Device {
+                device: device.to_string(),
+                msg: e.to_string(),
+            },
+        }
+    }
 }
 
 /// Weight types the kernels read, and their kernel-name suffixes; a type's
@@ -103,6 +136,7 @@ struct Kernels {
     rope: CudaFunction,
     kv_write: CudaFunction,
     attention: CudaFunction,
+    take_rows: CudaFunction,
     narrow: CudaFunction,
     concat_part: CudaFunction,
     _module: Arc<CudaModule>,
@@ -110,6 +144,7 @@ struct Kernels {
 
 /// One GPU: its context, the stream every plan runs on, the kernels.
 pub struct CudaDevice {
+    ordinal: usize,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     kernels: Kernels,
@@ -193,17 +228,29 @@ impl CudaDevice {
             rope: f("rope")?,
             kv_write: f("kv_write")?,
             attention: f("attention")?,
+            take_rows: f("take_rows")?,
             narrow: f("narrow")?,
             concat_part: f("concat_part")?,
             _module: module,
         };
         let name = format!("{} (sm_{major}{minor})", ctx.name()?);
         Ok(Arc::new(CudaDevice {
+            ordinal,
             ctx,
             stream,
             kernels,
             name,
         }))
+    }
+
+    /// The GPU's index among the machine's.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// `cuda:N`, as errors name the device.
+    pub fn label(&self) -> String {
+        format!("cuda:{}", self.ordinal)
     }
 
     /// The GPU's name and compute capability.
@@ -281,17 +328,4 @@ impl CudaWeights {
 }
 
 #[cfg(test)]
-mod tests {
-    /// Compiles the kernels where libnvrtc can be loaded (no GPU needed):
-    /// `LD_LIBRARY_PATH=<dir of libnvrtc.so> cargo test -p rlx-runtime
-    /// --features cuda -- --ignored nvrtc`.
-    #[test]
-    #[ignore = "needs libnvrtc"]
-    fn kernels_compile_with_nvrtc() {
-        for (major, minor) in [(8, 0), (9, 0)] {
-            if let Err(e) = super::compile_kernels(major, minor) {
-                panic!("sm_{major}{minor}: {e}");
-            }
-        }
-    }
-}
+mod tests;

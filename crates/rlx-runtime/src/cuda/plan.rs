@@ -1,20 +1,171 @@
 //! A graph compiled for a GPU: the CPU plan's schedule and arena layout in
-//! one device buffer, a kernel launch (or a few) per step.
+//! one device buffer, a kernel launch (or a few) per step, and one upload
+//! per step of the step's inputs and K/V layout.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PushKernelArg};
-use rlx_ir::{Bindings, CacheSlot, DType, Dim, Graph, KvSource, Mask, NodeId, Op};
+use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, Mask, NodeId, Op};
 
-use super::kv::CudaKvCache;
+use super::kv::{CudaKvStorage, LayerPtrs};
 use super::{type_code, CudaDevice, CudaError, CudaWeights};
-use crate::cpu::kernels::rope::inv_freqs;
-use crate::plan::{
+use crate::batch::Batch;
+use crate::compile::{
     bind, narrow_from, node_err, prepare, schedule, CompileOptions, HostTensor, Loc, RunError,
+    StepInputs,
 };
+use crate::cpu::kernels::rope::inv_freqs;
+use crate::kv::{KvError, KvPool, StepLayout, BLOCK_TOKENS};
 use crate::weights::WeightStore;
+
+/// Where each part of a step's metadata lives in the plan's metadata
+/// buffer, in i32 elements. With `R` the most rows a step has (`rows`):
+///
+/// - `[i·R, (i+1)·R)`: step input `StepInputs::NAMES[i]` (`tokens`, `pos`,
+///   `logit_rows`).
+/// - `[3R, 4R)`: `run_of_row`, the run (sequence) of each batch row.
+/// - `[4R, 5R)`: `run_end`, each run's length after the step (its first
+///   position plus its rows).
+/// - Per group `g`, from `5R + g·(2R + 1)`: `write_rows` `[R]`, the physical
+///   row each batch row's K/V go to, then `block_start` `[R + 1]`: run `r`'s
+///   blocks are table entries `block_start[r] .. block_start[r + 1]`.
+/// - From `table()`: `cap` entries of two i32 each, (physical block,
+///   logical block), every group's runs one after another.
+///
+/// A step uploads the head and the entries it uses in one copy. The buffer
+/// is reallocated (and a captured graph dropped) only when a pool with
+/// another group count comes, or a step lists more blocks than `cap`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct MetaLayout {
+    pub rows: usize,
+    pub groups: usize,
+    pub cap: usize,
+}
+
+impl MetaLayout {
+    pub(super) fn input(&self, i: usize) -> usize {
+        i * self.rows
+    }
+
+    pub(super) fn run_of_row(&self) -> usize {
+        3 * self.rows
+    }
+
+    pub(super) fn run_end(&self) -> usize {
+        4 * self.rows
+    }
+
+    pub(super) fn write_rows(&self, g: usize) -> usize {
+        5 * self.rows + g * (2 * self.rows + 1)
+    }
+
+    pub(super) fn block_start(&self, g: usize) -> usize {
+        self.write_rows(g) + self.rows
+    }
+
+    pub(super) fn table(&self) -> usize {
+        self.write_rows(self.groups)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.table() + 2 * self.cap
+    }
+
+    /// The layout a step of `layout` needs where this one does not fit it:
+    /// room for another group count (at first `blocks()`, every block of
+    /// the pool once, which is what distinct sequences can list), or for
+    /// more table entries (at least twice as many).
+    pub(super) fn refit(
+        &self,
+        layout: &StepLayout,
+        blocks: impl FnOnce() -> usize,
+    ) -> Option<MetaLayout> {
+        let groups = layout.blocks.len();
+        let needed: usize = layout.blocks.iter().flatten().map(Vec::len).sum();
+        let cap = if groups != self.groups {
+            needed.max(blocks())
+        } else if needed > self.cap {
+            needed.max(2 * self.cap)
+        } else {
+            return None;
+        };
+        Some(MetaLayout {
+            rows: self.rows,
+            groups,
+            cap,
+        })
+    }
+
+    /// Writes a step's inputs and layout into `stage`: the head, then the
+    /// table entries it uses. `layout` must fit (see [`MetaLayout::refit`]).
+    pub(super) fn stage(
+        &self,
+        inputs: &StepInputs,
+        layout: Option<&StepLayout>,
+        stage: &mut Vec<i32>,
+    ) {
+        stage.clear();
+        stage.resize(self.table(), 0);
+        for (i, name) in StepInputs::NAMES.iter().enumerate() {
+            // A graph input is at most its maximum (`bind`), and the batch
+            // at most `rows` when the pool is used (`check_kv`); anything
+            // longer is read by no kernel.
+            let data = inputs.get(name).expect("a step input");
+            if data.len() <= self.rows {
+                stage[self.input(i)..][..data.len()].copy_from_slice(data);
+            }
+        }
+        let Some(layout) = layout else { return };
+        assert_eq!(layout.blocks.len(), self.groups, "a layout that fits");
+        for (ri, run) in layout.runs.iter().enumerate() {
+            stage[self.run_end() + ri] = (run.start + run.rows.len()) as i32;
+            stage[self.run_of_row() + run.rows.start..][..run.rows.len()].fill(ri as i32);
+        }
+        let mut entries = 0usize;
+        for g in 0..self.groups {
+            for (row, &phys) in layout.write_rows[g].iter().enumerate() {
+                stage[self.write_rows(g) + row] = phys as i32;
+            }
+            for (ri, (blocks, logical)) in
+                layout.blocks[g].iter().zip(&layout.logical[g]).enumerate()
+            {
+                stage[self.block_start(g) + ri] = entries as i32;
+                for (&b, &lb) in blocks.iter().zip(logical) {
+                    stage.push(b as i32);
+                    stage.push(lb as i32);
+                }
+                entries += blocks.len();
+            }
+            stage[self.block_start(g) + layout.runs.len()] = entries as i32;
+        }
+        assert!(entries <= self.cap, "a layout that fits");
+    }
+}
+
+// The attention kernel's `BLOCK`.
+const _: () = assert!(BLOCK_TOKENS == 32);
+
+/// The index of a step input in [`StepInputs::NAMES`].
+fn input_index(name: &str) -> usize {
+    StepInputs::NAMES
+        .iter()
+        .position(|&n| n == name)
+        .expect("prepare admits only step inputs")
+}
+
+/// A run at the maxima, captured with the storage it used.
+struct Captured {
+    storage: u64,
+    graph: CudaGraph,
+}
+
+// SAFETY: a CUDA graph may be launched and destroyed from any thread as
+// long as no two threads use it at once; it lives in a plan and is only
+// touched through `&mut CudaPlan`.
+unsafe impl Send for Captured {}
 
 /// A compiled graph for one GPU.
 pub struct CudaPlan {
@@ -28,26 +179,24 @@ pub struct CudaPlan {
     norm_buf: CudaSlice<f32>,
     /// Per rope step: its inverse-frequency table.
     rope_tables: HashMap<NodeId, CudaSlice<f32>>,
-    /// Device copies of the graph's inputs, sized for the maxima.
-    inputs: HashMap<NodeId, InputBuf>,
-    /// The cache length at the start of a run, read by the kernels that
-    /// need it (so that a captured graph replays at any length).
-    start: CudaSlice<i32>,
-    /// The cache writes of a run at the maxima, in order: what a replayed
-    /// graph writes, for the host's row positions.
-    kv_writes: Vec<(CacheSlot, usize)>,
-    /// Gathers whose token ids are graph inputs (checked on the host).
+    /// The step's inputs and K/V layout (see [`MetaLayout`]); the graph's
+    /// inputs are read from it in place.
+    meta: CudaSlice<i32>,
+    meta_layout: MetaLayout,
+    /// Host staging of `meta`, reused across steps.
+    stage: Vec<i32>,
+    /// Gathers whose token ids and row takes whose row indices are graph
+    /// inputs (checked on the host).
     gathers: Vec<NodeId>,
+    takes: Vec<NodeId>,
+    /// Steps that write or read the K/V pool.
+    kv_steps: Vec<NodeId>,
     /// A run at the maxima (every decode step, every full prefill chunk)
-    /// captured once as a CUDA graph with the cache it used, then replayed:
-    /// one launch instead of hundreds.
-    graph: Option<(u64, CudaGraph)>,
+    /// captured once as a CUDA graph with the storage it used, then
+    /// replayed: one launch instead of hundreds. Everything that changes
+    /// between steps is in `meta`, read by the kernels on the device.
+    captured: Option<Captured>,
     max: Bindings,
-}
-
-enum InputBuf {
-    F32(CudaSlice<f32>),
-    I32(CudaSlice<i32>),
 }
 
 /// The weight type code and device address of a weight node.
@@ -99,7 +248,15 @@ pub fn compile_cuda(
     let s = &device.stream;
     let mut rope_tables = HashMap::new();
     let mut norm_elems = 0usize;
-    let mut inputs = HashMap::new();
+    // The most rows a step has: every input, K/V write and attention fits.
+    let mut rows = 1usize;
+    let rows_at_max = |id: NodeId| -> usize {
+        g.node(id)
+            .shape
+            .resolve(&opts.max)
+            .and_then(|d| d.first().copied())
+            .unwrap_or(0)
+    };
     for id in g.ids() {
         let n = g.node(id);
         let unsupported = |what: &str| -> CudaError {
@@ -109,14 +266,7 @@ pub fn compile_cuda(
             ))
         };
         match &n.op {
-            Op::Input { .. } => {
-                let elems = n.shape.numel(&opts.max).unwrap_or(0).max(1);
-                let buf = match n.dtype {
-                    DType::I32 => InputBuf::I32(s.alloc_zeros(elems)?),
-                    _ => InputBuf::F32(s.alloc_zeros(elems)?),
-                };
-                inputs.insert(id, buf);
-            }
+            Op::Input { .. } => rows = rows.max(n.shape.numel(&opts.max).unwrap_or(0)),
             Op::Gather => {
                 weight_of(&g, weights, n.inputs[0])?;
             }
@@ -156,49 +306,52 @@ pub fn compile_cuda(
                 if spec.bidirectional_spans {
                     return Err(unsupported("bidirectional spans"));
                 }
+                rows = rows.max(rows_at_max(n.inputs[0]));
             }
             Op::KvWrite { .. } if n.inputs.len() > 2 => return Err(unsupported("span ids")),
+            Op::KvWrite { .. } => rows = rows.max(rows_at_max(n.inputs[0])),
             Op::BatchMatMul | Op::MatchRms { .. } | Op::GaussianTopK { .. } | Op::Moe { .. } => {
                 return Err(unsupported("this op"))
             }
             _ => {}
         }
     }
-    let kv_writes = sched
-        .steps
-        .iter()
-        .filter_map(|&id| {
-            let n = g.node(id);
-            let Op::KvWrite { slot } = n.op else {
-                return None;
-            };
-            Some((slot, g.node(n.inputs[0]).shape.resolve(&opts.max)?[0]))
-        })
-        .collect();
-    let gathers = sched
-        .steps
-        .iter()
-        .copied()
-        .filter(|&id| {
-            let n = g.node(id);
-            matches!(n.op, Op::Gather) && matches!(g.node(n.inputs[1]).op, Op::Input { .. })
-        })
-        .collect();
-    let start = s.alloc_zeros(1)?;
+    let steps_where = |f: &dyn Fn(&Op) -> bool| -> Vec<NodeId> {
+        sched
+            .steps
+            .iter()
+            .copied()
+            .filter(|&id| f(&g.node(id).op))
+            .collect()
+    };
+    let gathers = steps_where(&|op| matches!(op, Op::Gather));
+    let takes = steps_where(&|op| matches!(op, Op::TakeRows));
+    let kv_steps = steps_where(&|op| {
+        matches!(op, Op::KvWrite { .. })
+            || matches!(op, Op::Attention(a) if matches!(a.kv, KvSource::Cache(_)))
+    });
+    // Until a pool comes: the inputs and run sections only.
+    let meta_layout = MetaLayout {
+        rows,
+        groups: 0,
+        cap: 0,
+    };
     Ok(CudaPlan {
-        kv_writes,
         gathers,
+        takes,
+        kv_steps,
         arena: s.alloc_zeros(sched.arena_elems.max(1))?,
         norm_buf: s.alloc_zeros(norm_elems.max(1))?,
+        meta: s.alloc_zeros(meta_layout.len())?,
+        meta_layout,
+        stage: Vec::new(),
         graph_ir: g,
         weights: Arc::clone(weights),
         device,
         steps: sched.steps,
         locs: sched.locs,
         rope_tables,
-        inputs,
-        start,
-        graph: None,
+        captured: None,
         max: opts.max.clone(),
     })
 }
@@ -224,14 +377,37 @@ enum Arg {
     F32(f32),
 }
 
+/// What the steps of a run read of the pool.
+struct KvCtx<'a> {
+    pool: &'a KvPool,
+    storage: &'a CudaKvStorage,
+}
+
+impl KvCtx<'_> {
+    /// The group a slot reads and the buffers of the slot it reads.
+    fn layer(&self, slot: rlx_ir::CacheSlot) -> Result<(usize, LayerPtrs), CudaError> {
+        let group = self.pool.group_of(slot)?;
+        let (owner, _) = self.pool.owner(slot)?;
+        let l = self
+            .storage
+            .layer(owner.0 as usize)
+            .ok_or_else(|| KvError::Layout {
+                slot: slot.0,
+                what: "the pool's storage has no rows for this layer".into(),
+            })?;
+        Ok((group, l))
+    }
+}
+
 impl CudaPlan {
     pub fn graph(&self) -> &Graph {
         &self.graph_ir
     }
 
-    /// Device memory this plan owns (weights are the [`CudaWeights`]').
+    /// Device memory this plan owns: activations, scratch and step metadata
+    /// (weights are the [`CudaWeights`]').
     pub fn arena_bytes(&self) -> usize {
-        (self.arena.len() + self.norm_buf.len()) * 4
+        (self.arena.len() + self.norm_buf.len() + self.meta.len()) * 4
     }
 
     fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[Arg]) -> Result<(), CudaError> {
@@ -246,93 +422,118 @@ impl CudaPlan {
         }
         // SAFETY: every caller passes the argument list its kernel declares,
         // with addresses of buffers sized (by the schedule, for the maxima
-        // that `bind` checked) for the elements the launch covers.
+        // that `bind` checked, or by the pool for K/V rows) for the elements
+        // the launch covers; indices read from the metadata buffer were
+        // checked on the host or come from the pool's layout.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
-    /// Device address of a value (f32 or i32).
+    /// Device address of element `offset` of the metadata buffer.
+    fn meta_addr(&self, offset: usize) -> u64 {
+        self.device.ptr(&self.meta) + 4 * offset as u64
+    }
+
+    /// Device address of a value (f32, or an i32 input).
     fn addr(&self, id: NodeId) -> u64 {
         match self.locs[id.index()] {
             Loc::Arena { offset, .. } => self.device.ptr(&self.arena) + 4 * offset as u64,
             Loc::Alias { src, offset } => self.addr(src) + 4 * offset as u64,
-            Loc::Input => match &self.inputs[&id] {
-                InputBuf::F32(s) => self.device.ptr(s),
-                InputBuf::I32(s) => self.device.ptr(s),
-            },
+            Loc::Input => {
+                let Op::Input { name } = &self.graph_ir.node(id).op else {
+                    unreachable!("inputs are input nodes")
+                };
+                self.meta_addr(self.meta_layout.input(input_index(name)))
+            }
             Loc::Weight(w) => self.weights.ptr(w).unwrap_or(0),
             Loc::None => 0,
         }
     }
 
-    /// Runs the plan on `inputs`; a graph that writes the KV cache appends at
-    /// `kv.len()` and commits afterwards. Outputs come back to the host.
+    /// Runs one step of `batch`: symbols are bound from its length, and a
+    /// graph that uses the K/V pool writes each row at its sequence and
+    /// position (the pool advances the sequences afterwards). Outputs come
+    /// back to the host.
     pub fn run(
         &mut self,
-        inputs: &HashMap<String, HostTensor>,
-        mut kv: Option<&mut CudaKvCache>,
+        batch: &Batch,
+        kv: Option<&mut KvPool>,
+    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+        let label = self.device.label();
+        self.run_inner(batch, kv).map_err(|e| e.into_run(&label))
+    }
+
+    fn run_inner(
+        &mut self,
+        batch: &Batch,
+        mut kv: Option<&mut KvPool>,
     ) -> Result<Vec<(String, HostTensor)>, CudaError> {
-        let b = bind(&self.graph_ir, &self.max, inputs)?;
+        let inputs = StepInputs::new(batch);
+        let b = bind(&self.graph_ir, &self.max, &inputs)?;
+        batch.runs().map_err(RunError::from)?;
+        self.check_indices(&b, &inputs)?;
+        if !self.kv_steps.is_empty() && kv.is_none() {
+            return Err(RunError::NoCache.into());
+        }
+        // Everything that can fail is checked before the pool changes.
+        let mut storage_id = None;
+        if let Some(pool) = kv.as_deref() {
+            let storage = self.storage(pool)?;
+            storage_id = Some(storage.id());
+            self.check_kv(&b, pool, storage, batch.len())?;
+        }
+        let layout = match kv.as_deref_mut() {
+            Some(pool) => Some(pool.prepare(batch)?),
+            None => None,
+        };
+        if let (Some(layout), Some(pool)) = (&layout, kv.as_deref()) {
+            self.fit_meta(layout, pool)?;
+        }
+        self.upload(&inputs, layout.as_ref())?;
         let stream = Arc::clone(&self.device.stream);
-        for (&id, buf) in self.inputs.iter_mut() {
-            let Op::Input { name } = &self.graph_ir.node(id).op else {
-                unreachable!()
+        {
+            let ctx = match kv.as_deref() {
+                Some(pool) => Some(KvCtx {
+                    pool,
+                    storage: self.storage(pool)?,
+                }),
+                None => None,
             };
-            match (&inputs[name], buf) {
-                (HostTensor::F32 { data, .. }, InputBuf::F32(d)) if !data.is_empty() => {
-                    stream.memcpy_htod(data, &mut d.slice_mut(..data.len()))?
-                }
-                (HostTensor::I32 { data, .. }, InputBuf::I32(d)) if !data.is_empty() => {
-                    stream.memcpy_htod(data, &mut d.slice_mut(..data.len()))?
-                }
-                _ => {}
-            }
-        }
-        self.check_tokens(&b, inputs)?;
-        let start = kv.as_ref().map_or(0, |c| c.len());
-        stream.memcpy_htod(&[start as i32], &mut self.start)?;
-        let cache_id = kv.as_ref().map(|c| c.id());
-        let at_max = b == self.max;
-        let replay = matches!((&self.graph, cache_id), (Some((id, _)), Some(c)) if *id == c);
-        let mut wrote = None;
-        if at_max && replay {
-            // The graph makes the cache writes; the host keeps their positions.
-            for &(slot, tokens) in &self.kv_writes {
-                kv.as_deref_mut()
-                    .ok_or(RunError::NoCache)?
-                    .record(slot, tokens)?;
-                wrote = Some(tokens);
-            }
-            self.graph.as_ref().expect("checked").1.launch()?;
-        } else if let (true, Some(c)) = (at_max, cache_id) {
-            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
-            let mut result = Ok(None);
-            for i in 0..self.steps.len() {
-                match self.exec(self.steps[i], &b, kv.as_deref_mut()) {
-                    Ok(Some(n)) => result = Ok(Some(n)),
-                    Ok(None) => {}
-                    Err(e) => {
-                        result = Err(e);
-                        break;
-                    }
-                }
-            }
-            // End the capture even after an error, so the stream is usable.
-            let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
-            wrote = result?;
-            let graph = graph
-                .ok_or_else(|| CudaError::Unsupported("graph capture made no graph".into()))?;
-            graph.launch()?;
-            self.graph = Some((c, graph));
-        } else {
-            for i in 0..self.steps.len() {
-                if let Some(n) = self.exec(self.steps[i], &b, kv.as_deref_mut())? {
-                    wrote = Some(n);
+            let at_max = b == self.max;
+            let replay = at_max
+                && storage_id.is_some()
+                && self
+                    .captured
+                    .as_ref()
+                    .is_some_and(|c| Some(c.storage) == storage_id);
+            if replay {
+                self.captured.as_ref().expect("checked").graph.launch()?;
+            } else if let (true, Some(sid)) = (at_max, storage_id) {
+                self.captured = None;
+                stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+                let result = self
+                    .steps
+                    .iter()
+                    .try_for_each(|&id| self.exec(id, &b, ctx.as_ref()));
+                // End the capture even after an error, so the stream is
+                // usable; the launch's error is the one to report.
+                let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+                result?;
+                let graph = graph?
+                    .ok_or_else(|| CudaError::Unsupported("graph capture made no graph".into()))?;
+                graph.launch()?;
+                self.captured = Some(Captured {
+                    storage: sid,
+                    graph,
+                });
+            } else {
+                for &id in &self.steps {
+                    self.exec(id, &b, ctx.as_ref())?;
                 }
             }
         }
-        if let (Some(n), Some(c)) = (wrote, kv) {
-            c.commit(n);
+        if let (Some(layout), Some(pool)) = (&layout, kv) {
+            pool.commit(layout);
         }
         let mut outs = Vec::new();
         for (name, id) in self.graph_ir.outputs() {
@@ -349,50 +550,182 @@ impl CudaPlan {
                 );
             };
             let offset = offset + skip;
-            let data = stream.clone_dtoh(&self.arena.slice(offset..offset + len))?;
+            let data = if len == 0 {
+                Vec::new()
+            } else {
+                stream.clone_dtoh(&self.arena.slice(offset..offset + len))?
+            };
             outs.push((name.clone(), HostTensor::f32(data, &dims)));
         }
         Ok(outs)
     }
 
-    /// Token ids come from the host: checked there, before any launch.
-    fn check_tokens(
-        &self,
-        b: &Bindings,
-        inputs: &HashMap<String, HostTensor>,
-    ) -> Result<(), CudaError> {
+    /// The pool's storage, which must be on this plan's GPU.
+    fn storage<'a>(&self, pool: &'a KvPool) -> Result<&'a CudaKvStorage, CudaError> {
+        pool.storage()
+            .as_any()
+            .downcast_ref::<CudaKvStorage>()
+            .filter(|s| Arc::ptr_eq(s.device(), &self.device))
+            .ok_or_else(|| {
+                KvError::Storage(format!(
+                    "the K/V pool is not in the memory of {} (it belongs to another device)",
+                    self.device.label()
+                ))
+                .into()
+            })
+    }
+
+    /// Token ids and row indices come from the host: checked there, before
+    /// any launch.
+    fn check_indices(&self, b: &Bindings, inputs: &StepInputs) -> Result<(), CudaError> {
         let g = &self.graph_ir;
+        let input_of = |id: NodeId| -> Option<&[i32]> {
+            match &g.node(id).op {
+                Op::Input { name } => inputs.get(name),
+                _ => None,
+            }
+        };
         for &id in &self.gathers {
             let n = g.node(id);
             let vocab = g.node(n.inputs[0]).shape.resolve(b).expect("bound")[0];
-            if let Op::Input { name } = &g.node(n.inputs[1]).op {
-                if let HostTensor::I32 { data, .. } = &inputs[name] {
-                    if let Some(&t) = data.iter().find(|&&t| t < 0 || t as usize >= vocab) {
-                        return Err(node_err(
-                            g,
-                            id,
-                            format!("token id {t} is outside the vocabulary of {vocab}"),
-                        )
-                        .into());
-                    }
-                }
+            let ids = input_of(n.inputs[1]).unwrap_or_default();
+            if let Some(&t) = ids.iter().find(|&&t| t < 0 || t as usize >= vocab) {
+                return Err(node_err(
+                    g,
+                    id,
+                    format!("token id {t} is outside the vocabulary of {vocab}"),
+                )
+                .into());
+            }
+        }
+        for &id in &self.takes {
+            let n = g.node(id);
+            let n_x = g.node(n.inputs[0]).shape.resolve(b).expect("bound")[0];
+            let rows = input_of(n.inputs[1]).unwrap_or_default();
+            if let Some(&r) = rows.iter().find(|&&r| r < 0 || r as usize >= n_x) {
+                return Err(node_err(g, id, format!("row {r} of {n_x}")).into());
             }
         }
         Ok(())
     }
 
-    /// Launches one step; returns the token count if it wrote the KV cache.
-    fn exec(
+    /// Checks every K/V step against the pool: slots that exist, writes to
+    /// owning layers only, one K/V row per batch row, head sizes the kernels
+    /// take.
+    fn check_kv(
         &self,
-        id: NodeId,
         b: &Bindings,
-        kv: Option<&mut CudaKvCache>,
-    ) -> Result<Option<usize>, CudaError> {
+        pool: &KvPool,
+        storage: &CudaKvStorage,
+        n_rows: usize,
+    ) -> Result<(), CudaError> {
+        let g = &self.graph_ir;
+        if n_rows > self.meta_layout.rows {
+            return Err(RunError::TooLarge {
+                sym: "batch rows",
+                value: n_rows,
+                max: self.meta_layout.rows,
+            }
+            .into());
+        }
+        let ctx = KvCtx { pool, storage };
+        for &id in &self.kv_steps {
+            let n = g.node(id);
+            let in_dims = |i: usize| g.node(n.inputs[i]).shape.resolve(b).expect("bound");
+            match &n.op {
+                Op::KvWrite { slot } => {
+                    let (owner, _) = pool.owner(*slot)?;
+                    if owner != *slot {
+                        return Err(KvError::Layout {
+                            slot: slot.0,
+                            what: "layer shares another layer's K/V and cannot be written".into(),
+                        }
+                        .into());
+                    }
+                    let (_, l) = ctx.layer(*slot)?;
+                    let (k, v): (usize, usize) =
+                        (in_dims(0).iter().product(), in_dims(1).iter().product());
+                    if k != n_rows * l.k_width || v != n_rows * l.v_width {
+                        return Err(KvError::Layout {
+                            slot: slot.0,
+                            what: format!(
+                                "expected k {n_rows}×{} and v {n_rows}×{} values, got {k} and {v}",
+                                l.k_width, l.v_width
+                            ),
+                        }
+                        .into());
+                    }
+                }
+                Op::Attention(attn) => {
+                    let KvSource::Cache(slot) = attn.kv else {
+                        unreachable!("rejected at compile")
+                    };
+                    ctx.layer(slot)?;
+                    let (_, spec) = pool.owner(slot)?;
+                    let qd = in_dims(0);
+                    let out = n.shape.resolve(b).expect("bound");
+                    let ok = qd.len() == 3
+                        && out.len() == 3
+                        && qd[0] == n_rows
+                        && qd[2] == spec.head_dim
+                        && out[2] == spec.v_head_dim
+                        && spec.kv_heads > 0
+                        && qd[1] % spec.kv_heads == 0
+                        && spec.head_dim <= 512
+                        && spec.v_head_dim <= 512;
+                    if !ok {
+                        return Err(node_err(
+                            g,
+                            id,
+                            format!(
+                                "queries {qd:?} and output {out:?} for {n_rows} rows do not fit \
+                                 the slot's {} K/V heads of {} and {} (heads must be grouped, \
+                                 head sizes at most 512)",
+                                spec.kv_heads, spec.head_dim, spec.v_head_dim
+                            ),
+                        )
+                        .into());
+                    }
+                }
+                _ => unreachable!("K/V steps"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the metadata buffer fit `layout`'s groups and blocks. A new
+    /// buffer has new addresses: the captured graph goes with the old one.
+    fn fit_meta(&mut self, layout: &StepLayout, pool: &KvPool) -> Result<(), CudaError> {
+        let blocks = || pool.config().groups().iter().map(|g| g.blocks).sum();
+        if let Some(new) = self.meta_layout.refit(layout, blocks) {
+            self.captured = None;
+            self.meta = self.device.stream.alloc_zeros(new.len())?;
+            self.meta_layout = new;
+        }
+        Ok(())
+    }
+
+    /// Uploads the step's inputs and layout in one copy.
+    fn upload(
+        &mut self,
+        inputs: &StepInputs,
+        layout: Option<&StepLayout>,
+    ) -> Result<(), CudaError> {
+        self.meta_layout.stage(inputs, layout, &mut self.stage);
+        let len = self.stage.len();
+        self.device
+            .stream
+            .memcpy_htod(&self.stage[..], &mut self.meta.slice_mut(..len))?;
+        Ok(())
+    }
+
+    /// Launches one step.
+    fn exec(&self, id: NodeId, b: &Bindings, kv: Option<&KvCtx>) -> Result<(), CudaError> {
         let g = &self.graph_ir;
         let n = g.node(id);
         if matches!(self.locs[id.index()], Loc::Alias { .. }) {
             // Reshapes and in-place narrows: nothing to compute.
-            return Ok(None);
+            return Ok(());
         }
         let k = &self.device.kernels;
         let dims = n.shape.resolve(b).expect("bound");
@@ -400,12 +733,26 @@ impl CudaPlan {
         let out = self.addr(id);
         let inp = |i: usize| self.addr(n.inputs[i]);
         let in_dims = |i: usize| g.node(n.inputs[i]).shape.resolve(b).expect("bound");
+        let ml = self.meta_layout;
         match &n.op {
             Op::KvWrite { slot } => {
-                let cache = kv.ok_or(RunError::NoCache)?;
-                let tokens = in_dims(0)[0];
-                cache.write(*slot, inp(0), inp(1), tokens, self.device.ptr(&self.start))?;
-                return Ok(Some(tokens));
+                let kv = kv.ok_or(RunError::NoCache)?;
+                let (group, l) = kv.layer(*slot)?;
+                let rows = in_dims(0)[0];
+                self.launch(
+                    &k.kv_write,
+                    linear(rows * (l.k_width + l.v_width)),
+                    &[
+                        Arg::Ptr(inp(0)),
+                        Arg::Ptr(inp(1)),
+                        Arg::Ptr(l.k),
+                        Arg::Ptr(l.v),
+                        Arg::Ptr(self.meta_addr(ml.write_rows(group))),
+                        Arg::I32(rows as i32),
+                        Arg::I32(l.k_width as i32),
+                        Arg::I32(l.v_width as i32),
+                    ],
+                )?;
             }
             Op::Input { .. } | Op::Weight { .. } | Op::Reshape { .. } => {}
             Op::Gather => {
@@ -602,13 +949,11 @@ impl CudaPlan {
                 let KvSource::Cache(slot) = spec.kv else {
                     unreachable!("rejected at compile")
                 };
-                let cache = kv.ok_or(RunError::NoCache)?;
-                let l = cache.layer(slot)?;
+                let kv = kv.ok_or(RunError::NoCache)?;
+                let (group, l) = kv.layer(slot)?;
+                let (_, lspec) = kv.pool.owner(slot)?;
                 let qd = in_dims(0);
                 let (nq, hq) = (qd[0], qd[1]);
-                if l.head_dim > 512 || l.v_head_dim > 512 || hq % l.kv_heads != 0 {
-                    return Err(node_err(g, id, "head size above 512 or heads not grouped").into());
-                }
                 let (mask, window) = match spec.mask {
                     Mask::Causal => (0, 0),
                     Mask::Sliding { window } => (1, window),
@@ -622,18 +967,34 @@ impl CudaPlan {
                         Arg::Ptr(inp(0)),
                         Arg::Ptr(l.k),
                         Arg::Ptr(l.v),
-                        Arg::Ptr(l.pos),
-                        Arg::Ptr(self.device.ptr(&self.start)),
+                        Arg::Ptr(self.meta_addr(ml.input(input_index("pos")))),
+                        Arg::Ptr(self.meta_addr(ml.run_of_row())),
+                        Arg::Ptr(self.meta_addr(ml.run_end())),
+                        Arg::Ptr(self.meta_addr(ml.block_start(group))),
+                        Arg::Ptr(self.meta_addr(ml.table())),
                         Arg::Ptr(out),
                         Arg::I32(hq as i32),
-                        Arg::I32(l.kv_heads as i32),
-                        Arg::I32(l.head_dim as i32),
-                        Arg::I32(l.v_head_dim as i32),
-                        Arg::I32(l.rows as i32),
+                        Arg::I32(lspec.kv_heads as i32),
+                        Arg::I32(lspec.head_dim as i32),
+                        Arg::I32(lspec.v_head_dim as i32),
                         Arg::F32(spec.scale),
                         Arg::F32(spec.softcap.unwrap_or(0.0)),
                         Arg::I32(mask),
-                        Arg::I32(window as i32),
+                        Arg::I32(window.min(i32::MAX as usize) as i32),
+                    ],
+                )?;
+            }
+            Op::TakeRows => {
+                let width: usize = dims[1..].iter().product();
+                self.launch(
+                    &k.take_rows,
+                    linear(numel),
+                    &[
+                        Arg::Ptr(inp(0)),
+                        Arg::Ptr(inp(1)),
+                        Arg::Ptr(out),
+                        Arg::I64(dims[0] as i64),
+                        Arg::I64(width as i64),
                     ],
                 )?;
             }
@@ -686,6 +1047,49 @@ impl CudaPlan {
                 unreachable!("rejected at compile")
             }
         }
-        Ok(None)
+        Ok(())
+    }
+
+    /// A readable listing: each step's op, shape and device buffer range.
+    pub fn dump(&self) -> String {
+        let g = &self.graph_ir;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "plan: {} steps on {} ({}), arena {} bytes, step metadata {} bytes (up to {} rows){}",
+            self.steps.len(),
+            self.device.label(),
+            self.device.name(),
+            self.arena.len() * 4,
+            self.meta.len() * 4,
+            self.meta_layout.rows,
+            if self.captured.is_some() {
+                ", captured at the maxima"
+            } else {
+                ""
+            }
+        );
+        for &id in &self.steps {
+            let n = g.node(id);
+            let args: Vec<String> = n.inputs.iter().map(|i| i.to_string()).collect();
+            let _ = write!(s, "{id} = {}({}) : {}", n.op, args.join(", "), n.shape);
+            match self.locs[id.index()] {
+                Loc::Arena { offset, cap } => {
+                    let _ = write!(s, "  @[{}..{})", offset * 4, (offset + cap) * 4);
+                }
+                Loc::Alias { src, offset } => {
+                    let _ = write!(s, "  = view of {src} from {offset}");
+                }
+                _ => {}
+            }
+            if let Some(name) = &n.name {
+                let _ = write!(s, "  # {name}");
+            }
+            s.push('\n');
+        }
+        for (name, id) in g.outputs() {
+            let _ = writeln!(s, "output {name:?} = {id}");
+        }
+        s
     }
 }

@@ -1,0 +1,145 @@
+//! One GPU as a [`Backend`]: its weights uploaded once, plans compiled for
+//! it, K/V pools in its memory.
+
+use std::sync::Arc;
+
+use rlx_gguf::GgmlType;
+use rlx_ir::{Graph, KvSource, Op};
+
+use super::{compile_cuda, supports, CudaDevice, CudaError, CudaKvStorage, CudaPlan, CudaWeights};
+use crate::backend::{Backend, Device, Executable, MemoryReport};
+use crate::batch::Batch;
+use crate::compile::{CompileOptions, HostTensor, RunError};
+use crate::kv::{KvPool, KvPoolConfig};
+use crate::weights::WeightStore;
+
+/// A GPU with a model's weights on it.
+pub struct CudaBackend {
+    store: Arc<WeightStore>,
+    weights: Arc<CudaWeights>,
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal` (shared with anything else in the process using
+    /// it) and uploads `store`'s weights.
+    pub fn new(ordinal: usize, store: Arc<WeightStore>) -> Result<Self, RunError> {
+        let label = format!("cuda:{ordinal}");
+        let device = CudaDevice::new(ordinal).map_err(|e| e.into_run(&label))?;
+        let weights = CudaWeights::upload(&device, &store).map_err(|e| e.into_run(&label))?;
+        Ok(CudaBackend {
+            store,
+            weights: Arc::new(weights),
+        })
+    }
+
+    pub fn cuda(&self) -> &Arc<CudaDevice> {
+        self.weights.device()
+    }
+
+    pub fn weights(&self) -> &Arc<CudaWeights> {
+        &self.weights
+    }
+
+    fn err(&self, e: CudaError) -> RunError {
+        e.into_run(&self.cuda().label())
+    }
+}
+
+impl Backend for CudaBackend {
+    fn device(&self) -> Device {
+        Device::Cuda(self.cuda().ordinal())
+    }
+
+    fn describe(&self) -> String {
+        format!("{}: {}", self.cuda().label(), self.cuda().name())
+    }
+
+    fn store(&self) -> &Arc<WeightStore> {
+        &self.store
+    }
+
+    /// The ops [`CudaPlan`] has kernels for.
+    fn supports_op(&self, op: &Op) -> bool {
+        match op {
+            Op::Attention(spec) => {
+                matches!(spec.kv, KvSource::Cache(_)) && !spec.bidirectional_spans
+            }
+            Op::BatchMatMul | Op::MatchRms { .. } | Op::GaussianTopK { .. } | Op::Moe { .. } => {
+                false
+            }
+            Op::Input { .. }
+            | Op::Weight { .. }
+            | Op::Gather
+            | Op::MatMul { .. }
+            | Op::Add
+            | Op::Mul
+            | Op::Scale { .. }
+            | Op::AddConst { .. }
+            | Op::RmsNorm(_)
+            | Op::Gelu
+            | Op::GeGlu
+            | Op::Softcap { .. }
+            | Op::Rope(_)
+            | Op::KvWrite { .. }
+            | Op::TakeRows
+            | Op::Narrow { .. }
+            | Op::Reshape { .. }
+            | Op::Concat { .. } => true,
+        }
+    }
+
+    /// The types the matmul and gather kernels read in place (vectors of
+    /// any type are uploaded as f32).
+    fn supports_weight(&self, ty: GgmlType) -> bool {
+        supports(ty)
+    }
+
+    fn compile(
+        &self,
+        graph: &Graph,
+        opts: &CompileOptions,
+    ) -> Result<Box<dyn Executable>, RunError> {
+        let plan =
+            compile_cuda(graph, &self.store, &self.weights, opts).map_err(|e| self.err(e))?;
+        Ok(Box::new(plan))
+    }
+
+    fn kv_pool(&self, config: KvPoolConfig) -> Result<KvPool, RunError> {
+        let storage = CudaKvStorage::new(self.cuda(), &config).map_err(|e| self.err(e))?;
+        Ok(KvPool::new(config, Box::new(storage))?)
+    }
+
+    fn memory(&self) -> MemoryReport {
+        let (available, total) = match self.cuda().memory() {
+            Ok((free, total)) => (Some(free), Some(total)),
+            Err(_) => (None, None),
+        };
+        MemoryReport {
+            total,
+            available,
+            weights: self.weights.bytes(),
+        }
+    }
+}
+
+impl Executable for CudaPlan {
+    fn run(
+        &mut self,
+        batch: &Batch,
+        kv: Option<&mut KvPool>,
+    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+        CudaPlan::run(self, batch, kv)
+    }
+
+    fn graph(&self) -> &Graph {
+        CudaPlan::graph(self)
+    }
+
+    fn arena_bytes(&self) -> usize {
+        CudaPlan::arena_bytes(self)
+    }
+
+    fn dump(&self) -> String {
+        CudaPlan::dump(self)
+    }
+}

@@ -1,0 +1,399 @@
+//! The kernels compile (needs libnvrtc only), and the CUDA backend matches
+//! the CPU's on a small transformer with packed weights (needs a GPU):
+//! `LD_LIBRARY_PATH=<dir of libnvrtc.so> cargo test -p rlx-runtime
+//! --features cuda --lib -- --ignored cuda::tests`.
+
+use std::sync::Arc;
+
+use rlx_gguf::{GgmlType, GgufFile, GgufWriter};
+use rlx_ir::{
+    AttentionSpec, Bindings, CacheSlot, DType, Dim, Graph, KvSource, Mask, NodeId, RopeSpec, Shape,
+    Sym,
+};
+
+use super::plan::MetaLayout;
+use crate::backend::{open, Backend, BackendOptions, Device, Executable};
+use crate::batch::{Batch, SeqId};
+use crate::compile::CompileOptions;
+use crate::compile::StepInputs;
+use crate::kv::{KvDType, KvLayerSpec, KvPool, KvPoolConfig, BLOCK_TOKENS};
+use crate::weights::WeightStore;
+
+const D: usize = 256;
+const HQ: usize = 4;
+const HKV: usize = 2;
+const HD: usize = 64;
+const FF: usize = 512;
+const VOCAB: usize = 96;
+/// Layer 0 slides over this many tokens (and drops blocks), layer 1 sees
+/// everything, layer 2 reads layer 1's K/V.
+const WINDOW: usize = 40;
+const LAYERS: usize = 3;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+fn store() -> Arc<WeightStore> {
+    let mut r = Rng(7);
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", "test").unwrap();
+    let mut add = |w: &mut GgufWriter, name: &str, ty: GgmlType, rows: usize, k: usize| {
+        let x: Vec<f32> = (0..rows * k).map(|_| r.next() * 0.3).collect();
+        let bytes = match ty {
+            GgmlType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            _ => rlx_gguf::quantize_to_vec(ty, &x).unwrap(),
+        };
+        let dims: Vec<u64> = if rows == 1 {
+            vec![k as u64]
+        } else {
+            vec![k as u64, rows as u64]
+        };
+        w.add_tensor(name, ty, &dims, bytes).unwrap();
+    };
+    add(&mut w, "token_embd.weight", GgmlType::Q8_0, VOCAB, D);
+    add(&mut w, "output_norm.weight", GgmlType::F32, 1, D);
+    for l in 0..LAYERS {
+        let p = |s: &str| format!("blk.{l}.{s}");
+        add(&mut w, &p("attn_norm.weight"), GgmlType::F32, 1, D);
+        add(&mut w, &p("attn_q.weight"), GgmlType::Q4_K, HQ * HD, D);
+        add(&mut w, &p("attn_k.weight"), GgmlType::Q5_0, HKV * HD, D);
+        add(&mut w, &p("attn_v.weight"), GgmlType::Q8_0, HKV * HD, D);
+        add(&mut w, &p("attn_output.weight"), GgmlType::Q6_K, D, HQ * HD);
+        add(&mut w, &p("ffn_gate.weight"), GgmlType::Q4_0, FF, D);
+        add(&mut w, &p("ffn_up.weight"), GgmlType::Q4_K, FF, D);
+        add(&mut w, &p("ffn_down.weight"), GgmlType::Q8_0, D, FF);
+    }
+    let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
+    Arc::new(WeightStore::new(Arc::new(file)))
+}
+
+fn seq() -> Dim {
+    Dim::Sym(Sym::SEQ)
+}
+
+/// Tokens and positions in, logits of the `logit_rows` rows out.
+fn model_graph(s: &WeightStore) -> Graph {
+    let mut g = Graph::new();
+    let tokens = g.input("tokens", DType::I32, Shape::new([seq()]));
+    let pos = g.input("pos", DType::I32, Shape::new([seq()]));
+    let rows = g.input("logit_rows", DType::I32, Shape::new([Dim::Sym(Sym::ROWS)]));
+    let embd = s.node(&mut g, "token_embd.weight").unwrap();
+    let x = g.gather(embd, tokens).unwrap();
+    let mut x = g.scale(x, (D as f32).sqrt()).unwrap();
+    let rope = RopeSpec {
+        n_rot: HD,
+        base: 10000.0,
+        freq_scale: 1.0,
+        has_freq_factors: false,
+    };
+    let mut writes = Vec::new();
+    for l in 0..LAYERS {
+        let w = |g: &mut Graph, name: &str| s.node(g, &format!("blk.{l}.{name}")).unwrap();
+        let norm = w(&mut g, "attn_norm.weight");
+        let h = g.rms_norm(x, Some(norm), 1e-6).unwrap();
+        let wq = w(&mut g, "attn_q.weight");
+        let q = g.matmul(h, wq).unwrap();
+        let q = g
+            .reshape(q, Shape::new([seq(), HQ.into(), HD.into()]))
+            .unwrap();
+        let q = g.rope(q, pos, rope, None).unwrap();
+        // Layer 2 reads layer 1's K/V after layer 1's write.
+        let (slot, written) = if l == 2 {
+            (CacheSlot(1), writes[1])
+        } else {
+            let (wk, wv) = (w(&mut g, "attn_k.weight"), w(&mut g, "attn_v.weight"));
+            let k = g.matmul(h, wk).unwrap();
+            let v = g.matmul(h, wv).unwrap();
+            let k = g
+                .reshape(k, Shape::new([seq(), HKV.into(), HD.into()]))
+                .unwrap();
+            let v = g
+                .reshape(v, Shape::new([seq(), HKV.into(), HD.into()]))
+                .unwrap();
+            let k = g.rope(k, pos, rope, None).unwrap();
+            let slot = CacheSlot(l as u32);
+            (slot, g.kv_write(slot, k, v).unwrap())
+        };
+        writes.push(written);
+        let mask = if l == 0 {
+            Mask::Sliding { window: WINDOW }
+        } else {
+            Mask::Causal
+        };
+        let spec = AttentionSpec {
+            mask,
+            scale: 1.0 / (HD as f32).sqrt(),
+            softcap: Some(50.0),
+            kv: KvSource::Inputs,
+            bidirectional_spans: false,
+        };
+        let a = g.attention_cached(q, written, slot, spec, None).unwrap();
+        let a = g.reshape(a, Shape::new([seq(), (HQ * HD).into()])).unwrap();
+        let wo = w(&mut g, "attn_output.weight");
+        let o = g.matmul(a, wo).unwrap();
+        x = g.add(x, o).unwrap();
+        let (wg, wu, wd) = (
+            w(&mut g, "ffn_gate.weight"),
+            w(&mut g, "ffn_up.weight"),
+            w(&mut g, "ffn_down.weight"),
+        );
+        let gate = g.matmul(x, wg).unwrap();
+        let up = g.matmul(x, wu).unwrap();
+        let act = g.geglu(gate, up).unwrap();
+        let down = g.matmul(act, wd).unwrap();
+        x = g.add(x, down).unwrap();
+    }
+    let x: NodeId = g.take_rows(x, rows).unwrap();
+    let norm = s.node(&mut g, "output_norm.weight").unwrap();
+    let h = g.rms_norm(x, Some(norm), 1e-6).unwrap();
+    let logits = g.matmul(h, embd).unwrap();
+    g.output("logits", logits);
+    g
+}
+
+fn pool(backend: &dyn Backend) -> KvPool {
+    let spec = |window, shares| KvLayerSpec {
+        kv_heads: HKV,
+        head_dim: HD,
+        v_head_dim: HD,
+        window,
+        shares,
+    };
+    backend
+        .kv_pool(KvPoolConfig {
+            layers: vec![
+                spec(Some(WINDOW), None),
+                spec(None, None),
+                spec(None, Some(CacheSlot(1))),
+            ],
+            dtype: KvDType::F32,
+            tokens: 4 * 160,
+            max_seqs: 4,
+            max_chunk: 48,
+        })
+        .unwrap()
+}
+
+fn token(seq: SeqId, pos: usize) -> u32 {
+    ((pos * 37 + seq.0 as usize * 11 + 5) % VOCAB) as u32
+}
+
+/// Adds `n` tokens of `seq` at its length; `all` asks for every row's
+/// logits, otherwise the last row's.
+fn push(b: &mut Batch, kv: &KvPool, seq: SeqId, n: usize, all: bool) {
+    let start = kv.len(seq).unwrap();
+    let toks: Vec<u32> = (start..start + n).map(|p| token(seq, p)).collect();
+    b.push_run(seq, start, &toks, |i| all || i == n - 1);
+}
+
+/// The steps of a scenario on one pool: mixed prefill chunks that cross
+/// blocks, a fork (copy on write), decode steps of three sequences in
+/// changing order, a sliding window that drops blocks, a truncation inside
+/// a shared block and a freed sequence. `step` runs each batch.
+fn drive(kv: &mut KvPool, step: &mut dyn FnMut(&mut KvPool, &Batch)) {
+    let (a, b) = (kv.add_sequence(), kv.add_sequence());
+    let mut batch = Batch::new();
+    push(&mut batch, kv, a, 40, false);
+    push(&mut batch, kv, b, 7, true);
+    step(kv, &batch);
+    let mut batch = Batch::new();
+    push(&mut batch, kv, b, 5, true);
+    push(&mut batch, kv, a, 30, false);
+    step(kv, &batch);
+    let c = kv.fork(a).unwrap();
+    for i in 0..40 {
+        let mut batch = Batch::new();
+        let order = if i % 2 == 0 { [a, b, c] } else { [c, a, b] };
+        for seq in order {
+            push(&mut batch, kv, seq, 1, true);
+        }
+        step(kv, &batch);
+    }
+    // B rewinds inside a block it shares with a fork: the fork keeps the
+    // rows past B's new length, which B must not see.
+    let d = kv.fork(b).unwrap();
+    let len = kv.len(b).unwrap();
+    kv.truncate(b, len - 3).unwrap();
+    kv.free(c).unwrap();
+    for _ in 0..3 {
+        let mut batch = Batch::new();
+        push(&mut batch, kv, d, 1, true);
+        push(&mut batch, kv, b, 1, true);
+        step(kv, &batch);
+    }
+    let mut batch = Batch::new();
+    push(&mut batch, kv, a, 33, true);
+    push(&mut batch, kv, b, 2, false);
+    push(&mut batch, kv, d, 1, true);
+    step(kv, &batch);
+}
+
+/// The scenario's logits on `backend`: batches of up to 3 rows on a decode
+/// plan of 3 rows (full ones replay its captured graph), the others on a
+/// prefill plan.
+fn scenario(backend: &dyn Backend) -> Vec<Vec<f32>> {
+    let g = model_graph(backend.store());
+    let compile = |rows: usize| -> Box<dyn Executable> {
+        let max = Bindings::new().with(Sym::SEQ, rows).with(Sym::ROWS, rows);
+        backend.compile(&g, &CompileOptions::new(max)).unwrap()
+    };
+    let (mut prefill, mut decode) = (compile(64), compile(3));
+    let mut out = Vec::new();
+    drive(&mut pool(backend), &mut |kv, b| {
+        let p = if b.len() <= 3 {
+            &mut decode
+        } else {
+            &mut prefill
+        };
+        let o = p.run(b, Some(kv)).unwrap();
+        assert_eq!(o[0].1.shape(), &[b.logit_rows().len(), VOCAB]);
+        out.push(o[0].1.as_f32().unwrap().to_vec());
+        kv.check_invariants().unwrap();
+    });
+    out
+}
+
+/// The keys a query row of the attention kernel reads from the staged
+/// metadata, as (storage row, position) pairs, read as the kernel does.
+fn kernel_keys(ml: &MetaLayout, stage: &[i32], g: usize, qi: usize) -> Vec<(usize, i64)> {
+    let r = stage[ml.run_of_row() + qi] as usize;
+    let end = stage[ml.run_end() + r] as i64;
+    let (e0, e1) = (
+        stage[ml.block_start(g) + r] as usize,
+        stage[ml.block_start(g) + r + 1] as usize,
+    );
+    let mut keys = Vec::new();
+    for e in e0..e1 {
+        let (phys, lb) = (stage[ml.table() + 2 * e], stage[ml.table() + 2 * e + 1]);
+        for i in 0..BLOCK_TOKENS {
+            let kp = lb as i64 * BLOCK_TOKENS as i64 + i as i64;
+            if kp < end {
+                keys.push((phys as usize * BLOCK_TOKENS + i, kp));
+            }
+        }
+    }
+    keys
+}
+
+/// What the device kernels read of a step (staged as a plan uploads it,
+/// positions derived from logical blocks) is what the CPU reads of the pool
+/// (its rows' recorded positions), at every step of the scenario.
+#[test]
+fn staged_metadata_gives_the_pools_keys_and_rows() {
+    let s = store();
+    let cpu = open(Device::Cpu, &s, &BackendOptions { threads: 1 }).unwrap();
+    let mut ml = MetaLayout {
+        rows: 64,
+        groups: 0,
+        cap: 0,
+    };
+    let mut stage = Vec::new();
+    let mut steps = 0;
+    drive(&mut pool(&*cpu), &mut |kv, b| {
+        let layout = kv.prepare(b).unwrap();
+        if let Some(new) = ml.refit(&layout, || {
+            kv.config().groups().iter().map(|g| g.blocks).sum()
+        }) {
+            assert!(new.cap >= ml.cap);
+            ml = new;
+        }
+        assert!(ml.refit(&layout, || 0).is_none());
+        let inputs = StepInputs::new(b);
+        ml.stage(&inputs, Some(&layout), &mut stage);
+        assert!(stage.len() <= ml.len());
+        let pos_at = ml.input(StepInputs::NAMES.iter().position(|&n| n == "pos").unwrap());
+        assert_eq!(&stage[pos_at..][..b.len()], b.positions());
+        for g in 0..ml.groups {
+            let rows = kv.rows(g);
+            assert_eq!(
+                &stage[ml.write_rows(g)..][..b.len()],
+                layout.write_rows[g]
+                    .iter()
+                    .map(|&r| r as i32)
+                    .collect::<Vec<_>>()
+            );
+            for (ri, run) in layout.runs.iter().enumerate() {
+                let mut want: Vec<(usize, i64)> = layout.blocks[g][ri]
+                    .iter()
+                    .flat_map(|&blk| {
+                        (0..BLOCK_TOKENS).map(move |i| blk as usize * BLOCK_TOKENS + i)
+                    })
+                    .filter(|&row| rows.pos[row] >= 0)
+                    .map(|row| (row, rows.pos[row]))
+                    .collect();
+                want.sort();
+                for qi in run.rows.clone() {
+                    let mut got = kernel_keys(&ml, &stage, g, qi);
+                    got.sort();
+                    assert_eq!(got, want, "step {steps}, group {g}, row {qi}");
+                }
+            }
+        }
+        kv.commit(&layout);
+        steps += 1;
+    });
+    assert_eq!(steps, 46);
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn paged_batches_match_the_cpu() {
+    let s = store();
+    let opts = BackendOptions { threads: 2 };
+    let cpu = open(Device::Cpu, &s, &opts).unwrap();
+    let gpu = open(Device::Cuda(0), &s, &opts).unwrap();
+    let want = scenario(&*cpu);
+    let got = scenario(&*gpu);
+    assert_eq!(want.len(), got.len());
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(w.len(), g.len(), "step {i}");
+        let err = rel_l2(g, w);
+        assert!(err < 1e-4, "step {i}: CUDA vs CPU relative L2 {err}");
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn a_pool_of_another_device_is_an_error() {
+    let s = store();
+    let opts = BackendOptions { threads: 1 };
+    let cpu = open(Device::Cpu, &s, &opts).unwrap();
+    let gpu = open(Device::Cuda(0), &s, &opts).unwrap();
+    let max = Bindings::new().with(Sym::SEQ, 4).with(Sym::ROWS, 4);
+    let mut plan = gpu
+        .compile(&model_graph(s.as_ref()), &CompileOptions::new(max))
+        .unwrap();
+    let mut kv = pool(&*cpu);
+    let seq = kv.add_sequence();
+    let mut b = Batch::new();
+    push(&mut b, &kv, seq, 2, true);
+    let e = plan.run(&b, Some(&mut kv)).unwrap_err();
+    assert!(e.to_string().contains("another device"), "{e}");
+    // Nothing changed: the sequence still starts at 0.
+    assert_eq!(kv.len(seq).unwrap(), 0);
+    let e = plan.run(&b, None).unwrap_err();
+    assert!(e.to_string().contains("no cache"), "{e}");
+}
+
+#[test]
+#[ignore = "needs libnvrtc"]
+fn kernels_compile_with_nvrtc() {
+    for (major, minor) in [(8, 0), (9, 0)] {
+        if let Err(e) = super::compile_kernels(major, minor) {
+            panic!("sm_{major}{minor}: {e}");
+        }
+    }
+}
