@@ -23,28 +23,13 @@
 
 mod common;
 
-use common::scenario::{run_batched, token, Script};
+use common::scenario::{token, worst_against_alone, Script};
 use common::{fixtures, real_model, rel_l2};
 use rlx_gemma::{Model, ModelOptions, Precision, SessionOptions};
 
 /// The largest relative L2, over sequences, of batched against alone.
 fn worst_error(model: &Model, s: &Script) -> f64 {
-    let runs = run_batched(model, s);
-    assert_eq!(runs.len(), 5);
-    let mut worst = 0f64;
-    for (tokens, logits) in runs {
-        let mut alone = model
-            .session(SessionOptions {
-                context: Some(tokens.len()),
-                prefill_chunk: s.budget,
-                ..Default::default()
-            })
-            .unwrap();
-        let want = alone.score(&tokens).unwrap();
-        assert_eq!(want.len(), logits.len());
-        worst = worst.max(rel_l2(&logits, &want));
-    }
-    worst
+    worst_against_alone(model, model, s)
 }
 
 /// The size of `q8`'s own rounding on a file: how far a sequence scored

@@ -15,7 +15,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::scenario::{run_batched, Script};
+use common::scenario::{worst_against_alone, Script};
 
 use rlx_gemma::{Device, Model, ModelError, ModelOptions, SessionOptions};
 
@@ -157,20 +157,7 @@ fn a_type_without_kernels_is_a_clear_error() {
 fn batched_against_cpu(path: &Path, script: &Script) -> f64 {
     let cpu = load(path, Device::Cpu).unwrap();
     let gpu = load(path, Device::Cuda(0)).unwrap();
-    let runs = run_batched(&gpu, script);
-    assert_eq!(runs.len(), 5);
-    let mut worst = 0f64;
-    for (tokens, logits) in runs {
-        let mut alone = cpu
-            .session(SessionOptions {
-                context: Some(tokens.len()),
-                prefill_chunk: script.budget,
-                ..SessionOptions::default()
-            })
-            .unwrap();
-        worst = worst.max(rel_l2(&logits, &alone.score(&tokens).unwrap()));
-    }
-    worst
+    worst_against_alone(&gpu, &cpu, script)
 }
 
 #[test]

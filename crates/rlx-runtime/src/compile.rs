@@ -3,6 +3,7 @@
 //! by value lifetimes, and the binding of a step's inputs to symbols.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 
 use rlx_ir::passes::{self, FuseOptions};
 use rlx_ir::{Bindings, DType, Dim, Graph, NodeId, Op, Shape, Start, WeightId};
@@ -378,4 +379,55 @@ pub(crate) fn bind(
         }
     }
     Ok(b)
+}
+
+/// A plan's steps as text: each step's op, inputs, shape and where its
+/// value lives (arena range or view), what each fused node stands for,
+/// then the outputs.
+pub(crate) fn dump_steps(s: &mut String, g: &Graph, steps: &[NodeId], locs: &[Loc]) {
+    for &id in steps {
+        let n = g.node(id);
+        let args: Vec<String> = n.inputs.iter().map(|i| i.to_string()).collect();
+        let _ = write!(s, "{id} = {}({}) : {}", n.op, args.join(", "), n.shape);
+        match locs[id.index()] {
+            Loc::Arena { offset, cap } => {
+                let _ = write!(s, "  @[{}..{})", offset * 4, (offset + cap) * 4);
+            }
+            Loc::Alias { src, offset } => {
+                let _ = write!(s, "  = view of {src} from {offset}");
+            }
+            _ => {}
+        }
+        if let Op::MatMul { norm } = &n.op {
+            let first = if norm.is_some_and(|nm| nm.has_gamma) {
+                2
+            } else {
+                1
+            };
+            let ws: Vec<String> = n.inputs[first..]
+                .iter()
+                .map(|&w| {
+                    let wn = g.node(w);
+                    format!("{}:{}", wn.name.as_deref().unwrap_or("?"), wn.dtype)
+                })
+                .collect();
+            let fused = if norm.is_some() { "rms_norm + " } else { "" };
+            let _ = write!(
+                s,
+                "  [fused: {fused}matmul × {}: {}]",
+                ws.len(),
+                ws.join(", ")
+            );
+        }
+        if let Op::GeGlu = n.op {
+            let _ = write!(s, "  [fused: gelu + mul]");
+        }
+        if let Some(name) = &n.name {
+            let _ = write!(s, "  # {name}");
+        }
+        s.push('\n');
+    }
+    for (name, id) in g.outputs() {
+        let _ = writeln!(s, "output {name:?} = {id}");
+    }
 }

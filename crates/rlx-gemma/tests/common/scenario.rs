@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use rlx_gemma::{Feed, Model, SeqId, Sequences, SequencesOptions, Want};
+use rlx_gemma::{Feed, Model, SeqId, Sequences, SequencesOptions, SessionOptions, Want};
+
+use super::rel_l2;
 
 /// How one scenario runs.
 pub struct Script {
@@ -153,4 +155,25 @@ pub fn run_batched(model: &Model, s: &Script) -> Vec<(Vec<u32>, Vec<f32>)> {
         "every block is back in the pool"
     );
     done
+}
+
+/// Runs the scenario on `batched` and returns the largest relative L2, over
+/// its sequences, against each sequence scored alone on `alone`.
+pub fn worst_against_alone(batched: &Model, alone: &Model, s: &Script) -> f64 {
+    let runs = run_batched(batched, s);
+    assert_eq!(runs.len(), 5);
+    let mut worst = 0f64;
+    for (tokens, logits) in runs {
+        let mut session = alone
+            .session(SessionOptions {
+                context: Some(tokens.len()),
+                prefill_chunk: s.budget,
+                ..Default::default()
+            })
+            .unwrap();
+        let want = session.score(&tokens).unwrap();
+        assert_eq!(want.len(), logits.len());
+        worst = worst.max(rel_l2(&logits, &want));
+    }
+    worst
 }

@@ -131,30 +131,17 @@ pub struct CpuKvStorage {
 impl CpuKvStorage {
     pub fn new(config: &KvPoolConfig) -> Result<Self, KvError> {
         config.validate()?;
-        let groups = config.groups();
-        let mut layers: Vec<Option<LayerRows>> = (0..config.layers.len()).map(|_| None).collect();
-        for g in &groups {
-            let rows = g.blocks * BLOCK_TOKENS;
-            for slot in &g.slots {
-                let spec = &config.layers[slot.0 as usize];
-                let (k_width, v_width) = (
-                    spec.kv_heads * spec.head_dim,
-                    spec.kv_heads * spec.v_head_dim,
-                );
-                layers[slot.0 as usize] = Some(LayerRows {
-                    k: Rows::new(config.dtype, rows * k_width),
-                    v: Rows::new(config.dtype, rows * v_width),
-                    k_width,
-                    v_width,
-                });
-            }
-        }
+        let layers = config.alloc_layers(|l| {
+            Ok::<_, KvError>(LayerRows {
+                k: Rows::new(config.dtype, l.rows * l.k_width),
+                v: Rows::new(config.dtype, l.rows * l.v_width),
+                k_width: l.k_width,
+                v_width: l.v_width,
+            })
+        })?;
         Ok(CpuKvStorage {
             layers,
-            groups: groups
-                .iter()
-                .map(|g| g.slots.iter().map(|s| s.0 as usize).collect())
-                .collect(),
+            groups: config.group_slots(),
         })
     }
 

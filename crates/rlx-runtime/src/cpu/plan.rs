@@ -12,8 +12,8 @@ use rlx_ir::{Bindings, DType, Graph, KvSource, NodeId, Op};
 
 use crate::batch::Batch;
 use crate::compile::{
-    bind, narrow_from, node_err, prepare, schedule, CompileOptions, HostTensor, Loc, RunError,
-    Schedule, StepInputs, Tap,
+    bind, dump_steps, narrow_from, node_err, prepare, schedule, CompileOptions, HostTensor, Loc,
+    RunError, Schedule, StepInputs, Tap,
 };
 use crate::cpu::kernels::{attention, elementwise, moe, norm, rope, shape as shape_k};
 use crate::cpu::kv::{CpuKvStorage, RowsView};
@@ -642,51 +642,7 @@ impl Plan {
             self.device.isa(),
             self.opts.precision
         );
-        for &id in &self.steps {
-            let n = g.node(id);
-            let args: Vec<String> = n.inputs.iter().map(|i| i.to_string()).collect();
-            let _ = write!(s, "{id} = {}({}) : {}", n.op, args.join(", "), n.shape);
-            match self.locs[id.index()] {
-                Loc::Arena { offset, cap } => {
-                    let _ = write!(s, "  @[{}..{})", offset * 4, (offset + cap) * 4);
-                }
-                Loc::Alias { src, offset } => {
-                    let _ = write!(s, "  = view of {src} from {offset}");
-                }
-                _ => {}
-            }
-            if let Op::MatMul { norm } = &n.op {
-                let first = if norm.is_some_and(|nm| nm.has_gamma) {
-                    2
-                } else {
-                    1
-                };
-                let ws: Vec<String> = n.inputs[first..]
-                    .iter()
-                    .map(|&w| {
-                        let wn = g.node(w);
-                        format!("{}:{}", wn.name.as_deref().unwrap_or("?"), wn.dtype)
-                    })
-                    .collect();
-                let fused = if norm.is_some() { "rms_norm + " } else { "" };
-                let _ = write!(
-                    s,
-                    "  [fused: {fused}matmul × {}: {}]",
-                    ws.len(),
-                    ws.join(", ")
-                );
-            }
-            if let Op::GeGlu = n.op {
-                let _ = write!(s, "  [fused: gelu + mul]");
-            }
-            if let Some(name) = &n.name {
-                let _ = write!(s, "  # {name}");
-            }
-            s.push('\n');
-        }
-        for (name, id) in g.outputs() {
-            let _ = writeln!(s, "output {name:?} = {id}");
-        }
+        dump_steps(&mut s, g, &self.steps, &self.locs);
         s
     }
 }

@@ -56,34 +56,21 @@ impl CudaKvStorage {
             ))
             .into());
         }
-        let groups = config.groups();
         let s = &device.stream;
-        let mut layers: Vec<Option<LayerRows>> = (0..config.layers.len()).map(|_| None).collect();
-        for g in &groups {
-            let rows = g.blocks * BLOCK_TOKENS;
-            for slot in &g.slots {
-                let spec = &config.layers[slot.0 as usize];
-                let (k_width, v_width) = (
-                    spec.kv_heads * spec.head_dim,
-                    spec.kv_heads * spec.v_head_dim,
-                );
-                layers[slot.0 as usize] = Some(LayerRows {
-                    k: s.alloc_zeros(rows * k_width)?,
-                    v: s.alloc_zeros(rows * v_width)?,
-                    k_width,
-                    v_width,
-                });
-            }
-        }
+        let layers = config.alloc_layers(|l| {
+            Ok::<_, CudaError>(LayerRows {
+                k: s.alloc_zeros(l.rows * l.k_width)?,
+                v: s.alloc_zeros(l.rows * l.v_width)?,
+                k_width: l.k_width,
+                v_width: l.v_width,
+            })
+        })?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(CudaKvStorage {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             device: Arc::clone(device),
             layers,
-            groups: groups
-                .iter()
-                .map(|g| g.slots.iter().map(|s| s.0 as usize).collect())
-                .collect(),
+            groups: config.group_slots(),
         })
     }
 

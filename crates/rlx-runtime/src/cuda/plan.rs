@@ -14,8 +14,8 @@ use super::kv::{CudaKvStorage, LayerPtrs};
 use super::{type_code, CudaDevice, CudaError, CudaWeights};
 use crate::batch::Batch;
 use crate::compile::{
-    bind, narrow_from, node_err, prepare, schedule, CompileOptions, HostTensor, Loc, RunError,
-    StepInputs,
+    bind, dump_steps, narrow_from, node_err, prepare, schedule, CompileOptions, HostTensor, Loc,
+    RunError, StepInputs,
 };
 use crate::cpu::kernels::rope::inv_freqs;
 use crate::kv::{KvError, KvPool, StepLayout, BLOCK_TOKENS};
@@ -1069,27 +1069,7 @@ impl CudaPlan {
                 ""
             }
         );
-        for &id in &self.steps {
-            let n = g.node(id);
-            let args: Vec<String> = n.inputs.iter().map(|i| i.to_string()).collect();
-            let _ = write!(s, "{id} = {}({}) : {}", n.op, args.join(", "), n.shape);
-            match self.locs[id.index()] {
-                Loc::Arena { offset, cap } => {
-                    let _ = write!(s, "  @[{}..{})", offset * 4, (offset + cap) * 4);
-                }
-                Loc::Alias { src, offset } => {
-                    let _ = write!(s, "  = view of {src} from {offset}");
-                }
-                _ => {}
-            }
-            if let Some(name) = &n.name {
-                let _ = write!(s, "  # {name}");
-            }
-            s.push('\n');
-        }
-        for (name, id) in g.outputs() {
-            let _ = writeln!(s, "output {name:?} = {id}");
-        }
+        dump_steps(&mut s, g, &self.steps, &self.locs);
         s
     }
 }

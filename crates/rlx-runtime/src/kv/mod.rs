@@ -182,6 +182,49 @@ impl KvPoolConfig {
     }
 }
 
+/// The storage shape of one owning layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerLayout {
+    pub slot: usize,
+    /// Rows: the group's blocks × [`BLOCK_TOKENS`].
+    pub rows: usize,
+    /// Elements per row of K and of V.
+    pub k_width: usize,
+    pub v_width: usize,
+}
+
+impl KvPoolConfig {
+    /// One storage value per slot: `alloc` for each owning layer, `None` for
+    /// layers that share another's K/V.
+    pub fn alloc_layers<T, E>(
+        &self,
+        mut alloc: impl FnMut(&LayerLayout) -> Result<T, E>,
+    ) -> Result<Vec<Option<T>>, E> {
+        let mut layers: Vec<Option<T>> = (0..self.layers.len()).map(|_| None).collect();
+        for g in self.groups() {
+            for slot in &g.slots {
+                let spec = &self.layers[slot.0 as usize];
+                let layout = LayerLayout {
+                    slot: slot.0 as usize,
+                    rows: g.blocks * BLOCK_TOKENS,
+                    k_width: spec.kv_heads * spec.head_dim,
+                    v_width: spec.kv_heads * spec.v_head_dim,
+                };
+                layers[layout.slot] = Some(alloc(&layout)?);
+            }
+        }
+        Ok(layers)
+    }
+
+    /// The owning slots of each group.
+    pub fn group_slots(&self) -> Vec<Vec<usize>> {
+        self.groups()
+            .iter()
+            .map(|g| g.slots.iter().map(|s| s.0 as usize).collect())
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum KvError {
     #[error("K/V pool full: {seq} needs {needed} more blocks of {BLOCK_TOKENS} tokens for its {layers} layers, {free} are free")]

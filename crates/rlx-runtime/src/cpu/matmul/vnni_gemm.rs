@@ -44,7 +44,12 @@ pub(super) unsafe fn tile<const P: usize, const MT: usize, const SBQ: usize>(
         let a = codes.add(sb * SBQ * MT * 4);
         let mut sum = [[_mm512_setzero_si512(); MT]; P];
         for q in 0..SBQ {
-            let w = p.map(|p| _mm512_loadu_si512(p.add(q * 64).cast()));
+            // A loop, not `map`: a closure does not inherit the target
+            // features, so its load could run out of line.
+            let mut w = [_mm512_setzero_si512(); P];
+            for (w, p) in w.iter_mut().zip(&p) {
+                *w = _mm512_loadu_si512(p.add(q * 64).cast());
+            }
             for i in 0..MT {
                 let x = _mm512_set1_epi32(a.add((q * MT + i) * 4).cast::<i32>().read_unaligned());
                 for g in 0..P {

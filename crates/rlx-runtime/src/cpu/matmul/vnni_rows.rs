@@ -115,7 +115,6 @@ unsafe fn tile<const TYPE: u8, const R: usize, const M: usize>(
     let cv = _mm512_set1_epi8(c);
     let zero = _mm512_setzero_si512();
     let zero_half = _mm256_setzero_si256();
-    let scale = |p: *const u8| table[usize::from(p.cast::<u16>().read_unaligned())];
     let mut acc = [[_mm512_setzero_ps(); R]; M];
     for b in (0..nb).step_by(2) {
         let pair = b + 1 < nb;
@@ -126,25 +125,25 @@ unsafe fn tile<const TYPE: u8, const R: usize, const M: usize>(
             _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
             let (hi, d_hi) = if pair {
                 let next = wb.add(wb_bytes);
-                (codes::<TYPE>(next), scale(next))
+                (codes::<TYPE>(next), scale(table, next))
             } else {
                 (zero_half, 0.0)
             };
             q[r] = join(codes::<TYPE>(wb), hi);
-            dw[r] = join_ps(scale(wb), d_hi);
+            dw[r] = join_ps(scale(table, wb), d_hi);
         }
         for (i, acc) in acc.iter_mut().enumerate() {
             let ab = a.add(i * a_row_bytes + b * Q8_0_BYTES);
             let lo = _mm256_loadu_si256(ab.add(2).cast());
             let (hi, d_hi) = if pair {
                 let next = ab.add(Q8_0_BYTES);
-                (_mm256_loadu_si256(next.add(2).cast()), scale(next))
+                (_mm256_loadu_si256(next.add(2).cast()), scale(table, next))
             } else {
                 (zero_half, 0.0)
             };
             let x = join(lo, hi);
             let start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, cv, x));
-            let dx = join_ps(scale(ab), d_hi);
+            let dx = join_ps(scale(table, ab), d_hi);
             for r in 0..R {
                 let sum = _mm512_dpbusd_epi32(start, q[r], x);
                 let d = _mm512_mul_ps(dx, dw[r]);
@@ -152,7 +151,24 @@ unsafe fn tile<const TYPE: u8, const R: usize, const M: usize>(
             }
         }
     }
-    acc.map(|row| row.map(|v| _mm512_reduce_add_ps(v)))
+    // Plain loops, not closures: a closure does not inherit the target
+    // features, and the reductions then run out of line.
+    let mut out = [[0f32; R]; M];
+    for i in 0..M {
+        for r in 0..R {
+            out[i][r] = _mm512_reduce_add_ps(acc[i][r]);
+        }
+    }
+    out
+}
+
+/// The f16 scale at the start of a block, as f32.
+///
+/// # Safety
+/// `p` points at two readable bytes.
+#[inline(always)]
+unsafe fn scale(table: &[f32; 65536], p: *const u8) -> f32 {
+    table[usize::from(p.cast::<u16>().read_unaligned())]
 }
 
 /// Weight rows `r0..r0 + R` of `w` against every activation row; writes
