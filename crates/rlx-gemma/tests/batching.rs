@@ -11,14 +11,15 @@
 //! Bounds, relative L2 per sequence: `exact` 1e-5 (measured 0 – 1.6e-7 on
 //! the tiny models and 4e-7 on the 270M file: the same kernels on the same
 //! rows, only the matmul's blocking over rows differs). `q8` rounds every
-//! matmul input to 8 bits, so a difference of one ulp upstream (the GEMM
-//! for 8 or more rows, the matrix-vector kernels below) can flip a rounding
-//! and move a tiny model's row by 1e-2: one sequence alone, prefilled in
-//! one chunk or fed token by token, differs by up to 8e-3 on the tiny Q8_0
-//! files. A `q8` batch is therefore bound by the size of `q8`'s own
-//! rounding on that file (the same sequence alone, `q8` against `exact`;
-//! 1e-5 where it has none): measured 8e-8 – 5.5e-3 against bounds of
-//! 2.2e-2 – 1.2e-1 on the Q8_0 files, and 0 – 1.4e-7 on f32 files (which
+//! matmul input to 8 bits, so a difference of one ulp upstream (a step's
+//! rows go through the row kernels, the panel kernels or the GEMM by their
+//! count, and each sums in its own order) can flip a rounding and move a
+//! tiny model's row by 1e-2: one sequence alone, prefilled in one chunk or
+//! fed token by token, differs by up to 8e-3 on the tiny Q8_0 files. A
+//! `q8` batch is therefore bound by the size of `q8`'s own rounding on that
+//! file (the same sequence alone, `q8` against `exact`; 1e-5 where it has
+//! none): measured 5e-8 – 5.8e-3 against bounds of 2.2e-2 – 1.2e-1 on the
+//! Q8_0 files, and 0 – 1.4e-7 on f32 files (which
 //! `q8` runs in f32).
 
 mod common;

@@ -344,7 +344,7 @@ fn many_activation_rows_match_the_q8_0_activation_reference() {
     ];
     for ty in types {
         for isa in Isa::supported() {
-            let (rows, k, m) = (37, 512, 71);
+            let (rows, k, m) = (37, 512, 100);
             let data = random_weights(ty, rows, k, &mut rng);
             let x = rng.vec(m * k);
             let xq = rlx_gguf::dequantize_to_vec(
@@ -364,7 +364,8 @@ fn many_activation_rows_match_the_q8_0_activation_reference() {
                 y.iter().zip(&y3).all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{ty} {isa}: 1 vs 3 threads differ"
             );
-            // Rows 17..29 alone: the same bits as inside the full batch.
+            // Rows 17.. alone (still a GEMM-sized batch): the same bits as
+            // inside the full batch.
             let tail = run(
                 &pools[0],
                 Precision::Quantized,
@@ -391,6 +392,66 @@ fn many_activation_rows_match_the_q8_0_activation_reference() {
                     assert!(
                         err <= tol,
                         "{ty} {isa} out {o}: {v} vs {} (err {err:e}, tol {tol:e})",
+                        r.y[o]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Batches of a few to a few dozen activation rows (a decode step of many
+/// sequences: the panel kernels where the CPU has them, else the row
+/// kernels): every output equals the f64 product of the dequantized weights
+/// and the Q8_0 activations to `1e-5 · Σ|w·x|`, whatever the thread count,
+/// and a row gives the same bits wherever it sits in a batch of the same
+/// size.
+#[test]
+fn decode_batches_match_the_q8_0_activation_reference() {
+    use GgmlType as T;
+    let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+    let mut rng = Rng(21);
+    for ty in [T::Q4_0, T::Q5_0, T::Q8_0] {
+        for isa in Isa::supported() {
+            for m in [4, 5, 15, 16, 17, 31] {
+                let (rows, k) = (13, 320);
+                let data = random_weights(ty, rows, k, &mut rng);
+                let x = rng.vec(m * k);
+                let xq = rlx_gguf::dequantize_to_vec(
+                    GgmlType::Q8_0,
+                    &rlx_gguf::quantize_to_vec(GgmlType::Q8_0, &x).unwrap(),
+                )
+                .unwrap();
+                let w = [WeightMatrix {
+                    ty,
+                    rows,
+                    k,
+                    data: &data,
+                }];
+                let y = run(&pools[0], Precision::Quantized, isa, &x, m, &w);
+                let y3 = run(&pools[1], Precision::Quantized, isa, &x, m, &w);
+                assert!(
+                    y.iter().zip(&y3).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty} {isa} m={m}: 1 vs 3 threads differ"
+                );
+                // The first row moved to the end: its outputs keep their bits.
+                let mut moved = x[k..].to_vec();
+                moved.extend_from_slice(&x[..k]);
+                let ym = run(&pools[0], Precision::Quantized, isa, &moved, m, &w);
+                assert!(
+                    ym[(m - 1) * rows..]
+                        .iter()
+                        .zip(&y[..rows])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty} {isa} m={m}: a row's result depends on its place"
+                );
+                let r = reference(ty, &data, rows, k, &xq, m);
+                for (o, &v) in y.iter().enumerate() {
+                    let err = (f64::from(v) - r.y[o]).abs();
+                    let tol = 1e-5 * r.abs[o] + 1e-30;
+                    assert!(
+                        err <= tol,
+                        "{ty} {isa} m={m} out {o}: {v} vs {} (err {err:e}, tol {tol:e})",
                         r.y[o]
                     );
                 }

@@ -6,6 +6,8 @@ use rlx_gguf::GgmlType;
 
 use super::super::features::Isa;
 use super::super::pool::{split_range, ThreadPool};
+use super::scalar::Q8_0_BYTES;
+use super::table::f16_table;
 
 /// The activation block formats of llama.cpp's CPU dot products.
 #[allow(non_camel_case_types)]
@@ -177,6 +179,63 @@ unsafe fn q8_0_avx2(x: &[f32], out: &mut [u8]) {
         let p = _mm256_packs_epi16(p01, p23);
         let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256(b.as_mut_ptr().add(2).cast(), p);
+    }
+}
+
+/// Activation rows per panel: one per 32-bit lane of a zmm register.
+pub(super) const LANES: usize = 16;
+/// Groups of 4 elements in a block.
+pub(super) const QUADS: usize = 8;
+/// Q8_0 activation rows transposed into panels of [`LANES`] rows, for the
+/// kernels that broadcast weight codes against many activation rows: per
+/// block and per group of 4 elements, one 64-byte line holds those 4 bytes
+/// of every row of the panel.
+#[derive(Default)]
+pub(super) struct ActPanels {
+    /// `[panel][block][quad][lane][4]` codes.
+    pub(super) codes: Vec<i8>,
+    /// `[panel][block][lane]` scales (0 for padding lanes).
+    pub(super) scales: Vec<f32>,
+    /// `[panel][block][lane]` sums of the block's codes.
+    pub(super) sums: Vec<i32>,
+    pub(super) rows: usize,
+    pub(super) blocks: usize,
+}
+
+/// Transposes `m` Q8_0 activation rows (`act_row_bytes` apart, `blocks`
+/// blocks each) into `out`.
+pub(super) fn pack_panels(
+    acts: &[u8],
+    m: usize,
+    act_row_bytes: usize,
+    blocks: usize,
+    out: &mut ActPanels,
+) {
+    let panels = m.div_ceil(LANES);
+    let table = f16_table();
+    out.rows = m;
+    out.blocks = blocks;
+    out.codes.clear();
+    out.codes.resize(panels * blocks * QUADS * LANES * 4, 0);
+    out.scales.clear();
+    out.scales.resize(panels * blocks * LANES, 0.0);
+    out.sums.clear();
+    out.sums.resize(panels * blocks * LANES, 0);
+    for i in 0..m {
+        let (p, lane) = (i / LANES, i % LANES);
+        let row = &acts[i * act_row_bytes..];
+        for b in 0..blocks {
+            let block = &row[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES];
+            let at = (p * blocks + b) * LANES + lane;
+            out.scales[at] = table[usize::from(u16::from_le_bytes([block[0], block[1]]))];
+            out.sums[at] = block[2..].iter().map(|&c| i32::from(c as i8)).sum();
+            for q in 0..QUADS {
+                let dst = (((p * blocks + b) * QUADS + q) * LANES + lane) * 4;
+                for (d, &c) in out.codes[dst..dst + 4].iter_mut().zip(&block[2 + 4 * q..]) {
+                    *d = c as i8;
+                }
+            }
+        }
     }
 }
 

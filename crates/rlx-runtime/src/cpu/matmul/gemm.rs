@@ -34,11 +34,12 @@ pub(super) const PANEL_FACTORS: usize = 2 * LANES * 4;
 /// Activation rows per register tile (two panels × 6 rows of int and f32
 /// sums fill 24 of the 32 zmm registers).
 const MT: usize = 6;
-/// Below this many activation rows the row kernels are faster: decoding the
-/// panels costs about as much as 25 rows of row-kernel work (a step of 16
-/// Gemma 3 270M decode rows: 401 tokens/s with the row kernels, 276 with the
-/// GEMM; at 24 rows they are even, at 32 the GEMM leads).
-pub(super) const MIN_ROWS: usize = 32;
+/// Below this many activation rows the panel and row kernels are faster:
+/// decoding the weight panels costs about as much as a few dozen rows of
+/// their work. On Gemma 3 270M: decode steps of 32 and 48 rows ran at 487
+/// and 440 tokens/s through the panel kernels against 251 and 276 through
+/// the GEMM, a prompt chunk of 64 at 1175 through the GEMM against 816.
+pub(super) const MIN_ROWS: usize = 64;
 
 /// Whether [`run`] handles a call.
 pub(super) fn applies(opts: &MatmulOptions, segments: &[Segment], m: usize) -> bool {

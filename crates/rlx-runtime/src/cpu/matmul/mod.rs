@@ -49,6 +49,8 @@ mod table;
 #[cfg(target_arch = "x86_64")]
 mod vnni_gemm;
 #[cfg(target_arch = "x86_64")]
+mod vnni_panel;
+#[cfg(target_arch = "x86_64")]
 mod vnni_rows;
 
 use std::ops::Range;
@@ -98,6 +100,8 @@ pub struct MatmulScratch {
     acts: [Vec<u8>; ActFormat::COUNT],
     /// Dequantized weight tiles, one per concurrently running task.
     tiles: Mutex<Vec<Vec<f32>>>,
+    /// Q8_0 activations transposed for the panel kernels.
+    act_panels: act::ActPanels,
     /// Prefill GEMM: activations in tile order and per-task weight panels.
     gemm_acts: gemm::PackedActs,
     panels: Mutex<Vec<gemm::PanelScratch>>,
@@ -212,6 +216,21 @@ pub fn matmul(
         }
     }
 
+    let panels = m >= kernels::PANEL_MIN_ROWS
+        && segments.iter().any(|s| {
+            matches!(
+                s.kernel,
+                RowKernel::Quant {
+                    dot: QuantDot::Rows { panel: Some(_), .. },
+                    ..
+                }
+            )
+        });
+    if panels {
+        let fmt = ActFormat::Q8_0;
+        let acts = &scratch.acts[fmt.index()];
+        act::pack_panels(acts, m, fmt.row_bytes(k), k / 32, &mut scratch.act_panels);
+    }
     let n_tasks = task_count(pool, n_cols);
     let bounds = (0..=n_tasks)
         .map(|t| split_range(n_cols, n_tasks, t).start)
@@ -221,6 +240,7 @@ pub fn matmul(
         x,
         k,
         acts: &scratch.acts,
+        panels: panels.then_some(&scratch.act_panels),
         segments: &segments,
         dot_f32: kernels::f32_dot(opts.isa),
         dot_f32_tile: kernels::f32_dot_tile(opts.isa),
@@ -350,6 +370,8 @@ struct Job<'a> {
     x: &'a [f32],
     k: usize,
     acts: &'a [Vec<u8>; ActFormat::COUNT],
+    /// The Q8_0 activations as panels, when the batch is large enough.
+    panels: Option<&'a act::ActPanels>,
     segments: &'a [Segment<'a>],
     dot_f32: kernels::DotF32,
     dot_f32_tile: Option<kernels::DotF32Tile>,
@@ -411,10 +433,16 @@ impl Job<'_> {
                         }
                     }
                 }
-                QuantDot::Rows(dot) => {
+                QuantDot::Rows { rows: dot, panel } => {
                     let w = &s.w.data[r0 * s.row_bytes..r1 * s.row_bytes];
-                    // SAFETY: as above.
-                    unsafe { dot(w, s.row_bytes, act, act_row_bytes, rows, o.start) };
+                    match (panel, self.panels) {
+                        // SAFETY: as above.
+                        (Some(panel), Some(p)) => unsafe {
+                            panel(w, s.row_bytes, p, rows, o.start)
+                        },
+                        // SAFETY: as above.
+                        _ => unsafe { dot(w, s.row_bytes, act, act_row_bytes, rows, o.start) },
+                    }
                 }
             }
         }

@@ -28,14 +28,14 @@ pub(super) const Q5_0: u8 = 2;
 /// Bytes ahead of each row's read position to prefetch: a large LM head
 /// streams from DRAM, and one core's demand misses alone reach only part of
 /// the bandwidth. Prefetches past the end of `w` are harmless hints.
-const PREFETCH: usize = 8192;
+pub(super) const PREFETCH: usize = 8192;
 
 /// Weight rows and activation rows in one register tile.
 const ROWS: usize = 4;
 const ACTS: usize = 4;
 
 /// `(block bytes, code offset C)` of a format.
-const fn layout(ty: u8) -> (usize, i8) {
+pub(super) const fn layout(ty: u8) -> (usize, i8) {
     match ty {
         // 128 as the byte `vpdpbusd` reads unsigned.
         Q8_0 => (34, -128),
@@ -50,7 +50,7 @@ const fn layout(ty: u8) -> (usize, i8) {
 /// `wb` points at a whole block of format `TYPE`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn codes<const TYPE: u8>(wb: *const u8) -> __m256i {
+pub(super) unsafe fn codes<const TYPE: u8>(wb: *const u8) -> __m256i {
     match TYPE {
         Q8_0 => _mm256_xor_si256(
             _mm256_loadu_si256(wb.add(2).cast()),
