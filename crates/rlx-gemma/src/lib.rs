@@ -18,4 +18,4 @@ pub use builder::build_graph;
 pub use config::{Arch, AttentionKind, ConfigError, GemmaConfig, LayerSpec, MoeSpec};
 pub use model::{Model, ModelError, ModelOptions};
 pub use rlx_runtime::{Device, Precision, SeqId};
-pub use sequences::{Feed, Sequences, SequencesOptions, Session, SessionOptions, Want};
+pub use sequences::{Feed, Sequences, SequencesOptions, Session, SessionOptions, StepLogits, Want};

@@ -27,6 +27,42 @@ pub struct Feed<'a> {
     pub logits: Want,
 }
 
+/// The logits of one step: for each feed, in feed order, the rows it asked
+/// for (`[rows × vocab]`), held in the one buffer the step returned.
+#[derive(Clone, Debug, Default)]
+pub struct StepLogits {
+    data: Vec<f32>,
+    /// Each feed's range of `data`.
+    feeds: Vec<std::ops::Range<usize>>,
+}
+
+impl StepLogits {
+    /// Feeds in the step.
+    pub fn len(&self) -> usize {
+        self.feeds.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.feeds.is_empty()
+    }
+
+    /// The logits feed `i` asked for (empty for [`Want::None`]).
+    pub fn get(&self, i: usize) -> &[f32] {
+        &self.data[self.feeds[i].clone()]
+    }
+
+    /// Feed `i`'s logits as an owned vector (no copy when it is the only
+    /// feed that asked for any).
+    pub fn into_feed(mut self, i: usize) -> Vec<f32> {
+        let range = self.feeds[i].clone();
+        if range.len() == self.data.len() {
+            std::mem::take(&mut self.data)
+        } else {
+            self.data[range].to_vec()
+        }
+    }
+}
+
 /// What a [`Sequences`] is sized for.
 #[derive(Clone, Debug)]
 pub struct SequencesOptions {
@@ -223,7 +259,7 @@ impl<'m> Sequences<'m> {
     /// Runs one step: every feed's tokens appended to its sequence, all in
     /// one pass over the weights. Returns, per feed, the logits it asked for
     /// (`[rows × vocab]`: none, its last token's, or all of its tokens').
-    pub fn step(&mut self, feeds: &[Feed]) -> Result<Vec<Vec<f32>>> {
+    pub fn step(&mut self, feeds: &[Feed]) -> Result<StepLogits> {
         let vocab = self.model.config().n_vocab;
         let total: usize = feeds.iter().map(|f| f.tokens.len()).sum();
         if total == 0 {
@@ -275,25 +311,27 @@ impl<'m> Sequences<'m> {
             rlx_runtime::HostTensor::F32 { data, .. } => data,
             rlx_runtime::HostTensor::I32 { .. } => unreachable!("logits are f32"),
         };
-        let mut rows = logits.chunks_exact(vocab);
-        let mut result = Vec::with_capacity(feeds.len());
+        let mut feeds_at = Vec::with_capacity(feeds.len());
+        let mut at = 0;
         for f in feeds {
             let n = match f.logits {
                 Want::None => 0,
                 Want::Last => 1,
                 Want::All => f.tokens.len(),
             };
-            let mut v = Vec::with_capacity(n * vocab);
-            for row in rows.by_ref().take(n) {
-                v.extend_from_slice(row);
-            }
-            result.push(v);
+            feeds_at.push(at..at + n * vocab);
+            at += n * vocab;
             self.tokens
                 .get_mut(&f.seq)
                 .expect("checked")
                 .extend_from_slice(f.tokens);
             self.computed += f.tokens.len();
         }
+        debug_assert_eq!(at, logits.len());
+        let result = StepLogits {
+            data: logits,
+            feeds: feeds_at,
+        };
         Ok(result)
     }
 }
@@ -424,7 +462,7 @@ impl Session<'_> {
             tokens,
             logits,
         };
-        Ok(self.seqs.step(&[feed])?.swap_remove(0))
+        Ok(self.seqs.step(&[feed])?.into_feed(0))
     }
 
     /// Appends `tokens` and returns the logits of every one of them,

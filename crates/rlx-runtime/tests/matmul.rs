@@ -460,6 +460,69 @@ fn decode_batches_match_the_q8_0_activation_reference() {
     }
 }
 
+/// Weights of different types in one call (a fused projection) may each
+/// take another path at the same row count (the GEMM for K-quants, panel
+/// kernels for the 32-element formats): every weight's columns equal a call
+/// with that weight alone, bit for bit, and every output is written.
+#[test]
+fn fused_weights_of_mixed_paths_equal_separate_calls() {
+    use GgmlType as T;
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(33);
+    let (k, parts) = (
+        512,
+        [(T::Q4_K, 16), (T::Q8_0, 13), (T::Q6_K, 17), (T::Q5_0, 7)],
+    );
+    let data: Vec<Vec<u8>> = parts
+        .iter()
+        .map(|&(ty, rows)| random_weights(ty, rows, k, &mut rng))
+        .collect();
+    let ws: Vec<WeightMatrix> = parts
+        .iter()
+        .zip(&data)
+        .map(|(&(ty, rows), d)| WeightMatrix {
+            ty,
+            rows,
+            k,
+            data: d,
+        })
+        .collect();
+    let cols: usize = parts.iter().map(|p| p.1).sum();
+    for isa in Isa::supported() {
+        for m in [3, 20, 70, 130] {
+            let x = rng.vec(m * k);
+            let fused = run(&pool, Precision::Quantized, isa, &x, m, &ws);
+            assert!(
+                fused.iter().all(|v| v.is_finite()),
+                "{isa} m={m}: unwritten"
+            );
+            let mut col0 = 0;
+            for w in &ws {
+                let alone = run(
+                    &pool,
+                    Precision::Quantized,
+                    isa,
+                    &x,
+                    m,
+                    std::slice::from_ref(w),
+                );
+                for i in 0..m {
+                    let got = &fused[i * cols + col0..][..w.rows];
+                    let want = &alone[i * w.rows..][..w.rows];
+                    assert!(
+                        got.iter()
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{isa} m={m} {}: row {i} differs when fused",
+                        w.ty
+                    );
+                }
+                col0 += w.rows;
+            }
+        }
+    }
+}
+
 /// The SIMD integer kernels form the same integer sums as the scalar ones, so
 /// outputs may differ only by f32 rounding of the per-block scaling:
 /// `|simd − scalar| ≤ 1e-6 · Σ|w·x|`.

@@ -124,12 +124,14 @@ pub fn run_batched(model: &Model, s: &Script) -> Vec<(Vec<u32>, Vec<f32>)> {
             })
             .collect();
         let out = seqs.step(&feeds).unwrap();
-        for (&(id, n), rows) in plan.iter().zip(out) {
+        assert_eq!(out.len(), plan.len());
+        for (i, &(id, n)) in plan.iter().enumerate() {
+            let rows = out.get(i);
             let t = live.get_mut(&id).unwrap();
             assert_eq!(rows.len(), n * vocab);
             let fed: Vec<u32> = t.pending.drain(..n).collect();
             t.tokens.extend(fed);
-            t.logits.extend(rows);
+            t.logits.extend_from_slice(rows);
             if t.pending.is_empty() && t.tokens.len() < t.target {
                 t.pending.push(token(vocab, t.tag, t.tokens.len()));
             }

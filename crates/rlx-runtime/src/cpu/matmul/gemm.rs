@@ -25,6 +25,7 @@ use rlx_gguf::quant::{affine_codes, affine_sub_block};
 
 use super::super::features::{has_avx512_vnni, Isa};
 use super::super::pool::{split_range, ThreadPool};
+use super::kernels::{QuantDot, RowKernel};
 use super::{MatmulOptions, Precision, Segment, SharedOutput};
 
 /// Weight rows per panel: one per lane of a zmm register.
@@ -34,21 +35,32 @@ pub(super) const PANEL_FACTORS: usize = 2 * LANES * 4;
 /// Activation rows per register tile (two panels × 6 rows of int and f32
 /// sums fill 24 of the 32 zmm registers).
 const MT: usize = 6;
-/// Below this many activation rows the panel and row kernels are faster:
-/// decoding the weight panels costs about as much as a few dozen rows of
-/// their work. On Gemma 3 270M: decode steps of 32 and 48 rows ran at 487
-/// and 440 tokens/s through the panel kernels against 251 and 276 through
-/// the GEMM, a prompt chunk of 64 at 1175 through the GEMM against 816.
-pub(super) const MIN_ROWS: usize = 64;
+/// Rows from which a weight with only row kernels (the K-quants) goes
+/// through the GEMM: decoding its panels costs about a dozen rows of
+/// row-kernel work. `matmul_bench`, 2 threads, GFLOP/s of Q4_K 640×1024 and
+/// Q6_K 640×2048: 16 rows 199 and 175 through the GEMM against 156 and 168,
+/// 32 rows 358 and 329 against 143 and 164.
+pub(super) const MIN_ROWS: usize = 16;
+/// Rows from which a weight that has panel kernels (Q4_0, Q5_0, Q8_0) goes
+/// through the GEMM: at 64 rows the panels ran at 526–661 GFLOP/s against
+/// 228–412, at 128 the two were even (498–745 against 462–620).
+pub(super) const MIN_ROWS_PANELS: usize = 128;
 
-/// Whether [`run`] handles a call.
-pub(super) fn applies(opts: &MatmulOptions, segments: &[Segment], m: usize) -> bool {
+/// Whether [`run`] handles a weight at `m` activation rows.
+pub(super) fn applies(opts: &MatmulOptions, s: &Segment, m: usize) -> bool {
+    let panels = matches!(
+        s.kernel,
+        RowKernel::Quant {
+            dot: QuantDot::Rows { panel: Some(_), .. },
+            ..
+        }
+    );
     cfg!(target_arch = "x86_64")
-        && m >= MIN_ROWS
+        && m >= if panels { MIN_ROWS_PANELS } else { MIN_ROWS }
         && opts.precision == Precision::Quantized
         && opts.isa >= Isa::Avx512
         && has_avx512_vnni()
-        && segments.iter().all(|s| affine_sub_block(s.w.ty).is_some())
+        && affine_sub_block(s.w.ty).is_some()
 }
 
 /// Activations in tile order; see the module docs.
@@ -126,11 +138,14 @@ pub(super) fn pack_acts(pool: &ThreadPool, q8: &[u8], m: usize, k: usize, out: &
     });
 }
 
-/// `y = x · Wᵀ` for every segment, from activations packed by [`pack_acts`].
+/// `y = x · Wᵀ` for every segment, from activations packed by [`pack_acts`];
+/// `y` has `n_cols` columns, of which the segments' are written.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     pool: &ThreadPool,
     m: usize,
     k: usize,
+    n_cols: usize,
     segments: &[Segment],
     acts: &PackedActs,
     y: &mut [f32],
@@ -142,17 +157,13 @@ pub(super) fn run(
         .enumerate()
         .flat_map(|(si, s)| (0..s.w.rows.div_ceil(LANES)).map(move |g| (si, g * LANES)))
         .collect();
-    let group_end = |&(si, r0): &(usize, usize)| {
-        let s = &segments[si];
-        s.col0 + (r0 + LANES).min(s.w.rows)
-    };
     let n_tasks = (4 * pool.threads()).min(groups.len());
     let bounds: Vec<usize> = (0..=n_tasks)
         .map(|t| {
             let first = split_range(groups.len(), n_tasks, t.min(n_tasks - 1));
             match t {
                 0 => 0,
-                t if t == n_tasks => group_end(&groups[groups.len() - 1]),
+                t if t == n_tasks => n_cols,
                 _ => {
                     let (si, r0) = groups[first.start];
                     segments[si].col0 + r0
@@ -160,7 +171,6 @@ pub(super) fn run(
             }
         })
         .collect();
-    let n_cols = bounds[n_tasks];
     let out = SharedOutput::with_bounds(y, m, n_cols, bounds);
     pool.for_each(n_tasks, &|t| {
         let (cols, mut rows) = out.claim(t);

@@ -194,8 +194,12 @@ pub fn matmul(
         return Ok(());
     }
 
-    let segments = plan(opts, weights);
-    if gemm::applies(opts, &segments, m) {
+    // Each weight goes through the GEMM or the row/panel kernels by its
+    // type and the row count.
+    let (gemm_segments, segments): (Vec<Segment>, Vec<Segment>) = plan(opts, weights)
+        .into_iter()
+        .partition(|s| gemm::applies(opts, s, m));
+    if !gemm_segments.is_empty() {
         let q8 = &mut scratch.acts[ActFormat::Q8_0.index()];
         act::quantize_rows(pool, opts.isa, ActFormat::Q8_0, x, m, k, q8);
         gemm::pack_acts(pool, q8, m, k, &mut scratch.gemm_acts);
@@ -203,11 +207,14 @@ pub fn matmul(
             pool,
             m,
             k,
-            &segments,
+            n_cols,
+            &gemm_segments,
             &scratch.gemm_acts,
             y,
             &scratch.panels,
         );
+    }
+    if segments.is_empty() {
         return Ok(());
     }
     for fmt in ActFormat::ALL {
