@@ -17,6 +17,8 @@
 
 use std::arch::x86_64::*;
 
+use super::avx2::hsum_ps;
+
 use super::scalar::Q8_0_BYTES;
 use super::table::f16_table;
 
@@ -75,28 +77,10 @@ pub(super) unsafe fn codes<const TYPE: u8>(wb: *const u8) -> __m256i {
     }
 }
 
-/// Two 256-bit halves as one 512-bit register.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
-    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-}
-
-/// `lo` in the low 8 lanes and `hi` in the high 8.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn join_ps(lo: f32, hi: f32) -> __m512 {
-    let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
-    _mm512_castsi512_ps(join(_mm256_castps_si256(lo), _mm256_castps_si256(hi)))
-}
-
 /// `R` weight rows starting at `w`, `row_bytes` apart, each `nb` blocks,
 /// against `M` activation rows starting at `a`, `a_row_bytes` apart:
 /// `out[i][r]` = weight row `r` · activation row `i`. Codes are unpacked once
-/// per weight block and reused for the `M` activation rows. Blocks go two at
-/// a time through 512-bit registers (block `b` in the low half, `b + 1` in
-/// the high half), so each `vpdpbusd`, conversion and FMA covers 64 weights;
-/// an odd last block leaves the high half zero.
+/// per weight block and reused for the `M` activation rows.
 ///
 /// # Safety
 /// `w + r·row_bytes` for `r < R` and `a + i·a_row_bytes` for `i < M` point at
@@ -112,63 +96,39 @@ unsafe fn tile<const TYPE: u8, const R: usize, const M: usize>(
     table: &[f32; 65536],
 ) -> [[f32; R]; M] {
     let (wb_bytes, c) = layout(TYPE);
-    let cv = _mm512_set1_epi8(c);
-    let zero = _mm512_setzero_si512();
-    let zero_half = _mm256_setzero_si256();
-    let mut acc = [[_mm512_setzero_ps(); R]; M];
-    for b in (0..nb).step_by(2) {
-        let pair = b + 1 < nb;
+    let cv = _mm256_set1_epi8(c);
+    let zero = _mm256_setzero_si256();
+    let mut acc = [[_mm256_setzero_ps(); R]; M];
+    for b in 0..nb {
         let mut q = [zero; R];
-        let mut dw = [_mm512_setzero_ps(); R];
+        let mut dw = [_mm256_setzero_ps(); R];
         for r in 0..R {
             let wb = w.add(r * row_bytes + b * wb_bytes);
             _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
-            let (hi, d_hi) = if pair {
-                let next = wb.add(wb_bytes);
-                (codes::<TYPE>(next), scale(table, next))
-            } else {
-                (zero_half, 0.0)
-            };
-            q[r] = join(codes::<TYPE>(wb), hi);
-            dw[r] = join_ps(scale(table, wb), d_hi);
+            q[r] = codes::<TYPE>(wb);
+            dw[r] = _mm256_set1_ps(table[usize::from(wb.cast::<u16>().read_unaligned())]);
         }
         for (i, acc) in acc.iter_mut().enumerate() {
             let ab = a.add(i * a_row_bytes + b * Q8_0_BYTES);
-            let lo = _mm256_loadu_si256(ab.add(2).cast());
-            let (hi, d_hi) = if pair {
-                let next = ab.add(Q8_0_BYTES);
-                (_mm256_loadu_si256(next.add(2).cast()), scale(table, next))
-            } else {
-                (zero_half, 0.0)
-            };
-            let x = join(lo, hi);
-            let start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, cv, x));
-            let dx = join_ps(scale(table, ab), d_hi);
+            let x = _mm256_loadu_si256(ab.add(2).cast());
+            let start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, cv, x));
+            let dx = _mm256_set1_ps(table[usize::from(ab.cast::<u16>().read_unaligned())]);
             for r in 0..R {
-                let sum = _mm512_dpbusd_epi32(start, q[r], x);
-                let d = _mm512_mul_ps(dx, dw[r]);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), d, acc[r]);
+                let sum = _mm256_dpbusd_epi32(start, q[r], x);
+                let t = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), dx);
+                acc[r] = _mm256_fmadd_ps(t, dw[r], acc[r]);
             }
         }
     }
     // Plain loops, not closures: a closure does not inherit the target
     // features, and the reductions then run out of line.
     let mut out = [[0f32; R]; M];
-    for i in 0..M {
-        for r in 0..R {
-            out[i][r] = _mm512_reduce_add_ps(acc[i][r]);
+    for (o, a) in out.iter_mut().zip(&acc) {
+        for (o, &a) in o.iter_mut().zip(a) {
+            *o = hsum_ps(a);
         }
     }
     out
-}
-
-/// The f16 scale at the start of a block, as f32.
-///
-/// # Safety
-/// `p` points at two readable bytes.
-#[inline(always)]
-unsafe fn scale(table: &[f32; 65536], p: *const u8) -> f32 {
-    table[usize::from(p.cast::<u16>().read_unaligned())]
 }
 
 /// Weight rows `r0..r0 + R` of `w` against every activation row; writes
