@@ -28,11 +28,13 @@ pub enum ModelError {
     Kv(#[from] KvError),
     #[error("{tokens} tokens do not fit the context of {context} tokens")]
     ContextFull { tokens: usize, context: usize },
-    #[error("the session needs about {needed} bytes (KV cache {kv} + activations), more than the {limit} allowed")]
+    #[error("the session needs about {needed} bytes (KV cache {kv} + activations), more than the {limit} {what}")]
     OutOfMemory {
         needed: usize,
         kv: usize,
         limit: usize,
+        /// "allowed" (the caller's limit) or what the device has available.
+        what: String,
     },
     #[error("token id {token} is outside the vocabulary of {vocab}")]
     BadToken { token: u32, vocab: usize },
@@ -159,6 +161,7 @@ impl Model {
         max_logit_rows: usize,
     ) -> Result<Box<dyn Executable>> {
         let graph = build_graph(&self.config, self.store())?;
+        self.check_support(&graph)?;
         let mut opts = CompileOptions::new(
             Bindings::new()
                 .with(Sym::SEQ, max_tokens)
@@ -166,6 +169,34 @@ impl Model {
         );
         opts.precision = self.options.precision;
         Ok(self.backend.compile(&graph, &opts)?)
+    }
+
+    /// Every op and weight type of `graph` runs on this model's backend, or
+    /// an error names the first that does not.
+    fn check_support(&self, graph: &rlx_ir::Graph) -> Result<()> {
+        let b = &self.backend;
+        for id in graph.ids() {
+            let n = graph.node(id);
+            let name = n.name.as_deref().unwrap_or("");
+            if !b.supports_op(&n.op) {
+                return Err(ModelError::Device(format!(
+                    "the {} backend ({}) has no kernel for {} (node {id} {name})",
+                    b.device().kind(),
+                    b.describe(),
+                    n.op.name()
+                )));
+            }
+            if let rlx_ir::DType::Ggml(ty) = n.dtype {
+                if !b.supports_weight(ty) {
+                    return Err(ModelError::Device(format!(
+                        "weight {name:?} is {ty}, which the {} kernels ({}) do not read",
+                        b.device().kind(),
+                        b.describe()
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The K/V pool layout of this model: `tokens` for full-attention

@@ -134,7 +134,22 @@ impl Model {
         let needed = kv + self.activation_bytes(step_tokens, max_seqs);
         if let Some(limit) = opts.memory_limit_bytes {
             if needed > limit {
-                return Err(ModelError::OutOfMemory { needed, kv, limit });
+                return Err(ModelError::OutOfMemory {
+                    needed,
+                    kv,
+                    limit,
+                    what: "allowed".into(),
+                });
+            }
+        }
+        if let Some(available) = self.backend().memory().available {
+            if needed > available {
+                return Err(ModelError::OutOfMemory {
+                    needed,
+                    kv,
+                    limit: available,
+                    what: format!("available on {}", self.device()),
+                });
             }
         }
         let plans = Plans {

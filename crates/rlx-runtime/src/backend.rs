@@ -53,6 +53,14 @@ impl Device {
         }
     }
 
+    /// The kind of device, for messages: `CPU` or `CUDA`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Device::Cpu => "CPU",
+            Device::Cuda(_) => "CUDA",
+        }
+    }
+
     /// K/V storage types this device's kernels read.
     pub fn kv_dtypes(self) -> &'static [KvDType] {
         match self {
