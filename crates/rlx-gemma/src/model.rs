@@ -51,6 +51,15 @@ pub enum ModelError {
 pub type Result<T> = std::result::Result<T, ModelError>;
 
 impl ModelError {
+    /// The K/V pool has no room for a step (nothing was taken).
+    pub fn is_pool_full(&self) -> bool {
+        matches!(
+            self,
+            ModelError::Kv(KvError::Full { .. })
+                | ModelError::Run(RunError::Kv(KvError::Full { .. }))
+        )
+    }
+
     /// A rewind past what a sliding layer still holds (the prefix must run
     /// again).
     pub(crate) fn is_rewind_too_far(&self) -> bool {

@@ -242,6 +242,24 @@ impl<'m> Sequences<'m> {
             .ok_or(ModelError::Kv(rlx_runtime::KvError::UnknownSeq(seq)))
     }
 
+    /// Forgets everything after the first `len` tokens of a sequence if the
+    /// pool still holds what continuing from there needs; `false` (and
+    /// nothing changed) when a sliding layer no longer holds that window.
+    pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<bool> {
+        let held = self.tokens(seq)?.len();
+        if len >= held {
+            return Ok(true);
+        }
+        match self.pool.truncate(seq, len) {
+            Ok(()) => {
+                self.tokens.get_mut(&seq).expect("checked").truncate(len);
+                Ok(true)
+            }
+            Err(rlx_runtime::KvError::RewindTooFar { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Forgets everything after the first `len` tokens of a sequence. When a
     /// sliding layer no longer holds the window that needs, the kept prefix
     /// runs again.

@@ -1,16 +1,22 @@
-//! The engine: one thread that owns the model's session and runs requests
-//! one after the other, streaming text back over a channel. The cache is
-//! kept between requests, so a conversation that grows by a turn only runs
-//! the new tokens.
+//! The engine: one thread that owns the model's sequences and steps every
+//! running request together (continuous batching). Requests join and leave
+//! between steps; each step carries one token of every generating request
+//! and prompt chunks of the others under a token budget, so a long prompt
+//! does not stall the streams already generating. Finished requests keep
+//! their sequence for a while: a new prompt that starts the same way forks
+//! it and runs only the rest (a conversation re-sent with one more turn, a
+//! shared system prompt), its blocks shared until one side writes.
 
+use std::collections::VecDeque;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
-use rlx_gemma::generate::{generate, StopReason};
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
-use rlx_gemma::{Model, ModelError, SessionOptions};
-use rlx_tokenizer::Tokenizer;
+use rlx_gemma::{Feed, Model, ModelError, SeqId, Sequences, SequencesOptions, Want};
+use rlx_runtime::KvDType;
+use rlx_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::stop::StopFilter;
@@ -84,6 +90,33 @@ pub enum StartError {
     Died,
 }
 
+/// How the engine is sized.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Requests generated at once.
+    pub parallel: usize,
+    /// Tokens one request may hold: prompt plus generated.
+    pub context: usize,
+    /// Tokens per step: decode tokens first, prompt chunks in what is left.
+    pub step_tokens: usize,
+    /// Finished requests' sequences kept for prefix reuse.
+    pub cached_prompts: usize,
+    /// K/V storage type (default: the device's for the model's precision).
+    pub kv_dtype: Option<KvDType>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            parallel: 1,
+            context: 4096,
+            step_tokens: 512,
+            cached_prompts: 4,
+            kv_dtype: None,
+        }
+    }
+}
+
 /// The engine thread and the queue in front of it.
 pub struct Engine {
     queue: Option<mpsc::Sender<Job>>,
@@ -93,12 +126,11 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts the thread; fails if the session (KV cache of `opts.context`
-    /// tokens) cannot be made.
+    /// Starts the thread; fails if the K/V pool for `opts` cannot be made.
     pub fn start(
         model: Model,
         tokenizer: Arc<Tokenizer>,
-        opts: SessionOptions,
+        opts: EngineOptions,
     ) -> Result<Engine, StartError> {
         let (queue, jobs) = mpsc::channel::<Job>();
         let (ready_tx, ready) = mpsc::channel();
@@ -106,7 +138,17 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("rlx-engine".into())
             .spawn(move || {
-                let mut session = match model.session(opts) {
+                let parallel = opts.parallel.max(1);
+                let context = opts.context.max(1);
+                let seqs = model.sequences(SequencesOptions {
+                    max_seqs: parallel + opts.cached_prompts,
+                    kv_tokens: Some(parallel * context.next_multiple_of(rlx_runtime::BLOCK_TOKENS)),
+                    context: Some(context),
+                    max_step_tokens: opts.step_tokens.max(parallel),
+                    kv_dtype: opts.kv_dtype,
+                    memory_limit_bytes: None,
+                });
+                let seqs = match seqs {
                     Ok(s) => {
                         let _ = ready_tx.send(Ok(s.context()));
                         s
@@ -116,9 +158,7 @@ impl Engine {
                         return;
                     }
                 };
-                while let Ok(job) = jobs.recv() {
-                    run_job(&mut session, &tok, job);
-                }
+                Scheduler::new(seqs, tok, parallel, opts.cached_prompts).run(&jobs);
             })
             .map_err(StartError::Thread)?;
         let context = ready.recv().map_err(|_| StartError::Died)??;
@@ -134,7 +174,7 @@ impl Engine {
         &self.tokenizer
     }
 
-    /// The session's context length in tokens.
+    /// Tokens one request may hold (prompt plus generated).
     pub fn context(&self) -> usize {
         self.context
     }
@@ -150,7 +190,7 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        // Closing the queue ends the thread after the job it is running.
+        // Closing the queue ends the thread once the running requests finish.
         self.queue.take();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -158,75 +198,396 @@ impl Drop for Engine {
     }
 }
 
-fn run_job(session: &mut rlx_gemma::Session<'_>, tok: &Tokenizer, job: Job) {
-    if job.events.is_closed() {
-        return;
-    }
-    let send = |e: Event| job.events.send(e).is_ok();
-    let mut sampler = match Sampler::new(job.sampler.clone()) {
-        Ok(s) => s,
-        Err(e) => {
-            send(Event::Error(JobError::Invalid(e.to_string())));
-            return;
+/// A request being served.
+struct Running {
+    job: Job,
+    seq: SeqId,
+    /// Prompt tokens in the sequence (the reused prefix included).
+    fed: usize,
+    cached: usize,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    filter: StopFilter,
+    stop_tokens: Vec<u32>,
+    generated: usize,
+    /// The last sampled token, to run in the next step.
+    pending: Option<u32>,
+    started: Instant,
+    first_token: Option<Instant>,
+}
+
+/// A finished request's sequence, kept for prefix reuse.
+struct Idle {
+    seq: SeqId,
+    /// When it was last used (a step count), for least-recently-used eviction.
+    used: u64,
+}
+
+/// What one request contributes to a step.
+enum Part {
+    Prompt { end: usize },
+    Token(u32),
+}
+
+struct Scheduler<'m> {
+    seqs: Sequences<'m>,
+    tok: Arc<Tokenizer>,
+    parallel: usize,
+    cached_prompts: usize,
+    running: Vec<Running>,
+    waiting: VecDeque<Job>,
+    idle: Vec<Idle>,
+    clock: u64,
+}
+
+impl<'m> Scheduler<'m> {
+    fn new(
+        seqs: Sequences<'m>,
+        tok: Arc<Tokenizer>,
+        parallel: usize,
+        cached_prompts: usize,
+    ) -> Self {
+        Scheduler {
+            seqs,
+            tok,
+            parallel,
+            cached_prompts,
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            idle: Vec::new(),
+            clock: 0,
         }
-    };
-    let stop_tokens = if job.ignore_eos {
-        Vec::new()
-    } else {
-        tok.eog_ids().to_vec()
-    };
-    let mut decoder = tok.stream_decoder(false);
-    let mut filter = StopFilter::new(job.stop.clone());
-    let mut stop_string = false;
-    let result = generate(
-        session,
-        &job.prompt,
-        job.max_tokens,
-        &mut sampler,
-        &stop_tokens,
-        &mut |t| {
-            if stop_tokens.contains(&t) {
-                return false;
-            }
-            let (text, stopped) = filter.push(&decoder.push(tok, t));
-            if !text.is_empty() && !send(Event::Text(text)) {
-                return false;
-            }
-            stop_string = stopped;
-            !stopped
-        },
-    );
-    match result {
-        Ok((tokens, reason, stats)) => {
-            if !stop_string {
-                // Bytes of an unfinished character, then what the filter held.
-                let (mut rest, stopped) = filter.push(&decoder.finish());
-                stop_string = stopped;
-                rest.push_str(&filter.finish());
-                if !rest.is_empty() {
-                    send(Event::Text(rest));
+    }
+
+    /// Steps until the queue is closed and every request has finished.
+    fn run(mut self, jobs: &mpsc::Receiver<Job>) {
+        let mut open = true;
+        loop {
+            while open {
+                match jobs.try_recv() {
+                    Ok(job) => self.waiting.push_back(job),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => open = false,
                 }
             }
-            let reason = match reason {
-                StopReason::Length if !stop_string => FinishReason::Length,
-                _ => FinishReason::Stop,
+            if self.running.is_empty() && self.waiting.is_empty() {
+                if !open {
+                    return;
+                }
+                match jobs.recv() {
+                    Ok(job) => self.waiting.push_back(job),
+                    Err(_) => return,
+                }
+            }
+            self.admit();
+            self.drop_gone();
+            if !self.running.is_empty() {
+                self.step();
+            }
+            self.clock += 1;
+        }
+    }
+
+    /// Starts waiting requests while there is room.
+    fn admit(&mut self) {
+        while self.running.len() < self.parallel {
+            let Some(job) = self.waiting.pop_front() else {
+                return;
             };
-            send(Event::Done(Finish {
-                reason,
-                prompt_tokens: job.prompt.len(),
-                cached_tokens: job.prompt.len() - stats.prefilled,
-                completion_tokens: tokens.len(),
-                prefill_secs: stats.prefill_secs,
-                decode_secs: stats.decode_secs,
+            if job.events.is_closed() {
+                continue;
+            }
+            if let Some(r) = self.start(job) {
+                self.running.push(r);
+            }
+        }
+    }
+
+    /// A running request for `job`, continuing from the cached sequence
+    /// that shares the longest prefix with its prompt where there is one;
+    /// `None` when it cannot start (the client is told why).
+    fn start(&mut self, job: Job) -> Option<Running> {
+        let fail = |job: &Job, e: JobError| {
+            let _ = job.events.send(Event::Error(e));
+        };
+        let mut sampler = match Sampler::new(job.sampler.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                fail(&job, JobError::Invalid(e.to_string()));
+                return None;
+            }
+        };
+        // Repetition penalties see the prompt.
+        for &t in &job.prompt {
+            sampler.accept(t);
+        }
+        let (seq, cached) = match self.reuse(&job.prompt) {
+            Ok(found) => found,
+            Err(e) => {
+                fail(&job, JobError::Internal(e.to_string()));
+                return None;
+            }
+        };
+        let stop_tokens = if job.ignore_eos {
+            Vec::new()
+        } else {
+            self.tok.eog_ids().to_vec()
+        };
+        Some(Running {
+            decoder: self.tok.stream_decoder(false),
+            filter: StopFilter::new(job.stop.clone()),
+            job,
+            seq,
+            fed: cached,
+            cached,
+            sampler,
+            stop_tokens,
+            generated: 0,
+            pending: None,
+            started: Instant::now(),
+            first_token: None,
+        })
+    }
+
+    /// A sequence for `prompt`: a fork of the cached sequence sharing the
+    /// longest prefix with it (at least one prompt token is left to run,
+    /// for the logits), truncated to that prefix, or a new one.
+    fn reuse(&mut self, prompt: &[u32]) -> Result<(SeqId, usize), ModelError> {
+        let limit = prompt.len().saturating_sub(1);
+        let best = self
+            .idle
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let held = self.seqs.tokens(e.seq).unwrap_or(&[]);
+                let n = held.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+                (i, n.min(limit))
+            })
+            .max_by_key(|&(_, n)| n)
+            .filter(|&(_, n)| n > 0);
+        if let Some((i, n)) = best {
+            self.idle[i].used = self.clock;
+            let child = self.seqs.fork(self.idle[i].seq)?;
+            if self.seqs.truncate(child, n)? {
+                return Ok((child, n));
+            }
+            self.seqs.remove(child)?;
+        }
+        Ok((self.seqs.add()?, 0))
+    }
+
+    /// Ends requests whose client went away; their blocks go back at once.
+    fn drop_gone(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].job.events.is_closed() {
+                let r = self.running.swap_remove(i);
+                let _ = self.seqs.remove(r.seq);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn evict(&mut self) -> bool {
+        evict_lru(&mut self.idle, &mut self.seqs)
+    }
+
+    /// One step over every running request.
+    fn step(&mut self) {
+        let mut budget = self.seqs.max_step_tokens();
+        let mut plan: Vec<(usize, Part)> = Vec::new();
+        for (i, r) in self.running.iter().enumerate() {
+            if let (Some(t), true) = (r.pending, budget > 0) {
+                plan.push((i, Part::Token(t)));
+                budget -= 1;
+            }
+        }
+        for (i, r) in self.running.iter().enumerate() {
+            let left = r.job.prompt.len() - r.fed;
+            if r.pending.is_none() && left > 0 && budget > 0 {
+                let n = left.min(budget);
+                plan.push((i, Part::Prompt { end: r.fed + n }));
+                budget -= n;
+            }
+        }
+        let tokens: Vec<[u32; 1]> = plan
+            .iter()
+            .map(|(_, p)| match p {
+                Part::Token(t) => [*t],
+                Part::Prompt { .. } => [0],
+            })
+            .collect();
+        let running = &self.running;
+        let feeds: Vec<Feed> = plan
+            .iter()
+            .zip(&tokens)
+            .map(|((i, part), one)| {
+                let r = &running[*i];
+                match part {
+                    Part::Token(_) => Feed {
+                        seq: r.seq,
+                        tokens: one,
+                        logits: Want::Last,
+                    },
+                    Part::Prompt { end } => Feed {
+                        seq: r.seq,
+                        tokens: &r.job.prompt[r.fed..*end],
+                        logits: if *end == r.job.prompt.len() {
+                            Want::Last
+                        } else {
+                            Want::None
+                        },
+                    },
+                }
+            })
+            .collect();
+        let out = loop {
+            match self.seqs.step(&feeds) {
+                Ok(out) => break Ok(out),
+                // Cached prompts give their blocks back before anyone fails.
+                Err(e) if e.is_pool_full() && evict_lru(&mut self.idle, &mut self.seqs) => {}
+                Err(e) => break Err(e),
+            }
+        };
+        drop(feeds);
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                self.fail(plan.iter().map(|(i, _)| *i).collect(), &e);
+                return;
+            }
+        };
+        let mut finished = Vec::new();
+        for (k, (i, part)) in plan.into_iter().enumerate() {
+            let r = &mut self.running[i];
+            if let Part::Prompt { end } = part {
+                r.fed = end;
+                if end < r.job.prompt.len() {
+                    continue;
+                }
+            }
+            r.pending = None;
+            if let Some(reason) = r.next(out.get(k), &self.tok) {
+                finished.push((i, reason));
+            }
+        }
+        // Highest index first, so the others keep their places.
+        finished.sort_by_key(|f| std::cmp::Reverse(f.0));
+        for (i, reason) in finished {
+            let r = self.running.swap_remove(i);
+            self.finish(r, reason);
+        }
+    }
+
+    /// Ends request `r`: its sequence is kept for prefix reuse.
+    fn finish(&mut self, r: Running, reason: Option<FinishReason>) {
+        if let Some(reason) = reason {
+            r.send_done(reason);
+        }
+        self.idle.push(Idle {
+            seq: r.seq,
+            used: self.clock,
+        });
+        while self.idle.len() > self.cached_prompts {
+            self.evict();
+        }
+    }
+
+    /// Fails the requests at `indices` after an engine error; their
+    /// sequences are dropped (their K/V may be half written).
+    fn fail(&mut self, mut indices: Vec<usize>, e: &ModelError) {
+        indices.sort_unstable_by(|a, b| b.cmp(a));
+        indices.dedup();
+        for i in indices {
+            let r = self.running.swap_remove(i);
+            let _ = self.seqs.remove(r.seq);
+            let err = match e {
+                ModelError::ContextFull { .. } | ModelError::BadToken { .. } => {
+                    JobError::Invalid(e.to_string())
+                }
+                _ => JobError::Internal(e.to_string()),
+            };
+            let _ = r.job.events.send(Event::Error(err));
+        }
+    }
+}
+
+/// Drops the least recently used cached sequence; false if none is left.
+fn evict_lru(idle: &mut Vec<Idle>, seqs: &mut Sequences<'_>) -> bool {
+    let Some(i) = (0..idle.len()).min_by_key(|&i| idle[i].used) else {
+        return false;
+    };
+    let e = idle.swap_remove(i);
+    let _ = seqs.remove(e.seq);
+    true
+}
+
+impl Running {
+    /// Samples the next token from `logits` and streams its text; returns
+    /// how the request ended if it did (`None` inside for a client that went
+    /// away or an error already sent).
+    fn next(&mut self, logits: &[f32], tok: &Tokenizer) -> Option<Option<FinishReason>> {
+        let now = Instant::now();
+        self.first_token.get_or_insert(now);
+        if self.job.max_tokens == 0 {
+            return Some(Some(FinishReason::Length));
+        }
+        let t = match self.sampler.sample(logits) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = self
+                    .job
+                    .events
+                    .send(Event::Error(JobError::Internal(e.to_string())));
+                return Some(None);
+            }
+        };
+        self.sampler.accept(t);
+        self.generated += 1;
+        if self.stop_tokens.contains(&t) {
+            self.flush();
+            return Some(Some(FinishReason::Stop));
+        }
+        let (text, stopped) = self.filter.push(&self.decoder.push(tok, t));
+        if !text.is_empty() && self.job.events.send(Event::Text(text)).is_err() {
+            return Some(None);
+        }
+        if stopped {
+            return Some(Some(FinishReason::Stop));
+        }
+        if self.generated == self.job.max_tokens {
+            let stopped = self.flush();
+            return Some(Some(if stopped {
+                FinishReason::Stop
+            } else {
+                FinishReason::Length
             }));
         }
-        Err(e @ (ModelError::ContextFull { .. } | ModelError::BadToken { .. })) => {
-            send(Event::Error(JobError::Invalid(e.to_string())));
+        self.pending = Some(t);
+        None
+    }
+
+    /// Sends the bytes of an unfinished character and what the stop filter
+    /// held; returns whether a stop string ended the text.
+    fn flush(&mut self) -> bool {
+        let (mut rest, stopped) = self.filter.push(&self.decoder.finish());
+        rest.push_str(&self.filter.finish());
+        if !rest.is_empty() {
+            let _ = self.job.events.send(Event::Text(rest));
         }
-        Err(e) => {
-            // The cache may be half-written; start the next job afresh.
-            session.reset();
-            send(Event::Error(JobError::Internal(e.to_string())));
-        }
+        stopped
+    }
+
+    fn send_done(&self, reason: FinishReason) {
+        let first = self.first_token.unwrap_or(self.started);
+        let _ = self.job.events.send(Event::Done(Finish {
+            reason,
+            prompt_tokens: self.job.prompt.len(),
+            cached_tokens: self.cached,
+            completion_tokens: self.generated,
+            prefill_secs: (first - self.started).as_secs_f64(),
+            decode_secs: first.elapsed().as_secs_f64(),
+        }));
     }
 }

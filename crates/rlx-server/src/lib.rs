@@ -2,9 +2,11 @@
 //!
 //! `POST /v1/chat/completions` and `POST /v1/completions` (both with
 //! `stream: true` as server-sent events), `GET /v1/models`, `GET /health`.
-//! Requests queue for one [`engine::Engine`] thread that keeps the KV cache
-//! between requests, so a conversation re-sent with one more turn only runs
-//! the new tokens. Errors are OpenAI's JSON shape and name the field.
+//! One [`engine::Engine`] thread steps every running request together
+//! (continuous batching) and keeps finished requests' K/V for a while, so a
+//! prompt that starts like an earlier one (a conversation re-sent with one
+//! more turn, a shared system prompt) only runs the rest. Errors are
+//! OpenAI's JSON shape and name the field.
 
 pub mod engine;
 pub mod openai;
@@ -24,13 +26,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use rlx_gemma::sampling::SamplerConfig;
-use rlx_gemma::{Model, SessionOptions};
+use rlx_gemma::Model;
 use rlx_tokenizer::{ChatOptions, ChatTemplate, EncodeOptions, Tokenizer, TokenizerError};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use engine::{Engine, Event, Finish, Job, JobError, StartError};
+
+pub use engine::EngineOptions;
 use openai::{BadRequest, Params, Prompt};
 
 pub use engine::FinishReason;
@@ -147,15 +151,15 @@ fn now() -> u64 {
 }
 
 impl Server {
-    /// Starts the engine with a session of `session` options on `model`.
+    /// Starts the engine on `model`, sized by `engine`.
     pub fn new(
         model: Model,
-        session: SessionOptions,
+        engine: EngineOptions,
         opts: ServerOptions,
     ) -> Result<Server, ServerError> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(model.file())?);
         let template = ChatTemplate::from_gguf(model.file())?;
-        let engine = Engine::start(model, tokenizer, session)?;
+        let engine = Engine::start(model, tokenizer, engine)?;
         Ok(Server {
             engine,
             template,
@@ -196,12 +200,22 @@ impl Server {
         if ids.is_empty() {
             return Err(BadRequest::new("the prompt is empty").into());
         }
-        if ids.len() >= self.engine.context() {
+        let context = self.engine.context();
+        if ids.len() >= context {
             return Err(BadRequest::new(format!(
-                "the prompt has {} tokens; the context holds {} (start the server with a larger -c)",
+                "the prompt has {} tokens; a request holds at most {context} (start the server with a larger -c or a smaller --parallel)",
                 ids.len(),
-                self.engine.context()
             ))
+            .into());
+        }
+        if let Some(n) = params.max_tokens.filter(|&n| ids.len() + n > context) {
+            return Err(BadRequest::param(
+                "max_tokens",
+                format!(
+                    "the prompt ({} tokens) and max_tokens ({n}) exceed the {context} tokens a request holds (start the server with a larger -c or a smaller --parallel)",
+                    ids.len(),
+                ),
+            )
             .into());
         }
         Ok((ids, params))

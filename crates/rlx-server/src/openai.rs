@@ -20,7 +20,7 @@ impl BadRequest {
         }
     }
 
-    fn param(param: &str, message: impl Into<String>) -> BadRequest {
+    pub fn param(param: &str, message: impl Into<String>) -> BadRequest {
         BadRequest {
             message: format!("`{param}`: {}", message.into()),
             param: Some(param.to_owned()),

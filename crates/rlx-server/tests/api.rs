@@ -1,5 +1,7 @@
 //! The HTTP API against the tiny Gemma 3 model, over real sockets: every
-//! answer is checked against the library generating the same tokens.
+//! answer is checked against the library generating the same tokens, alone
+//! or with many requests in flight (the exact precision, whose logits do
+//! not depend on what else is in a step).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -9,7 +11,7 @@ use std::sync::Arc;
 use rlx_gemma::generate::generate;
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 use rlx_gemma::{Model, ModelOptions, SessionOptions};
-use rlx_server::{RequestHook, RequestLog, Server, ServerOptions};
+use rlx_server::{EngineOptions, RequestHook, RequestLog, Server, ServerOptions};
 use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Tokenizer};
 use serde_json::{json, Value};
 
@@ -44,12 +46,20 @@ impl TestServer {
     }
 
     fn start_logged(context: usize, on_request: Option<RequestHook>) -> TestServer {
+        TestServer::start_with(
+            EngineOptions {
+                parallel: 4,
+                context,
+                ..EngineOptions::default()
+            },
+            on_request,
+        )
+    }
+
+    fn start_with(engine: EngineOptions, on_request: Option<RequestHook>) -> TestServer {
         let server = Server::new(
             load(),
-            SessionOptions {
-                context: Some(context),
-                ..SessionOptions::default()
-            },
+            engine,
             ServerOptions {
                 model_name: "tiny".into(),
                 sampling: SamplerConfig::default(),
@@ -359,10 +369,14 @@ fn bad_requests_are_openai_errors_that_name_the_field() {
     let (status, v) = srv.post("/v1/completions", &json!({"prompt": long}));
     assert_eq!(status, 400);
     let msg = v["error"]["message"].as_str().unwrap();
-    assert!(
-        msg.contains(&format!("the context holds {CONTEXT}")),
-        "{msg}"
+    assert!(msg.contains(&format!("holds at most {CONTEXT}")), "{msg}");
+    // A prompt that fits, with more max_tokens than the rest of its share.
+    let (status, v) = srv.post(
+        "/v1/completions",
+        &json!({"prompt": [2, 100, 101], "max_tokens": CONTEXT}),
     );
+    assert_eq!(status, 400);
+    assert_eq!(v["error"]["param"], "max_tokens");
 
     let (status, v) = srv.post("/v1/completions", &json!({"prompt": [1u32 << 30]}));
     assert_eq!(status, 400);
@@ -425,4 +439,79 @@ fn concurrent_requests_queue_and_a_dropped_stream_frees_the_engine() {
         "the client went away"
     );
     assert_eq!(logs.iter().filter(|l| l.outcome.is_ok()).count(), 5);
+}
+
+#[test]
+fn sixteen_concurrent_streams_each_get_what_they_get_alone() {
+    let srv = TestServer::start_with(
+        EngineOptions {
+            parallel: 16,
+            context: 64,
+            step_tokens: 48,
+            ..EngineOptions::default()
+        },
+        None,
+    );
+    let prompts: Vec<Vec<u32>> = (0..16u32)
+        .map(|i| {
+            (0..5 + i % 7)
+                .map(|j| 3 + (i * 31 + j * 17) % 300)
+                .collect()
+        })
+        .collect();
+    let want: Vec<String> = prompts.iter().map(|p| library_text(p, 20).0).collect();
+    let srv = &srv;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                s.spawn(move || {
+                    let body = json!({"prompt": p, "max_tokens": 20, "temperature": 0,
+                                      "ignore_eos": true, "stream": true});
+                    srv.post_stream("/v1/completions", &body)
+                })
+            })
+            .collect();
+        for (h, want) in handles.into_iter().zip(&want) {
+            let chunks = h.join().unwrap();
+            let text: String = chunks
+                .iter()
+                .filter(|c| c.as_str() != "[DONE]")
+                .map(|c| {
+                    let v: Value = serde_json::from_str(c).unwrap();
+                    v["choices"][0]["text"].as_str().unwrap_or("").to_owned()
+                })
+                .collect();
+            assert_eq!(&text, want);
+        }
+    });
+}
+
+#[test]
+fn a_shared_prefix_is_reused_by_a_different_request() {
+    let srv = TestServer::start();
+    let system: Vec<u32> = (0..40).map(|i| 3 + i * 7).collect();
+    let ask = |tail: &[u32]| {
+        let mut p = system.clone();
+        p.extend_from_slice(tail);
+        let (status, v) = srv.post(
+            "/v1/completions",
+            &json!({"prompt": p, "max_tokens": 4, "temperature": 0, "ignore_eos": true}),
+        );
+        assert_eq!(status, 200, "{v}");
+        (
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+            v["choices"][0]["text"].clone(),
+        )
+    };
+    let (first, _) = ask(&[200, 201]);
+    assert_eq!(first, 0);
+    // Another question after the same 40 tokens runs only its own tokens.
+    let (second, text) = ask(&[250, 251, 252]);
+    assert_eq!(second, 40);
+    let mut p = system.clone();
+    p.extend_from_slice(&[250, 251, 252]);
+    assert_eq!(text.as_str().unwrap(), library_text(&p, 4).0);
 }

@@ -3,8 +3,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use rlx_gemma::SessionOptions;
-use rlx_server::{RequestLog, Server, ServerOptions};
+use rlx_server::{EngineOptions, RequestLog, Server, ServerOptions};
 
 use super::common::ModelArgs;
 use super::sample_args::SampleArgs;
@@ -23,9 +22,14 @@ pub struct ServeArgs {
     /// Port to listen on (0 picks a free one; the address is printed).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Context length in tokens (the KV cache the server keeps).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    /// K/V tokens of all requests together (split evenly between the
+    /// `--parallel` requests, as llama-server's `-c` with `-np`).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 8192)]
     pub ctx: usize,
+    /// Requests generated at once (default: one per 2,048 tokens of `-c`,
+    /// at most 16).
+    #[arg(long = "parallel", visible_alias = "np")]
+    pub parallel: Option<usize>,
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
@@ -35,7 +39,13 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         .model
         .file_stem()
         .map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned());
-    let context = args.ctx.min(model.config().context_length.max(1));
+    if args.ctx == 0 || args.parallel == Some(0) {
+        anyhow::bail!("-c and --parallel must be at least 1");
+    }
+    let parallel = args.parallel.unwrap_or((args.ctx / 2048).clamp(1, 16));
+    let context = (args.ctx / parallel)
+        .max(1)
+        .min(model.config().context_length.max(1));
     let log = |r: &RequestLog| match &r.outcome {
         Ok(f) => eprintln!(
             "{}{}: prompt {} tokens ({} cached), {} generated in {:.2} s, {}",
@@ -51,10 +61,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     };
     let server = Server::new(
         model,
-        SessionOptions {
-            context: Some(context),
+        EngineOptions {
+            parallel,
+            context,
             kv_dtype: args.model.kv_dtype(),
-            ..SessionOptions::default()
+            ..EngineOptions::default()
         },
         ServerOptions {
             model_name: name,
@@ -74,7 +85,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
-        eprintln!("listening on http://{local} (context {context} tokens); Ctrl-C stops");
+        eprintln!(
+            "listening on http://{local} ({parallel} requests at once, {context} tokens each); Ctrl-C stops"
+        );
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
