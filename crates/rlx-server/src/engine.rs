@@ -290,16 +290,35 @@ impl<'m> Scheduler<'m> {
 
     /// Starts waiting requests while there is room.
     fn admit(&mut self) {
+        let mut deferred = VecDeque::new();
         while self.running.len() < self.parallel {
             let Some(job) = self.waiting.pop_front() else {
-                return;
+                break;
             };
             if job.events.is_closed() {
+                continue;
+            }
+            // A prompt that shares more with one still being prefilled than
+            // with anything computed waits for it, then forks it instead of
+            // computing the same prefix again (many users, one system
+            // prompt); the wait ends when that prompt is in.
+            let soon = self
+                .running
+                .iter()
+                .filter(|r| r.fed < r.job.prompt.len())
+                .map(|r| common(&r.job.prompt, &job.prompt))
+                .max()
+                .unwrap_or(0);
+            if soon > self.best_prefix(&job.prompt).1 {
+                deferred.push_back(job);
                 continue;
             }
             if let Some(r) = self.start(job) {
                 self.running.push(r);
             }
+        }
+        while let Some(job) = deferred.pop_back() {
+            self.waiting.push_front(job);
         }
     }
 
@@ -349,31 +368,41 @@ impl<'m> Scheduler<'m> {
         })
     }
 
-    /// A sequence for `prompt`: a fork of the cached sequence sharing the
-    /// longest prefix with it (at least one prompt token is left to run,
-    /// for the logits), truncated to that prefix, or a new one.
+    /// A sequence for `prompt`: a fork of the cached or running sequence
+    /// sharing the longest computed prefix with it (at least one prompt
+    /// token is left to run, for the logits), truncated to that prefix, or a
+    /// new one.
     fn reuse(&mut self, prompt: &[u32]) -> Result<(SeqId, usize), ModelError> {
-        let limit = prompt.len().saturating_sub(1);
-        let best = self
-            .idle
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                let held = self.seqs.tokens(e.seq).unwrap_or(&[]);
-                let n = held.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-                (i, n.min(limit))
-            })
-            .max_by_key(|&(_, n)| n)
-            .filter(|&(_, n)| n > 0);
-        if let Some((i, n)) = best {
-            self.idle[i].used = self.clock;
-            let child = self.seqs.fork(self.idle[i].seq)?;
+        let (source, n) = self.best_prefix(prompt);
+        if let Some(source) = source {
+            if let Some(e) = self.idle.iter_mut().find(|e| e.seq == source) {
+                e.used = self.clock;
+            }
+            let child = self.seqs.fork(source)?;
             if self.seqs.truncate(child, n)? {
                 return Ok((child, n));
             }
             self.seqs.remove(child)?;
         }
         Ok((self.seqs.add()?, 0))
+    }
+
+    /// The cached or running sequence whose computed tokens share the
+    /// longest prefix with `prompt`, and that length (at most all but the
+    /// prompt's last token, which must run for the logits).
+    fn best_prefix(&self, prompt: &[u32]) -> (Option<SeqId>, usize) {
+        let limit = prompt.len().saturating_sub(1);
+        self.idle
+            .iter()
+            .map(|e| e.seq)
+            .chain(self.running.iter().map(|r| r.seq))
+            .map(|seq| {
+                let held = self.seqs.tokens(seq).unwrap_or(&[]);
+                (Some(seq), common(held, prompt).min(limit))
+            })
+            .filter(|&(_, n)| n > 0)
+            .max_by_key(|&(_, n)| n)
+            .unwrap_or((None, 0))
     }
 
     /// Ends requests whose client went away; their blocks go back at once.
@@ -511,6 +540,11 @@ impl<'m> Scheduler<'m> {
             let _ = r.job.events.send(Event::Error(err));
         }
     }
+}
+
+/// The length of the common prefix of `a` and `b`.
+fn common(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// Drops the least recently used cached sequence; false if none is left.

@@ -515,3 +515,60 @@ fn a_shared_prefix_is_reused_by_a_different_request() {
     p.extend_from_slice(&[250, 251, 252]);
     assert_eq!(text.as_str().unwrap(), library_text(&p, 4).0);
 }
+
+#[test]
+fn concurrent_requests_with_one_system_prompt_compute_it_once() {
+    let srv = TestServer::start_with(
+        EngineOptions {
+            parallel: 8,
+            context: 128,
+            step_tokens: 32,
+            ..EngineOptions::default()
+        },
+        None,
+    );
+    let system: Vec<u32> = (0..80).map(|i| 5 + i * 3).collect();
+    let prompts: Vec<Vec<u32>> = (0..6u32)
+        .map(|i| {
+            let mut p = system.clone();
+            p.extend([300 + i, 310 + i]);
+            p
+        })
+        .collect();
+    let srv = &srv;
+    let answers: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                s.spawn(move || {
+                    let body = json!({"prompt": p, "max_tokens": 6, "temperature": 0,
+                                      "ignore_eos": true});
+                    let (status, v) = srv.post("/v1/completions", &body);
+                    assert_eq!(status, 200, "{v}");
+                    v
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut cached: Vec<u64> = answers
+        .iter()
+        .map(|v| {
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    cached.sort_unstable();
+    assert_eq!(
+        cached,
+        vec![0, 80, 80, 80, 80, 80],
+        "the 80 shared tokens ran once"
+    );
+    for (v, p) in answers.iter().zip(&prompts) {
+        assert_eq!(
+            v["choices"][0]["text"].as_str().unwrap(),
+            library_text(p, 6).0
+        );
+    }
+}
