@@ -8,6 +8,7 @@
 //! shared system prompt), its blocks shared until one side writes.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -76,6 +77,9 @@ pub enum JobError {
     /// The request asked for something the model cannot do.
     #[error("{0}")]
     Invalid(String),
+    /// The queue is full; try again later.
+    #[error("the server is busy: {0} requests are waiting (try again shortly)")]
+    Busy(usize),
     #[error("{0}")]
     Internal(String),
 }
@@ -103,6 +107,8 @@ pub struct EngineOptions {
     pub cached_prompts: usize,
     /// K/V storage type (default: the device's for the model's precision).
     pub kv_dtype: Option<KvDType>,
+    /// Requests that may wait for a place; more are refused as busy.
+    pub max_queue: usize,
 }
 
 impl Default for EngineOptions {
@@ -113,7 +119,37 @@ impl Default for EngineOptions {
             step_tokens: 512,
             cached_prompts: 4,
             kv_dtype: None,
+            max_queue: 64,
         }
+    }
+}
+
+/// Load the engine reports, updated between steps.
+#[derive(Debug, Default)]
+pub struct Load {
+    /// Requests submitted and not yet running.
+    pub waiting: AtomicUsize,
+    /// Requests running.
+    pub running: AtomicUsize,
+    /// Bytes of K/V blocks in use (running and cached sequences).
+    pub kv_used_bytes: AtomicUsize,
+    pub kv_total_bytes: AtomicUsize,
+    /// Prompt tokens run and taken from the cache, tokens generated.
+    pub prompt_tokens: AtomicU64,
+    pub cached_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    /// Seconds spent in steps (as f64 bits).
+    busy_secs: AtomicU64,
+}
+
+impl Load {
+    pub fn busy_secs(&self) -> f64 {
+        f64::from_bits(self.busy_secs.load(Ordering::Relaxed))
+    }
+
+    fn add_busy(&self, secs: f64) {
+        let total = self.busy_secs() + secs;
+        self.busy_secs.store(total.to_bits(), Ordering::Relaxed);
     }
 }
 
@@ -123,6 +159,8 @@ pub struct Engine {
     thread: Option<JoinHandle<()>>,
     tokenizer: Arc<Tokenizer>,
     context: usize,
+    max_queue: usize,
+    load: Arc<Load>,
 }
 
 impl Engine {
@@ -135,6 +173,9 @@ impl Engine {
         let (queue, jobs) = mpsc::channel::<Job>();
         let (ready_tx, ready) = mpsc::channel();
         let tok = Arc::clone(&tokenizer);
+        let load = Arc::new(Load::default());
+        let engine_load = Arc::clone(&load);
+        let max_queue = opts.max_queue;
         let thread = std::thread::Builder::new()
             .name("rlx-engine".into())
             .spawn(move || {
@@ -158,7 +199,10 @@ impl Engine {
                         return;
                     }
                 };
-                Scheduler::new(seqs, tok, parallel, opts.cached_prompts).run(&jobs);
+                engine_load
+                    .kv_total_bytes
+                    .store(seqs.pool().memory_bytes(), Ordering::Relaxed);
+                Scheduler::new(seqs, tok, parallel, opts.cached_prompts, engine_load).run(&jobs);
             })
             .map_err(StartError::Thread)?;
         let context = ready.recv().map_err(|_| StartError::Died)??;
@@ -167,7 +211,14 @@ impl Engine {
             thread: Some(thread),
             tokenizer,
             context,
+            max_queue,
+            load,
         })
+    }
+
+    /// What the engine is doing.
+    pub fn load(&self) -> &Load {
+        &self.load
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -179,12 +230,21 @@ impl Engine {
         self.context
     }
 
-    /// Queues a job; its events arrive on `job.events`.
+    /// Queues a job; its events arrive on `job.events`. Refused as busy
+    /// when the queue already holds `max_queue` jobs.
     pub fn submit(&self, job: Job) -> Result<(), JobError> {
+        let waiting = self.load.waiting.fetch_add(1, Ordering::Relaxed);
+        if waiting >= self.max_queue {
+            self.load.waiting.fetch_sub(1, Ordering::Relaxed);
+            return Err(JobError::Busy(waiting));
+        }
         self.queue
             .as_ref()
             .and_then(|q| q.send(job).ok())
-            .ok_or_else(|| JobError::Internal("the engine has stopped".into()))
+            .ok_or_else(|| {
+                self.load.waiting.fetch_sub(1, Ordering::Relaxed);
+                JobError::Internal("the engine has stopped".into())
+            })
     }
 }
 
@@ -238,6 +298,7 @@ struct Scheduler<'m> {
     waiting: VecDeque<Job>,
     idle: Vec<Idle>,
     clock: u64,
+    load: Arc<Load>,
 }
 
 impl<'m> Scheduler<'m> {
@@ -246,6 +307,7 @@ impl<'m> Scheduler<'m> {
         tok: Arc<Tokenizer>,
         parallel: usize,
         cached_prompts: usize,
+        load: Arc<Load>,
     ) -> Self {
         Scheduler {
             seqs,
@@ -256,6 +318,7 @@ impl<'m> Scheduler<'m> {
             waiting: VecDeque::new(),
             idle: Vec::new(),
             clock: 0,
+            load,
         }
     }
 
@@ -282,8 +345,16 @@ impl<'m> Scheduler<'m> {
             self.admit();
             self.drop_gone();
             if !self.running.is_empty() {
+                let t = Instant::now();
                 self.step();
+                self.load.add_busy(t.elapsed().as_secs_f64());
             }
+            self.load
+                .running
+                .store(self.running.len(), Ordering::Relaxed);
+            self.load
+                .kv_used_bytes
+                .store(self.seqs.pool().used_bytes(), Ordering::Relaxed);
             self.clock += 1;
         }
     }
@@ -296,6 +367,7 @@ impl<'m> Scheduler<'m> {
                 break;
             };
             if job.events.is_closed() {
+                self.load.waiting.fetch_sub(1, Ordering::Relaxed);
                 continue;
             }
             // A prompt that shares more with one still being prefilled than
@@ -313,7 +385,11 @@ impl<'m> Scheduler<'m> {
                 deferred.push_back(job);
                 continue;
             }
+            self.load.waiting.fetch_sub(1, Ordering::Relaxed);
             if let Some(r) = self.start(job) {
+                self.load
+                    .cached_tokens
+                    .fetch_add(r.cached as u64, Ordering::Relaxed);
                 self.running.push(r);
             }
         }
@@ -491,13 +567,16 @@ impl<'m> Scheduler<'m> {
         for (k, (i, part)) in plan.into_iter().enumerate() {
             let r = &mut self.running[i];
             if let Part::Prompt { end } = part {
+                self.load
+                    .prompt_tokens
+                    .fetch_add((end - r.fed) as u64, Ordering::Relaxed);
                 r.fed = end;
                 if end < r.job.prompt.len() {
                     continue;
                 }
             }
             r.pending = None;
-            if let Some(reason) = r.next(out.get(k), &self.tok) {
+            if let Some(reason) = r.next(out.get(k), &self.tok, &self.load) {
                 finished.push((i, reason));
             }
         }
@@ -561,7 +640,12 @@ impl Running {
     /// Samples the next token from `logits` and streams its text; returns
     /// how the request ended if it did (`None` inside for a client that went
     /// away or an error already sent).
-    fn next(&mut self, logits: &[f32], tok: &Tokenizer) -> Option<Option<FinishReason>> {
+    fn next(
+        &mut self,
+        logits: &[f32],
+        tok: &Tokenizer,
+        load: &Load,
+    ) -> Option<Option<FinishReason>> {
         let now = Instant::now();
         self.first_token.get_or_insert(now);
         if self.job.max_tokens == 0 {
@@ -579,6 +663,7 @@ impl Running {
         };
         self.sampler.accept(t);
         self.generated += 1;
+        load.generated_tokens.fetch_add(1, Ordering::Relaxed);
         if self.stop_tokens.contains(&t) {
             self.flush();
             return Some(Some(FinishReason::Stop));

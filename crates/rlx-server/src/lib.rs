@@ -1,7 +1,9 @@
 //! rlx-server: an OpenAI-compatible HTTP API over one model.
 //!
 //! `POST /v1/chat/completions` and `POST /v1/completions` (both with
-//! `stream: true` as server-sent events), `GET /v1/models`, `GET /health`.
+//! `stream: true` as server-sent events), `GET /v1/models`, `GET /health`,
+//! `GET /metrics` (Prometheus), `POST /tokenize` and `POST /detokenize`
+//! (llama-server's shapes).
 //! One [`engine::Engine`] thread steps every running request together
 //! (continuous batching) and keeps finished requests' K/V for a while, so a
 //! prompt that starts like an earlier one (a conversation re-sent with one
@@ -9,6 +11,7 @@
 //! OpenAI's JSON shape and name the field.
 
 pub mod engine;
+mod metrics;
 pub mod openai;
 mod stop;
 
@@ -19,8 +22,10 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{Method, StatusCode, Uri};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -51,6 +56,25 @@ pub struct ServerOptions {
     pub max_tokens: usize,
     /// Called after every completion request, e.g. to log it.
     pub on_request: Option<RequestHook>,
+    /// Requests must carry `Authorization: Bearer KEY` (all routes but
+    /// `/health`).
+    pub api_key: Option<String>,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+}
+
+impl ServerOptions {
+    /// Options with the given name and defaults for the rest.
+    pub fn new(model_name: impl Into<String>) -> Self {
+        ServerOptions {
+            model_name: model_name.into(),
+            sampling: SamplerConfig::default(),
+            max_tokens: 256,
+            on_request: None,
+            api_key: None,
+            max_body_bytes: 4 << 20,
+        }
+    }
 }
 
 /// A callback that sees every completion request's outcome.
@@ -79,6 +103,7 @@ pub struct Server {
     opts: ServerOptions,
     created: u64,
     requests: AtomicU64,
+    metrics: metrics::Metrics,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -103,6 +128,22 @@ struct ApiError {
     param: Option<String>,
 }
 
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            param: None,
+        }
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(e: BytesRejection) -> ApiError {
+        ApiError::new(e.status(), format!("the request body: {}", e.body_text()))
+    }
+}
+
 impl From<BadRequest> for ApiError {
     fn from(e: BadRequest) -> ApiError {
         ApiError {
@@ -117,6 +158,7 @@ impl From<JobError> for ApiError {
     fn from(e: JobError) -> ApiError {
         let status = match e {
             JobError::Invalid(_) => StatusCode::BAD_REQUEST,
+            JobError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
             JobError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError {
@@ -140,7 +182,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut r = (self.status, Json(self.body())).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        r
     }
 }
 
@@ -166,17 +213,27 @@ impl Server {
             opts,
             created: now(),
             requests: AtomicU64::new(0),
+            metrics: metrics::Metrics::default(),
         })
     }
 
     /// The HTTP routes.
     pub fn router(self: Arc<Self>) -> Router {
+        let limit = self.opts.max_body_bytes;
         Router::new()
             .route("/health", get(health))
+            .route("/metrics", get(metrics_text))
             .route("/v1/models", get(models))
             .route("/v1/chat/completions", post(chat))
             .route("/v1/completions", post(completions))
+            .route("/tokenize", post(tokenize))
+            .route("/detokenize", post(detokenize))
             .fallback(not_found)
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&self),
+                authorize,
+            ))
+            .layer(DefaultBodyLimit::max(limit))
             .with_state(self)
     }
 
@@ -322,6 +379,10 @@ impl Server {
             events: tx,
         };
         if let Err(e) = self.engine.submit(job) {
+            if let JobError::Busy(_) = e {
+                self.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+            }
+            self.log(endpoint, params.stream, Err(e.to_string()));
             return ApiError::from(e).into_response();
         }
         let id = self.id(endpoint);
@@ -430,14 +491,112 @@ async fn models(State(s): State<Arc<Server>>) -> Json<Value> {
     }]}))
 }
 
-async fn chat(State(s): State<Arc<Server>>, body: Bytes) -> Response {
-    s.complete(Endpoint::Chat, body).await
+async fn chat(State(s): State<Arc<Server>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match body {
+        Ok(body) => s.complete(Endpoint::Chat, body).await,
+        Err(e) => ApiError::from(e).into_response(),
+    }
 }
 
-async fn completions(State(s): State<Arc<Server>>, body: Bytes) -> Response {
-    s.complete(Endpoint::Completion, body).await
+async fn completions(
+    State(s): State<Arc<Server>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match body {
+        Ok(body) => s.complete(Endpoint::Completion, body).await,
+        Err(e) => ApiError::from(e).into_response(),
+    }
 }
 
+async fn metrics_text(State(s): State<Arc<Server>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(s.engine.load()),
+    )
+        .into_response()
+}
+
+async fn tokenize(State(s): State<Arc<Server>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let run = || -> Result<Value, ApiError> {
+        let req = openai::tokenize(&openai::object(&body?)?)?;
+        let tok = s.engine.tokenizer();
+        let ids = tok.encode(
+            &req.content,
+            EncodeOptions {
+                add_bos: req.add_special,
+                parse_special: req.parse_special,
+            },
+        );
+        Ok(if req.with_pieces {
+            let pieces: Vec<Value> = ids
+                .iter()
+                .map(|&id| json!({"id": id, "piece": tok.decode(&[id], true)}))
+                .collect();
+            json!({ "tokens": pieces })
+        } else {
+            json!({ "tokens": ids })
+        })
+    };
+    match run() {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn detokenize(State(s): State<Arc<Server>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let run = || -> Result<Value, ApiError> {
+        let ids = openai::detokenize(&openai::object(&body?)?)?;
+        let tok = s.engine.tokenizer();
+        let vocab = tok.vocab_size();
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(BadRequest::param(
+                "tokens",
+                format!("token id {bad} is outside the vocabulary of {vocab}"),
+            )
+            .into());
+        }
+        Ok(json!({ "content": tok.decode(&ids, false) }))
+    };
+    match run() {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// With an API key set, every route but `/health` needs
+/// `Authorization: Bearer KEY`; the key is compared in constant time.
+async fn authorize(
+    State(s): State<Arc<Server>>,
+    headers: HeaderMap,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(key) = &s.opts.api_key else {
+        return next.run(request).await;
+    };
+    if request.uri().path() == "/health" {
+        return next.run(request).await;
+    }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(given.as_bytes(), key.as_bytes()) {
+        return next.run(request).await;
+    }
+    let mut e =
+        ApiError::new(StatusCode::UNAUTHORIZED, "invalid or missing API key").into_response();
+    e.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    e
+}
+
+/// Whether `a == b`, in a time that depends only on their lengths.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y));
+    a.len() == b.len() && diff == 0
+}
 async fn not_found(method: Method, uri: Uri) -> Response {
     ApiError {
         status: StatusCode::NOT_FOUND,

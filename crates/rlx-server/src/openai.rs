@@ -319,18 +319,69 @@ pub fn prompt(body: &Map<String, Value>) -> Result<Prompt> {
             Ok(Prompt::Text(a[0].as_str().unwrap_or_default().to_owned()))
         }
         Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-            Ok(Prompt::Tokens(
-                a.iter()
-                    .filter_map(Value::as_u64)
-                    .map(|t| t as u32)
-                    .collect(),
-            ))
+            Ok(Prompt::Tokens(token_ids(a, "prompt")?))
         }
         Some(Value::Array(_)) => Err(bad(
             "expected one string or an array of token ids (one prompt per request)".into(),
         )),
         Some(v) => Err(bad(format!("expected a string, got {}", kind(v)))),
         None => Err(bad("is required".into())),
+    }
+}
+
+/// An array of token ids, each a u32.
+fn token_ids(a: &[Value], param: &str) -> Result<Vec<u32>> {
+    a.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .ok_or_else(|| {
+                    BadRequest::param(param, format!("item {i} ({v}) is not a token id"))
+                })
+        })
+        .collect()
+}
+
+/// `POST /tokenize` (llama-server's shape).
+pub struct Tokenize {
+    pub content: String,
+    /// Add BOS as the vocabulary asks (default false).
+    pub add_special: bool,
+    /// Parse special-token text such as `<start_of_turn>` (default true).
+    pub parse_special: bool,
+    /// Return `{id, piece}` objects instead of bare ids.
+    pub with_pieces: bool,
+}
+
+pub fn tokenize(body: &Map<String, Value>) -> Result<Tokenize> {
+    let content = match field(body, "content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => {
+            return Err(BadRequest::param(
+                "content",
+                format!("expected a string, got {}", kind(v)),
+            ))
+        }
+        None => return Err(BadRequest::param("content", "is required")),
+    };
+    Ok(Tokenize {
+        content,
+        add_special: boolean(body, "add_special")?,
+        parse_special: field(body, "parse_special").is_none() || boolean(body, "parse_special")?,
+        with_pieces: boolean(body, "with_pieces")?,
+    })
+}
+
+/// `POST /detokenize`: the `tokens` to turn into text.
+pub fn detokenize(body: &Map<String, Value>) -> Result<Vec<u32>> {
+    match field(body, "tokens") {
+        Some(Value::Array(a)) => token_ids(a, "tokens"),
+        Some(v) => Err(BadRequest::param(
+            "tokens",
+            format!("expected an array of token ids, got {}", kind(v)),
+        )),
+        None => Err(BadRequest::param("tokens", "is required")),
     }
 }
 

@@ -57,17 +57,18 @@ impl TestServer {
     }
 
     fn start_with(engine: EngineOptions, on_request: Option<RequestHook>) -> TestServer {
-        let server = Server::new(
-            load(),
+        TestServer::start_full(
             engine,
             ServerOptions {
-                model_name: "tiny".into(),
-                sampling: SamplerConfig::default(),
                 max_tokens: 16,
                 on_request,
+                ..ServerOptions::new("tiny")
             },
         )
-        .unwrap();
+    }
+
+    fn start_full(engine: EngineOptions, opts: ServerOptions) -> TestServer {
+        let server = Server::new(load(), engine, opts).unwrap();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -90,11 +91,24 @@ impl TestServer {
 
     /// Status and body of one request (chunked bodies joined).
     fn request(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let (status, _, body) = self.request_with(method, path, body, "");
+        (status, body)
+    }
+
+    /// Status, lower-cased head and body of one request with extra header
+    /// lines (`Name: value\r\n` each).
+    fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        headers: &str,
+    ) -> (u16, String, String) {
         let mut s = TcpStream::connect(self.addr).unwrap();
         let body = body.unwrap_or("");
         write!(
             s,
-            "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\
+            "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{headers}\
              Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
@@ -104,17 +118,14 @@ impl TestServer {
         let raw = String::from_utf8(raw).unwrap();
         let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
         let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-        let chunked = head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked");
-        (
-            status,
-            if chunked {
-                dechunk(rest)
-            } else {
-                rest.to_owned()
-            },
-        )
+        let head = head.to_ascii_lowercase();
+        let chunked = head.contains("transfer-encoding: chunked");
+        let body = if chunked {
+            dechunk(rest)
+        } else {
+            rest.to_owned()
+        };
+        (status, head, body)
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
@@ -571,4 +582,168 @@ fn concurrent_requests_with_one_system_prompt_compute_it_once() {
             library_text(p, 6).0
         );
     }
+}
+
+#[test]
+fn tokenize_and_detokenize_like_llama_server() {
+    let srv = TestServer::start();
+    let tok = Tokenizer::from_gguf(load().file()).unwrap();
+    let text = "Hello there, sea!";
+    let (status, v) = srv.post("/tokenize", &json!({"content": text}));
+    assert_eq!(status, 200, "{v}");
+    let plain = tok.encode(
+        text,
+        EncodeOptions {
+            add_bos: false,
+            parse_special: true,
+        },
+    );
+    assert_eq!(v["tokens"], json!(plain));
+    let (_, v) = srv.post(
+        "/tokenize",
+        &json!({"content": text, "add_special": true, "with_pieces": true}),
+    );
+    let first = &v["tokens"][0];
+    assert_eq!(first["id"], json!(tok.bos_id().unwrap()));
+    assert!(first["piece"].is_string(), "{v}");
+    let (status, v) = srv.post("/detokenize", &json!({"tokens": plain}));
+    assert_eq!(status, 200);
+    assert_eq!(v["content"], text);
+    let (status, v) = srv.post("/detokenize", &json!({"tokens": [1u64 << 40]}));
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("tokens"))
+    );
+    let (status, v) = srv.post("/detokenize", &json!({"tokens": [100_000]}));
+    assert_eq!(status, 400);
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("outside the vocabulary"));
+    let (status, v) = srv.post("/tokenize", &json!({"text": "x"}));
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("content"))
+    );
+}
+
+#[test]
+fn a_burst_past_the_queue_gets_429_and_the_rest_complete() {
+    let srv = TestServer::start_with(
+        EngineOptions {
+            parallel: 1,
+            context: 1024,
+            max_queue: 1,
+            ..EngineOptions::default()
+        },
+        None,
+    );
+    let body = json!({"prompt": [2, 100, 101], "max_tokens": 1000, "temperature": 0,
+                      "ignore_eos": true})
+    .to_string();
+    let srv = &srv;
+    let results: Vec<(u16, String, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let body = body.clone();
+                s.spawn(move || srv.request_with("POST", "/v1/completions", Some(&body), ""))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let busy: Vec<_> = results.iter().filter(|r| r.0 == 429).collect();
+    assert!(!busy.is_empty(), "no request was refused");
+    for (status, head, body) in &results {
+        match status {
+            429 => {
+                assert!(head.contains("retry-after: 1"), "{head}");
+                let v: Value = serde_json::from_str(body).unwrap();
+                assert!(v["error"]["message"].as_str().unwrap().contains("busy"));
+            }
+            200 => {
+                let v: Value = serde_json::from_str(body).unwrap();
+                assert_eq!(v["usage"]["completion_tokens"], 1000);
+            }
+            other => panic!("status {other}: {body}"),
+        }
+    }
+    let (_, metrics) = srv.request("GET", "/metrics", None);
+    let rejected = format!("rlx:requests_rejected_total {}", busy.len());
+    assert!(metrics.contains(&rejected), "{metrics}");
+}
+
+#[test]
+fn an_api_key_guards_every_route_but_health() {
+    let srv = TestServer::start_full(
+        EngineOptions {
+            parallel: 1,
+            context: 128,
+            ..EngineOptions::default()
+        },
+        ServerOptions {
+            api_key: Some("sekrit".into()),
+            max_body_bytes: 2048,
+            ..ServerOptions::new("tiny")
+        },
+    );
+    assert_eq!(srv.request("GET", "/health", None).0, 200);
+    let (status, head, body) = srv.request_with("GET", "/v1/models", None, "");
+    assert_eq!(status, 401);
+    assert!(head.contains("www-authenticate: bearer"), "{head}");
+    assert!(body.contains("API key"), "{body}");
+    let wrong = "Authorization: Bearer sekriT\r\n";
+    assert_eq!(srv.request_with("GET", "/v1/models", None, wrong).0, 401);
+    let right = "Authorization: Bearer sekrit\r\n";
+    assert_eq!(srv.request_with("GET", "/v1/models", None, right).0, 200);
+    // A body past the limit is refused whole, in OpenAI's error shape.
+    let big = json!({"prompt": "x".repeat(4000)}).to_string();
+    let (status, _, body) = srv.request_with("POST", "/v1/completions", Some(&big), right);
+    assert_eq!(status, 413, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+}
+
+#[test]
+fn metrics_report_tokens_and_a_freed_slot() {
+    let srv = TestServer::start_logged(1024, None);
+    let (status, _) = srv.post("/v1/chat/completions", &chat_body(json!({})));
+    assert_eq!(status, 200);
+    // A client that hangs up mid-stream.
+    {
+        let mut s = TcpStream::connect(srv.addr).unwrap();
+        let body = chat_body(json!({"stream": true, "max_tokens": 900})).to_string();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut first = [0u8; 64];
+        let _ = s.read(&mut first).unwrap();
+    }
+    let value = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    // The freed slot shows within a few steps.
+    let mut text = String::new();
+    for _ in 0..200 {
+        text = srv.request("GET", "/metrics", None).1;
+        if value(&text, "llamacpp:requests_processing") == 0.0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(value(&text, "llamacpp:requests_processing"), 0.0, "{text}");
+    assert!(
+        value(&text, "llamacpp:tokens_predicted_total") >= 12.0,
+        "{text}"
+    );
+    assert!(value(&text, "llamacpp:prompt_tokens_total") > 0.0, "{text}");
+    let ratio = value(&text, "llamacpp:kv_cache_usage_ratio");
+    assert!((0.0..=1.0).contains(&ratio), "{text}");
 }

@@ -30,6 +30,15 @@ pub struct ServeArgs {
     /// at most 16).
     #[arg(long = "parallel", visible_alias = "np")]
     pub parallel: Option<usize>,
+    /// Requests that may wait for a place; more get 429 with Retry-After.
+    #[arg(long = "max-queue", default_value_t = 64)]
+    pub max_queue: usize,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Largest request body in bytes.
+    #[arg(long = "max-body", default_value_t = 4 << 20)]
+    pub max_body: usize,
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
@@ -65,13 +74,16 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             parallel,
             context,
             kv_dtype: args.model.kv_dtype(),
+            max_queue: args.max_queue,
             ..EngineOptions::default()
         },
         ServerOptions {
-            model_name: name,
             sampling: args.sample.sampler_config(),
             max_tokens: args.sample.n,
             on_request: Some(Arc::new(log)),
+            api_key: args.api_key.clone(),
+            max_body_bytes: args.max_body,
+            ..ServerOptions::new(name)
         },
     )?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -86,10 +98,29 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
         eprintln!(
-            "listening on http://{local} ({parallel} requests at once, {context} tokens each); Ctrl-C stops"
+            "listening on http://{local} ({parallel} requests at once, {context} tokens each); Ctrl-C or SIGTERM stops"
         );
+        // Ctrl-C or SIGTERM: no new connections; running requests finish.
         let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
+            #[cfg(unix)]
+            {
+                use tokio::signal::unix::{signal, SignalKind};
+                match signal(SignalKind::terminate()) {
+                    Ok(mut term) => {
+                        tokio::select! {
+                            _ = tokio::signal::ctrl_c() => {}
+                            _ = term.recv() => {}
+                        }
+                    }
+                    Err(_) => {
+                        let _ = tokio::signal::ctrl_c().await;
+                    }
+                }
+            }
+            #[cfg(not(unix))]
+            {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         };
         rlx_server::serve(listener, Arc::new(server), shutdown)
             .await
