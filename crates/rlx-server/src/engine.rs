@@ -30,17 +30,65 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Send each sampled token's log-probability with this many of the
+    /// likeliest alternatives (`None`: text only).
+    pub logprobs: Option<usize>,
     /// Where the text goes; generation stops when the receiver is dropped
     /// (the client went away).
     pub events: UnboundedSender<Event>,
 }
 
-/// What the engine sends back for a job: text pieces, then `Done` or `Error`.
+/// What the engine sends back for a job: text pieces (with log-probabilities
+/// when asked for, one event per sampled token), then `Done` or `Error`.
 #[derive(Debug)]
 pub enum Event {
     Text(String),
+    /// A sampled token, the text it released (possibly none yet) and its
+    /// log-probability.
+    Token {
+        text: String,
+        logprob: TokenLogprob,
+    },
     Done(Finish),
     Error(JobError),
+}
+
+/// A token's log-probability under the model (before sampling's filters)
+/// and the likeliest alternatives at its place.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// `(token, bytes, logprob)`, likeliest first.
+    pub top: Vec<(u32, Vec<u8>, f32)>,
+}
+
+/// Log-probability of `token` and the `k` likeliest tokens from `logits`.
+fn logprobs(logits: &[f32], token: u32, k: usize, tok: &Tokenizer) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let lse = max + sum.ln() as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if top.len() < k || l > top[top.len() - 1].1 {
+                let at = top.partition_point(|&(_, x)| x >= l);
+                top.insert(at, (i as u32, l));
+                top.truncate(k);
+            }
+        }
+    }
+    let bytes = |t: u32| tok.decode_bytes(&[t], false);
+    TokenLogprob {
+        token,
+        bytes: bytes(token),
+        logprob: logits[token as usize] - lse,
+        top: top
+            .into_iter()
+            .map(|(t, l)| (t, bytes(t), l - lse))
+            .collect(),
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -669,7 +717,14 @@ impl Running {
             return Some(Some(FinishReason::Stop));
         }
         let (text, stopped) = self.filter.push(&self.decoder.push(tok, t));
-        if !text.is_empty() && self.job.events.send(Event::Text(text)).is_err() {
+        let event = match self.job.logprobs {
+            Some(k) => Some(Event::Token {
+                text,
+                logprob: logprobs(logits, t, k, tok),
+            }),
+            None => (!text.is_empty()).then_some(Event::Text(text)),
+        };
+        if event.is_some_and(|e| self.job.events.send(e).is_err()) {
             return Some(None);
         }
         if stopped {

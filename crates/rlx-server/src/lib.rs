@@ -37,7 +37,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use engine::{Engine, Event, Finish, Job, JobError, StartError};
+use engine::{Engine, Event, Finish, Job, JobError, StartError, TokenLogprob};
 
 pub use engine::EngineOptions;
 use openai::{BadRequest, Params, Prompt};
@@ -245,7 +245,11 @@ impl Server {
         let seed = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(n, |d| d.as_nanos() as u64 ^ n);
-        let params = openai::params(&body, &self.opts.sampling, seed)?;
+        let api = match endpoint {
+            Endpoint::Chat => openai::Api::Chat,
+            Endpoint::Completion => openai::Api::Completions,
+        };
+        let params = openai::params(&body, api, &self.opts.sampling, seed)?;
         let tok = self.engine.tokenizer();
         let ids = match endpoint {
             Endpoint::Chat => self.chat_prompt(&body)?,
@@ -302,52 +306,63 @@ impl Server {
         format!("{prefix}-{:x}{n:06x}", self.created)
     }
 
-    /// One streamed chunk, or with `finish` the last one.
-    fn chunk(
+    /// One choice's object: its text (a delta when streaming), its
+    /// log-probabilities when asked for, and its finish reason.
+    fn choice(
         &self,
         endpoint: Endpoint,
-        id: &str,
+        index: usize,
         text: &str,
+        logprobs: Option<&[TokenLogprob]>,
         finish: Option<FinishReason>,
+        streaming: bool,
     ) -> Value {
         let reason = finish.map(FinishReason::as_str);
-        let (object, choice) = match endpoint {
-            Endpoint::Chat => {
-                let delta = if finish.is_some() {
+        let lp = logprobs.map_or(Value::Null, |l| logprobs_json(endpoint, l));
+        match (endpoint, streaming) {
+            (Endpoint::Chat, true) => {
+                let delta = if finish.is_some() && text.is_empty() {
                     json!({})
                 } else {
                     json!({"content": text})
                 };
-                (
-                    "chat.completion.chunk",
-                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}),
-                )
+                json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason})
             }
-            Endpoint::Completion => (
-                "text_completion",
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
-            ),
+            (Endpoint::Chat, false) => json!({"index": index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": lp, "finish_reason": reason}),
+            (Endpoint::Completion, _) => {
+                json!({"index": index, "text": text, "logprobs": lp, "finish_reason": reason})
+            }
+        }
+    }
+
+    /// A streamed chunk holding `choices`.
+    fn chunk(&self, endpoint: Endpoint, id: &str, choices: Vec<Value>) -> Value {
+        let object = match endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completion => "text_completion",
         };
         json!({"id": id, "object": object, "created": now(), "model": self.opts.model_name,
-               "choices": [choice]})
+               "choices": choices})
     }
 
     /// The whole response of a request that did not stream.
-    fn completion(&self, endpoint: Endpoint, id: &str, text: String, f: &Finish) -> Value {
-        let reason = f.reason.as_str();
-        let (object, choice) = match endpoint {
-            Endpoint::Chat => (
-                "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": text},
-                       "logprobs": null, "finish_reason": reason}),
-            ),
-            Endpoint::Completion => (
-                "text_completion",
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
-            ),
+    fn completion(&self, endpoint: Endpoint, id: &str, choices: &[Choice], f: &Finish) -> Value {
+        let object = match endpoint {
+            Endpoint::Chat => "chat.completion",
+            Endpoint::Completion => "text_completion",
         };
+        let choices: Vec<Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let reason = c.finish.map(|f| f.reason);
+                self.choice(endpoint, i, &c.text, c.logprobs.as_deref(), reason, false)
+            })
+            .collect();
         json!({"id": id, "object": object, "created": now(), "model": self.opts.model_name,
-               "choices": [choice], "usage": usage(f), "timings": timings(f)})
+               "choices": choices, "usage": usage(f), "timings": timings(f)})
     }
 
     fn log(&self, endpoint: Endpoint, stream: bool, outcome: Result<Finish, String>) {
@@ -369,96 +384,213 @@ impl Server {
             }
         };
         let room = self.engine.context() - prompt.len();
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let job = Job {
-            prompt,
-            max_tokens: params.max_tokens.unwrap_or(self.opts.max_tokens).min(room),
-            sampler: params.sampler,
-            stop: params.stop,
-            ignore_eos: params.ignore_eos,
-            events: tx,
-        };
-        if let Err(e) = self.engine.submit(job) {
-            if let JobError::Busy(_) = e {
-                self.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+        let max_tokens = params.max_tokens.unwrap_or(self.opts.max_tokens).min(room);
+        // One job per choice; they share the prompt's blocks in the engine.
+        // Choice i samples with seed + i, so a seeded request repeats.
+        let mut receivers = Vec::with_capacity(params.n);
+        for i in 0..params.n {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let mut sampler = params.sampler.clone();
+            sampler.seed = sampler.seed.wrapping_add(i as u64);
+            let job = Job {
+                prompt: prompt.clone(),
+                max_tokens,
+                sampler,
+                stop: params.stop.clone(),
+                ignore_eos: params.ignore_eos,
+                logprobs: params.logprobs,
+                events: tx,
+            };
+            if let Err(e) = self.engine.submit(job) {
+                if let JobError::Busy(_) = e {
+                    self.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+                }
+                self.log(endpoint, params.stream, Err(e.to_string()));
+                return ApiError::from(e).into_response();
             }
-            self.log(endpoint, params.stream, Err(e.to_string()));
-            return ApiError::from(e).into_response();
+            receivers.push(rx);
         }
+        // The choices' events on one channel, tagged with their index.
+        let (merged_tx, mut merged) = mpsc::unbounded_channel();
+        for (i, mut rx) in receivers.into_iter().enumerate() {
+            let tx = merged_tx.clone();
+            tokio::spawn(async move {
+                while let Some(ev) = rx.recv().await {
+                    if tx.send((i, ev)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(merged_tx);
         let id = self.id(endpoint);
         if params.stream {
-            return self.stream(endpoint, id, rx, params.include_usage);
+            return self.stream(endpoint, id, merged, params.n, params.include_usage);
         }
-        let mut text = String::new();
-        while let Some(ev) = rx.recv().await {
+        let mut choices: Vec<Choice> = (0..params.n)
+            .map(|_| Choice {
+                logprobs: params.logprobs.map(|_| Vec::new()),
+                ..Choice::default()
+            })
+            .collect();
+        while let Some((i, ev)) = merged.recv().await {
+            let c = &mut choices[i];
             match ev {
-                Event::Text(t) => text.push_str(&t),
-                Event::Done(f) => {
-                    self.log(endpoint, false, Ok(f));
-                    return Json(self.completion(endpoint, &id, text, &f)).into_response();
+                Event::Text(t) => c.text.push_str(&t),
+                Event::Token { text, logprob } => {
+                    c.text.push_str(&text);
+                    if let Some(l) = &mut c.logprobs {
+                        l.push(logprob);
+                    }
                 }
+                Event::Done(f) => c.finish = Some(f),
                 Event::Error(e) => {
                     self.log(endpoint, false, Err(e.to_string()));
                     return ApiError::from(e).into_response();
                 }
             }
         }
-        ApiError::from(JobError::Internal("the engine dropped the request".into())).into_response()
+        let Some(f) = total(choices.iter().map(|c| c.finish)) else {
+            return ApiError::from(JobError::Internal("the engine dropped the request".into()))
+                .into_response();
+        };
+        self.log(endpoint, false, Ok(f));
+        Json(self.completion(endpoint, &id, &choices, &f)).into_response()
     }
 
-    /// Server-sent events: a chunk per piece of text, a last chunk with the
-    /// finish reason, usage if asked for, then `[DONE]`. When the client goes
-    /// away the forwarding task ends, and with it the generation.
+    /// Server-sent events: a chunk per piece of text (per token with
+    /// log-probabilities), a last chunk per choice with its finish reason,
+    /// usage if asked for, then `[DONE]`. When the client goes away the
+    /// forwarding task ends, and with it the generation.
     fn stream(
         self: Arc<Self>,
         endpoint: Endpoint,
         id: String,
-        mut rx: mpsc::UnboundedReceiver<Event>,
+        mut events: mpsc::UnboundedReceiver<(usize, Event)>,
+        n: usize,
         include_usage: bool,
     ) -> Response {
-        let (out, events) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+        let (out, sse) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
         let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
         let gone = move |s: &Server| s.log(endpoint, true, Err("the client went away".into()));
         tokio::spawn(async move {
             if endpoint == Endpoint::Chat {
-                let mut first = self.chunk(endpoint, &id, "", None);
-                first["choices"][0]["delta"] = json!({"role": "assistant", "content": ""});
-                if out.send(data(first)).is_err() {
+                let first: Vec<Value> = (0..n)
+                    .map(|i| {
+                        json!({"index": i, "delta": {"role": "assistant", "content": ""},
+                               "logprobs": null, "finish_reason": null})
+                    })
+                    .collect();
+                if out.send(data(self.chunk(endpoint, &id, first))).is_err() {
                     return gone(&self);
                 }
             }
-            while let Some(ev) = rx.recv().await {
-                match ev {
-                    Event::Text(t) => {
-                        if out.send(data(self.chunk(endpoint, &id, &t, None))).is_err() {
-                            return gone(&self);
-                        }
+            let mut finishes: Vec<Option<Finish>> = vec![None; n];
+            while let Some((i, ev)) = events.recv().await {
+                let choice = match ev {
+                    Event::Text(t) => self.choice(endpoint, i, &t, None, None, true),
+                    Event::Token { text, logprob } => {
+                        let lp = [logprob];
+                        self.choice(endpoint, i, &text, Some(&lp), None, true)
                     }
                     Event::Done(f) => {
-                        let mut last = self.chunk(endpoint, &id, "", Some(f.reason));
+                        finishes[i] = Some(f);
+                        let mut last = self.choice(endpoint, i, "", None, Some(f.reason), true);
                         last["timings"] = timings(&f);
-                        let _ = out.send(data(last));
-                        if include_usage {
-                            let mut u = self.chunk(endpoint, &id, "", None);
-                            u["choices"] = json!([]);
-                            u["usage"] = usage(&f);
-                            let _ = out.send(data(u));
-                        }
-                        let _ = out.send(Ok(SseEvent::default().data("[DONE]")));
-                        self.log(endpoint, true, Ok(f));
-                        return;
+                        last
                     }
                     Event::Error(e) => {
                         self.log(endpoint, true, Err(e.to_string()));
                         let _ = out.send(data(ApiError::from(e).body()));
                         return;
                     }
+                };
+                if out
+                    .send(data(self.chunk(endpoint, &id, vec![choice])))
+                    .is_err()
+                {
+                    return gone(&self);
                 }
             }
+            let Some(f) = total(finishes) else {
+                return gone(&self);
+            };
+            if include_usage {
+                let mut u = self.chunk(endpoint, &id, Vec::new());
+                u["usage"] = usage(&f);
+                let _ = out.send(data(u));
+            }
+            let _ = out.send(Ok(SseEvent::default().data("[DONE]")));
+            self.log(endpoint, true, Ok(f));
         });
-        Sse::new(UnboundedReceiverStream::new(events))
+        Sse::new(UnboundedReceiverStream::new(sse))
             .keep_alive(KeepAlive::default())
             .into_response()
+    }
+}
+
+/// One choice of a request that does not stream, as it arrives.
+#[derive(Clone, Default)]
+struct Choice {
+    text: String,
+    /// `Some` when the request asked for log-probabilities.
+    logprobs: Option<Vec<TokenLogprob>>,
+    finish: Option<Finish>,
+}
+
+/// The request's figures over its choices: the prompt once (as the first
+/// choice saw it), the tokens of all; `None` if a choice did not finish.
+fn total(finishes: impl IntoIterator<Item = Option<Finish>>) -> Option<Finish> {
+    let mut all = finishes.into_iter();
+    let mut f = all.next()??;
+    for g in all {
+        let g = g?;
+        f.completion_tokens += g.completion_tokens;
+        f.decode_secs = f.decode_secs.max(g.decode_secs);
+    }
+    Some(f)
+}
+
+/// Log-probabilities in the shape of `endpoint`: chat's `content` entries,
+/// or the text completions' parallel arrays (`text_offset` counted from the
+/// first of `tokens`).
+fn logprobs_json(endpoint: Endpoint, tokens: &[TokenLogprob]) -> Value {
+    let piece = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    match endpoint {
+        Endpoint::Chat => {
+            let content: Vec<Value> = tokens
+                .iter()
+                .map(|t| {
+                    let top: Vec<Value> = t
+                        .top
+                        .iter()
+                        .map(|(_, b, l)| json!({"token": piece(b), "logprob": l, "bytes": b}))
+                        .collect();
+                    json!({"token": piece(&t.bytes), "logprob": t.logprob, "bytes": t.bytes,
+                           "top_logprobs": top})
+                })
+                .collect();
+            json!({ "content": content })
+        }
+        Endpoint::Completion => {
+            let mut offset = 0usize;
+            let mut offsets = Vec::with_capacity(tokens.len());
+            for t in tokens {
+                offsets.push(offset);
+                offset += piece(&t.bytes).len();
+            }
+            let top: Vec<Value> = tokens
+                .iter()
+                .map(|t| {
+                    let m: Map<String, Value> =
+                        t.top.iter().map(|(_, b, l)| (piece(b), json!(l))).collect();
+                    Value::Object(m)
+                })
+                .collect();
+            json!({"tokens": tokens.iter().map(|t| piece(&t.bytes)).collect::<Vec<_>>(),
+                   "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+                   "top_logprobs": top, "text_offset": offsets})
+        }
     }
 }
 

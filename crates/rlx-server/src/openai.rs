@@ -39,6 +39,22 @@ pub struct Params {
     pub stream: bool,
     pub include_usage: bool,
     pub ignore_eos: bool,
+    /// Choices to generate (`n`).
+    pub n: usize,
+    /// Log-probabilities of the sampled tokens with this many alternatives
+    /// each; `None` when not asked for.
+    pub logprobs: Option<usize>,
+}
+
+/// The most choices a request may ask for.
+pub const MAX_CHOICES: usize = 16;
+
+/// Which API a body is for: `logprobs` is a flag with `top_logprobs` in
+/// chat, a count in text completions.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Chat,
+    Completions,
 }
 
 /// The body as a JSON object.
@@ -110,7 +126,12 @@ fn boolean(body: &Map<String, Value>, key: &str) -> Result<bool> {
 
 /// Sampling, limits, stop strings and streaming, over the server's defaults.
 /// `seed` is used when the request gives none.
-pub fn params(body: &Map<String, Value>, defaults: &SamplerConfig, seed: u64) -> Result<Params> {
+pub fn params(
+    body: &Map<String, Value>,
+    api: Api,
+    defaults: &SamplerConfig,
+    seed: u64,
+) -> Result<Params> {
     let mut s = defaults.clone();
     if let Some(t) = number(body, "temperature", (0.0, 2.0))? {
         s.temperature = t;
@@ -172,14 +193,32 @@ pub fn params(body: &Map<String, Value>, defaults: &SamplerConfig, seed: u64) ->
             })
             .collect::<Result<_>>()?;
     }
-    if let Some(n) = integer(body, "n")? {
-        if n != 1 {
-            return Err(BadRequest::param(
-                "n",
-                "only one choice per request (n = 1)",
-            ));
-        }
+    let n = integer(body, "n")?.unwrap_or(1) as usize;
+    if !(1..=MAX_CHOICES).contains(&n) {
+        return Err(BadRequest::param(
+            "n",
+            format!("{n} choices; between 1 and {MAX_CHOICES} per request"),
+        ));
     }
+    let logprobs = match api {
+        Api::Chat => {
+            let top = integer(body, "top_logprobs")?;
+            if top.is_some_and(|k| k > 20) {
+                return Err(BadRequest::param("top_logprobs", "at most 20"));
+            }
+            match (boolean(body, "logprobs")?, top) {
+                (true, k) => Some(k.unwrap_or(0) as usize),
+                (false, Some(_)) => {
+                    return Err(BadRequest::param("top_logprobs", "needs `logprobs: true`"))
+                }
+                (false, None) => None,
+            }
+        }
+        Api::Completions => match integer(body, "logprobs")? {
+            Some(k) if k > 5 => return Err(BadRequest::param("logprobs", "at most 5")),
+            k => k.map(|k| k as usize),
+        },
+    };
     let max_tokens = match integer(body, "max_completion_tokens")? {
         Some(n) => Some(n),
         None => integer(body, "max_tokens")?,
@@ -221,12 +260,6 @@ pub fn params(body: &Map<String, Value>, defaults: &SamplerConfig, seed: u64) ->
             ));
         }
     }
-    if boolean(body, "logprobs")? {
-        return Err(BadRequest::param(
-            "logprobs",
-            "not supported by this server",
-        ));
-    }
     Ok(Params {
         max_tokens: max_tokens.map(|n| n as usize),
         sampler: s,
@@ -234,6 +267,8 @@ pub fn params(body: &Map<String, Value>, defaults: &SamplerConfig, seed: u64) ->
         stream,
         include_usage,
         ignore_eos: boolean(body, "ignore_eos")?,
+        n,
+        logprobs,
     })
 }
 
@@ -401,7 +436,7 @@ mod tests {
                               "stream": true, "stream_options": {"include_usage": true},
                               "logit_bias": {"42": -100, "7": 2.5}}),
         );
-        let p = params(&body, &SamplerConfig::default(), 9).unwrap();
+        let p = params(&body, Api::Chat, &SamplerConfig::default(), 9).unwrap();
         assert_eq!(p.sampler.temperature, 0.0);
         assert_eq!(p.sampler.top_k, 5);
         assert_eq!(p.sampler.seed, 9);
@@ -415,12 +450,27 @@ mod tests {
     #[test]
     fn bad_fields_name_themselves() {
         let d = SamplerConfig::default();
-        let e = params(&obj(json!({"temperature": "hot"})), &d, 0).unwrap_err();
+        let chat = |v: Value| params(&obj(v), Api::Chat, &d, 0);
+        let e = chat(json!({"temperature": "hot"})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("temperature"));
-        let e = params(&obj(json!({"top_p": 3})), &d, 0).unwrap_err();
+        let e = chat(json!({"top_p": 3})).unwrap_err();
         assert!(e.message.contains("outside"), "{}", e.message);
-        let e = params(&obj(json!({"n": 2})), &d, 0).unwrap_err();
+        let e = chat(json!({"n": 0})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("n"));
+        let e = chat(json!({"n": 17})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("n"));
+        assert_eq!(chat(json!({"n": 3})).unwrap().n, 3);
+        let e = chat(json!({"top_logprobs": 2})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+        let p = chat(json!({"logprobs": true, "top_logprobs": 2})).unwrap();
+        assert_eq!(p.logprobs, Some(2));
+        let e = chat(json!({"logprobs": 2})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logprobs"));
+        let text = |v: Value| params(&obj(v), Api::Completions, &d, 0);
+        assert_eq!(text(json!({"logprobs": 3})).unwrap().logprobs, Some(3));
+        assert_eq!(text(json!({})).unwrap().logprobs, None);
+        let e = text(json!({"logprobs": 6})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logprobs"));
         let e = messages(&obj(
             json!({"messages": [{"role": "robot", "content": "x"}]}),
         ))

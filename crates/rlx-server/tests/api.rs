@@ -747,3 +747,101 @@ fn metrics_report_tokens_and_a_freed_slot() {
     let ratio = value(&text, "llamacpp:kv_cache_usage_ratio");
     assert!((0.0..=1.0).contains(&ratio), "{text}");
 }
+
+#[test]
+fn n_choices_share_the_prompt_and_repeat_with_a_seed() {
+    let srv = TestServer::start();
+    let body = json!({"prompt": [2, 100, 101, 102], "max_tokens": 8, "temperature": 1.0,
+                      "seed": 7, "n": 3, "ignore_eos": true});
+    let (status, a) = srv.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{a}");
+    let choices = a["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["finish_reason"], "length");
+    }
+    assert_eq!(a["usage"]["completion_tokens"], 24);
+    assert_eq!(a["usage"]["prompt_tokens"], 4);
+    // The same seeded request gives the same choices, streamed or not.
+    let (_, b) = srv.post("/v1/completions", &body);
+    assert_eq!(a["choices"], b["choices"]);
+    let mut streamed = vec![String::new(); 3];
+    let mut body = body;
+    body["stream"] = json!(true);
+    for c in srv.post_stream("/v1/completions", &body) {
+        if c == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&c).unwrap();
+        for ch in v["choices"].as_array().unwrap() {
+            let i = ch["index"].as_u64().unwrap() as usize;
+            streamed[i].push_str(ch["text"].as_str().unwrap_or(""));
+        }
+    }
+    for (i, text) in streamed.iter().enumerate() {
+        assert_eq!(text, choices[i]["text"].as_str().unwrap(), "choice {i}");
+    }
+}
+
+/// `log_softmax` of the library's logits after `prompt`.
+fn library_logprobs(prompt: &[u32]) -> Vec<f32> {
+    let model = load();
+    let mut session = model.session(SessionOptions::default()).unwrap();
+    let logits = session.feed(prompt).unwrap();
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
+    logits.iter().map(|&l| l - lse).collect()
+}
+
+#[test]
+fn logprobs_are_the_models_for_completions_and_chat() {
+    let srv = TestServer::start();
+    let prompt = [2u32, 100, 101, 102];
+    let want = library_logprobs(&prompt);
+    let best = (0..want.len())
+        .max_by(|&a, &b| want[a].total_cmp(&want[b]))
+        .unwrap();
+    let (status, v) = srv.post(
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 5, "temperature": 0, "logprobs": 2,
+                "ignore_eos": true}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 5);
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 5);
+    let first = lp["token_logprobs"][0].as_f64().unwrap() as f32;
+    assert!(
+        (first - want[best]).abs() < 1e-4,
+        "{first} vs {}",
+        want[best]
+    );
+    let top = lp["top_logprobs"][0].as_object().unwrap();
+    assert_eq!(top.len(), 2);
+    assert!(top.values().all(|l| l.as_f64().unwrap() <= 0.0));
+    assert_eq!(lp["text_offset"][0], 0);
+    // Chat: the content entries.
+    let (status, v) = srv.post(
+        "/v1/chat/completions",
+        &chat_body(json!({"logprobs": true, "top_logprobs": 3, "max_tokens": 4})),
+    );
+    assert_eq!(status, 200, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 4);
+    for e in content {
+        assert!(e["token"].is_string() && e["bytes"].is_array());
+        let tops = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(tops.len(), 3);
+        // Greedy: the chosen token is the likeliest.
+        assert_eq!(tops[0]["logprob"], e["logprob"]);
+    }
+    // Without the field: null.
+    let (_, v) = srv.post("/v1/chat/completions", &chat_body(json!({})));
+    assert!(v["choices"][0]["logprobs"].is_null());
+}
