@@ -53,7 +53,15 @@ fn serve_answers_chat_completions_on_the_port_it_prints() {
     // The request is logged on stderr.
     line.clear();
     stderr.read_line(&mut line).unwrap();
-    assert!(line.starts_with("/v1/chat/completions: prompt "), "{line}");
+    assert!(line.starts_with("id=chatcmpl-"), "{line}");
+    for key in [
+        "endpoint=/v1/chat/completions",
+        "status=200",
+        "completion_tokens=4",
+        "finish=length",
+    ] {
+        assert!(line.contains(key), "{key} in {line}");
+    }
     child.kill().unwrap();
     child.wait().unwrap();
 }

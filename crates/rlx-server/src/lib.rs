@@ -83,9 +83,37 @@ pub type RequestHook = Arc<dyn Fn(&RequestLog) + Send + Sync>;
 /// What one completion request did.
 #[derive(Clone, Debug)]
 pub struct RequestLog {
+    /// The response's `id`.
+    pub id: String,
     pub endpoint: &'static str,
     pub stream: bool,
+    /// The HTTP status sent (499: the client went away first).
+    pub status: u16,
     pub outcome: Result<Finish, String>,
+}
+
+impl std::fmt::Display for RequestLog {
+    /// One `key=value` line: id, endpoint, status, tokens, timings.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "id={} endpoint={} stream={} status={}",
+            self.id, self.endpoint, self.stream, self.status
+        )?;
+        match &self.outcome {
+            Ok(r) => write!(
+                f,
+                " prompt_tokens={} cached_tokens={} completion_tokens={} prefill_ms={:.1} decode_ms={:.1} finish={}",
+                r.prompt_tokens,
+                r.cached_tokens,
+                r.completion_tokens,
+                r.prefill_secs * 1e3,
+                r.decode_secs * 1e3,
+                r.reason.as_str()
+            ),
+            Err(e) => write!(f, " error={e:?}"),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -365,21 +393,31 @@ impl Server {
                "choices": choices, "usage": usage(f), "timings": timings(f)})
     }
 
-    fn log(&self, endpoint: Endpoint, stream: bool, outcome: Result<Finish, String>) {
+    fn log(
+        &self,
+        id: &str,
+        endpoint: Endpoint,
+        stream: bool,
+        status: StatusCode,
+        outcome: Result<Finish, String>,
+    ) {
         if let Some(cb) = &self.opts.on_request {
             cb(&RequestLog {
+                id: id.to_owned(),
                 endpoint: endpoint.path(),
                 stream,
+                status: status.as_u16(),
                 outcome,
             });
         }
     }
 
     async fn complete(self: Arc<Self>, endpoint: Endpoint, body: Bytes) -> Response {
+        let id = self.id(endpoint);
         let (prompt, params) = match self.prepare(endpoint, &body) {
             Ok(p) => p,
             Err(e) => {
-                self.log(endpoint, false, Err(e.message.clone()));
+                self.log(&id, endpoint, false, e.status, Err(e.message.clone()));
                 return e.into_response();
             }
         };
@@ -405,8 +443,15 @@ impl Server {
                 if let JobError::Busy(_) = e {
                     self.metrics.rejected.fetch_add(1, Ordering::Relaxed);
                 }
-                self.log(endpoint, params.stream, Err(e.to_string()));
-                return ApiError::from(e).into_response();
+                let e = ApiError::from(e);
+                self.log(
+                    &id,
+                    endpoint,
+                    params.stream,
+                    e.status,
+                    Err(e.message.clone()),
+                );
+                return e.into_response();
             }
             receivers.push(rx);
         }
@@ -423,7 +468,6 @@ impl Server {
             });
         }
         drop(merged_tx);
-        let id = self.id(endpoint);
         if params.stream {
             return self.stream(endpoint, id, merged, params.n, params.include_usage);
         }
@@ -445,8 +489,9 @@ impl Server {
                 }
                 Event::Done(f) => c.finish = Some(f),
                 Event::Error(e) => {
-                    self.log(endpoint, false, Err(e.to_string()));
-                    return ApiError::from(e).into_response();
+                    let e = ApiError::from(e);
+                    self.log(&id, endpoint, false, e.status, Err(e.message.clone()));
+                    return e.into_response();
                 }
             }
         }
@@ -454,7 +499,7 @@ impl Server {
             return ApiError::from(JobError::Internal("the engine dropped the request".into()))
                 .into_response();
         };
-        self.log(endpoint, false, Ok(f));
+        self.log(&id, endpoint, false, StatusCode::OK, Ok(f));
         Json(self.completion(endpoint, &id, &choices, &f)).into_response()
     }
 
@@ -472,7 +517,16 @@ impl Server {
     ) -> Response {
         let (out, sse) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
         let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
-        let gone = move |s: &Server| s.log(endpoint, true, Err("the client went away".into()));
+        let gone = move |s: &Server, id: &str| {
+            let status = StatusCode::from_u16(499).expect("a valid code");
+            s.log(
+                id,
+                endpoint,
+                true,
+                status,
+                Err("the client went away".into()),
+            )
+        };
         tokio::spawn(async move {
             if endpoint == Endpoint::Chat {
                 let first: Vec<Value> = (0..n)
@@ -482,7 +536,7 @@ impl Server {
                     })
                     .collect();
                 if out.send(data(self.chunk(endpoint, &id, first))).is_err() {
-                    return gone(&self);
+                    return gone(&self, &id);
                 }
             }
             let mut finishes: Vec<Option<Finish>> = vec![None; n];
@@ -500,8 +554,9 @@ impl Server {
                         last
                     }
                     Event::Error(e) => {
-                        self.log(endpoint, true, Err(e.to_string()));
-                        let _ = out.send(data(ApiError::from(e).body()));
+                        let e = ApiError::from(e);
+                        self.log(&id, endpoint, true, e.status, Err(e.message.clone()));
+                        let _ = out.send(data(e.body()));
                         return;
                     }
                 };
@@ -509,11 +564,11 @@ impl Server {
                     .send(data(self.chunk(endpoint, &id, vec![choice])))
                     .is_err()
                 {
-                    return gone(&self);
+                    return gone(&self, &id);
                 }
             }
             let Some(f) = total(finishes) else {
-                return gone(&self);
+                return gone(&self, &id);
             };
             if include_usage {
                 let mut u = self.chunk(endpoint, &id, Vec::new());
@@ -521,7 +576,7 @@ impl Server {
                 let _ = out.send(data(u));
             }
             let _ = out.send(Ok(SseEvent::default().data("[DONE]")));
-            self.log(endpoint, true, Ok(f));
+            self.log(&id, endpoint, true, StatusCode::OK, Ok(f));
         });
         Sse::new(UnboundedReceiverStream::new(sse))
             .keep_alive(KeepAlive::default())

@@ -449,7 +449,19 @@ fn concurrent_requests_queue_and_a_dropped_stream_frees_the_engine() {
         gone[0].outcome.as_ref().unwrap_err(),
         "the client went away"
     );
+    assert_eq!(gone[0].status, 499);
     assert_eq!(logs.iter().filter(|l| l.outcome.is_ok()).count(), 5);
+    // Every line names its request, status and token counts.
+    let ok = logs.iter().find(|l| l.outcome.is_ok()).unwrap().to_string();
+    for key in [
+        "id=chatcmpl-",
+        "status=200",
+        "prompt_tokens=",
+        "cached_tokens=",
+        "decode_ms=",
+    ] {
+        assert!(ok.contains(key), "{key} in {ok}");
+    }
 }
 
 #[test]

@@ -55,19 +55,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let context = (args.ctx / parallel)
         .max(1)
         .min(model.config().context_length.max(1));
-    let log = |r: &RequestLog| match &r.outcome {
-        Ok(f) => eprintln!(
-            "{}{}: prompt {} tokens ({} cached), {} generated in {:.2} s, {}",
-            r.endpoint,
-            if r.stream { " (stream)" } else { "" },
-            f.prompt_tokens,
-            f.cached_tokens,
-            f.completion_tokens,
-            f.prefill_secs + f.decode_secs,
-            f.reason.as_str()
-        ),
-        Err(e) => eprintln!("{}: error: {e}", r.endpoint),
-    };
+    let log = |r: &RequestLog| eprintln!("{r}");
     let server = Server::new(
         model,
         EngineOptions {
