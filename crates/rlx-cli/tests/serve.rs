@@ -40,6 +40,25 @@ fn serve_answers_chat_completions_on_the_port_it_prints() {
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_owned();
+    // The port answers at once; /health says 200 once the model is in.
+    let mut ready = false;
+    for _ in 0..500 {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        if out.starts_with("HTTP/1.1 200") {
+            ready = true;
+            break;
+        }
+        assert!(out.starts_with("HTTP/1.1 503"), "{out}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(ready, "the server never became ready");
     let reply = post(
         &addr,
         "/v1/chat/completions",
@@ -50,9 +69,12 @@ fn serve_answers_chat_completions_on_the_port_it_prints() {
     let v: serde_json::Value = serde_json::from_str(body).unwrap();
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["model"], "model-f32");
-    // The request is logged on stderr.
+    // The request is logged on stderr (after the line saying it is ready).
     line.clear();
-    stderr.read_line(&mut line).unwrap();
+    while !line.starts_with("id=") {
+        line.clear();
+        stderr.read_line(&mut line).unwrap();
+    }
     assert!(line.starts_with("id=chatcmpl-"), "{line}");
     for key in [
         "endpoint=/v1/chat/completions",

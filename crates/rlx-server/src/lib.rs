@@ -18,7 +18,7 @@ mod stop;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -791,6 +791,75 @@ async fn not_found(method: Method, uri: Uri) -> Response {
         param: None,
     }
     .into_response()
+}
+
+/// Serves on `listener` at once: until `load` yields the server, `/health`
+/// answers 503 `{"status": "loading"}` and every other route 503 in
+/// OpenAI's error shape; then the server's routes. A load that fails ends
+/// serving with its error; otherwise serving ends when `shutdown` completes.
+pub async fn serve_loading(
+    listener: tokio::net::TcpListener,
+    load: impl Future<Output = Result<Arc<Server>, String>> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use tower::ServiceExt;
+    let ready: Arc<OnceLock<Router>> = Arc::new(OnceLock::new());
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
+    let slot = Arc::clone(&ready);
+    tokio::spawn(async move {
+        match load.await {
+            Ok(server) => {
+                let _ = slot.set(server.router());
+            }
+            Err(e) => {
+                let _ = failed_tx.send(e);
+            }
+        }
+    });
+    let app = Router::new().fallback(move |request: Request| {
+        let ready = Arc::clone(&ready);
+        async move {
+            match ready.get() {
+                Some(router) => match router.clone().oneshot(request).await {
+                    Ok(r) => r,
+                    Err(never) => match never {},
+                },
+                None if request.uri().path() == "/health" => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Json(json!({"status": "loading"})),
+                )
+                    .into_response(),
+                None => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the model is loading")
+                    .into_response(),
+            }
+        }
+    });
+    let failure = Arc::new(std::sync::Mutex::new(None::<String>));
+    let failed = Arc::clone(&failure);
+    let stop = async move {
+        // The sender is dropped once the load succeeds: then only
+        // `shutdown` ends serving.
+        let load_failed = async {
+            match failed_rx.await {
+                Ok(e) => e,
+                Err(_) => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = shutdown => {}
+            e = load_failed => {
+                *failed.lock().expect("not poisoned") = Some(e);
+            }
+        }
+    };
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await?;
+    let failure = failure.lock().expect("not poisoned").take();
+    match failure {
+        Some(e) => Err(std::io::Error::other(e)),
+        None => Ok(()),
+    }
 }
 
 /// Serves `server` on `listener` until `shutdown` completes.

@@ -857,3 +857,62 @@ fn logprobs_are_the_models_for_completions_and_chat() {
     let (_, v) = srv.post("/v1/chat/completions", &chat_body(json!({})));
     assert!(v["choices"][0]["logprobs"].is_null());
 }
+
+#[test]
+fn health_is_503_while_loading_and_a_failed_load_ends_serving() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (give, server) = tokio::sync::oneshot::channel::<Arc<Server>>();
+    let serving = runtime.spawn(rlx_server::serve_loading(
+        listener,
+        async move { server.await.map_err(|e| e.to_string()) },
+        std::future::pending(),
+    ));
+    let probe = TestServer {
+        addr,
+        stop: None,
+        runtime: None,
+    };
+    let (status, body) = probe.request("GET", "/health", None);
+    assert_eq!((status, body.as_str()), (503, r#"{"status":"loading"}"#));
+    let (status, v) = probe.post("/v1/completions", &json!({"prompt": "hi"}));
+    assert_eq!(status, 503);
+    assert!(v["error"]["message"].as_str().unwrap().contains("loading"));
+    let server = Server::new(load(), EngineOptions::default(), ServerOptions::new("tiny")).unwrap();
+    give.send(Arc::new(server)).ok().unwrap();
+    let mut status = 0;
+    for _ in 0..200 {
+        status = probe.request("GET", "/health", None).0;
+        if status == 200 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(status, 200);
+    let (status, _) = probe.post(
+        "/v1/completions",
+        &json!({"prompt": [2, 100], "max_tokens": 2}),
+    );
+    assert_eq!(status, 200);
+    serving.abort();
+
+    // A load that fails: serving ends with its error.
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let err = runtime
+        .block_on(rlx_server::serve_loading(
+            listener,
+            async { Err::<Arc<Server>, _>("no such model".to_owned()) },
+            std::future::pending(),
+        ))
+        .unwrap_err();
+    assert!(err.to_string().contains("no such model"), "{err}");
+}

@@ -42,38 +42,43 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
-    let model = args.model.load()?;
+    if args.ctx == 0 || args.parallel == Some(0) {
+        anyhow::bail!("-c and --parallel must be at least 1");
+    }
+    // A missing file is an error before anything listens.
+    super::common::resolve_model(&args.model.model)?;
     let name = args
         .model
         .model
         .file_stem()
         .map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned());
-    if args.ctx == 0 || args.parallel == Some(0) {
-        anyhow::bail!("-c and --parallel must be at least 1");
-    }
     let parallel = args.parallel.unwrap_or((args.ctx / 2048).clamp(1, 16));
-    let context = (args.ctx / parallel)
-        .max(1)
-        .min(model.config().context_length.max(1));
-    let log = |r: &RequestLog| eprintln!("{r}");
-    let server = Server::new(
-        model,
-        EngineOptions {
+    let opts = ServerOptions {
+        sampling: args.sample.sampler_config(),
+        max_tokens: args.sample.n,
+        on_request: Some(Arc::new(|r: &RequestLog| eprintln!("{r}"))),
+        api_key: args.api_key.clone(),
+        max_body_bytes: args.max_body,
+        ..ServerOptions::new(name)
+    };
+    let (model_args, ctx, max_queue) = (args.model.clone(), args.ctx, args.max_queue);
+    // The model loads while the port already answers /health with 503.
+    let load = move || -> Result<Server> {
+        let model = model_args.load()?;
+        let context = (ctx / parallel)
+            .max(1)
+            .min(model.config().context_length.max(1));
+        let engine = EngineOptions {
             parallel,
             context,
-            kv_dtype: args.model.kv_dtype(),
-            max_queue: args.max_queue,
+            kv_dtype: model_args.kv_dtype(),
+            max_queue,
             ..EngineOptions::default()
-        },
-        ServerOptions {
-            sampling: args.sample.sampler_config(),
-            max_tokens: args.sample.n,
-            on_request: Some(Arc::new(log)),
-            api_key: args.api_key.clone(),
-            max_body_bytes: args.max_body,
-            ..ServerOptions::new(name)
-        },
-    )?;
+        };
+        let server = Server::new(model, engine, opts)?;
+        eprintln!("ready: {parallel} requests at once, {context} tokens each");
+        Ok(server)
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -85,9 +90,14 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
-        eprintln!(
-            "listening on http://{local} ({parallel} requests at once, {context} tokens each); Ctrl-C or SIGTERM stops"
-        );
+        eprintln!("listening on http://{local} (loading the model); Ctrl-C or SIGTERM stops");
+        let loading = async move {
+            match tokio::task::spawn_blocking(load).await {
+                Ok(Ok(server)) => Ok(Arc::new(server)),
+                Ok(Err(e)) => Err(format!("{e:#}")),
+                Err(e) => Err(format!("loading failed: {e}")),
+            }
+        };
         // Ctrl-C or SIGTERM: no new connections; running requests finish.
         let shutdown = async {
             #[cfg(unix)]
@@ -110,7 +120,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 let _ = tokio::signal::ctrl_c().await;
             }
         };
-        rlx_server::serve(listener, Arc::new(server), shutdown)
+        rlx_server::serve_loading(listener, loading, shutdown)
             .await
             .context("server failed")
     })
