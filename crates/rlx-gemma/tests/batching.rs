@@ -65,13 +65,7 @@ fn load(path: &std::path::Path, precision: Precision) -> Model {
 
 #[test]
 fn batched_sequences_match_each_alone_on_every_tiny_model() {
-    let script = Script {
-        prompt_a: 45,
-        prompt_b: 9,
-        prompt_d: 70,
-        target: 90,
-        budget: 24,
-    };
+    let script = Script::TINY;
     let mut failures = Vec::new();
     for name in [
         "gemma",
@@ -110,14 +104,7 @@ fn batched_sequences_match_each_alone_on_every_tiny_model() {
 
 #[test]
 fn batched_sequences_match_each_alone_on_gemma3_270m() {
-    // Long enough to leave the 512-token sliding window.
-    let script = Script {
-        prompt_a: 530,
-        prompt_b: 40,
-        prompt_d: 300,
-        target: 560,
-        budget: 256,
-    };
+    let script = Script::LONG;
     let model = load(&real_model(), Precision::Exact);
     let err = worst_error(&model, &script);
     println!("gemma3-270m exact: worst relative L2 {err:.2e}");

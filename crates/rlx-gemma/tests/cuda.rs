@@ -164,13 +164,7 @@ fn batched_against_cpu(path: &Path, script: &Script) -> f64 {
 #[ignore = "needs an NVIDIA GPU (see the file's header)"]
 fn batched_sequences_on_the_gpu_match_each_alone() {
     let _gpu = rlx_runtime::cuda::CudaDevice::new(0).unwrap();
-    let script = Script {
-        prompt_a: 45,
-        prompt_b: 9,
-        prompt_d: 70,
-        target: 90,
-        budget: 24,
-    };
+    let script = Script::TINY;
     for f in [
         "gemma/model-f32.gguf",
         "gemma2/model-f32.gguf",
@@ -184,13 +178,7 @@ fn batched_sequences_on_the_gpu_match_each_alone() {
     }
     let list = std::env::var("RLX_CUDA_MODELS").unwrap_or_default();
     if let Some(path) = list.split_whitespace().next() {
-        let script = Script {
-            prompt_a: 530,
-            prompt_b: 40,
-            prompt_d: 300,
-            target: 560,
-            budget: 256,
-        };
+        let script = Script::LONG;
         let worst = batched_against_cpu(Path::new(path), &script);
         println!("{path}: batched on the GPU vs alone on the CPU, worst relative L2 {worst:.2e}");
         assert!(worst < 1e-4, "{path}: {worst:.2e}");

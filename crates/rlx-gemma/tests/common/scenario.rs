@@ -19,6 +19,26 @@ pub struct Script {
     pub budget: usize,
 }
 
+impl Script {
+    /// For the tiny models: their 8-token windows and the 32-token blocks
+    /// are crossed several times.
+    pub const TINY: Script = Script {
+        prompt_a: 45,
+        prompt_b: 9,
+        prompt_d: 70,
+        target: 90,
+        budget: 24,
+    };
+    /// Long enough to leave Gemma 3 270M's 512-token sliding window.
+    pub const LONG: Script = Script {
+        prompt_a: 530,
+        prompt_b: 40,
+        prompt_d: 300,
+        target: 560,
+        budget: 256,
+    };
+}
+
 /// A deterministic token for sequence `tag` at position `pos`.
 pub fn token(vocab: usize, tag: usize, pos: usize) -> u32 {
     (((tag * 7919 + pos * 104_729 + 13) % (vocab - 3)) + 3) as u32
