@@ -244,7 +244,8 @@ fn period_pattern(n: usize, n_layers: usize) -> Vec<bool> {
 }
 
 impl GemmaConfig {
-    /// Resolves the configuration of a Gemma GGUF.
+    /// Resolves the configuration of a Gemma GGUF and checks every fact
+    /// against the tensors present and sane ranges.
     pub fn from_gguf(file: &GgufFile) -> Result<Self, ConfigError> {
         let arch_name = file
             .get("general.architecture")
@@ -258,6 +259,19 @@ impl GemmaConfig {
             file,
             arch: arch.name(),
         };
+        // Facts other keys are read against come first, so that an error
+        // names the key that is wrong rather than one that disagrees with it.
+        check_block_count(file, &m, m.usize("block_count")?)?;
+        if let Some(base) = m.f32_opt("rope.freq_base")? {
+            positive(&m, "rope.freq_base", base)?;
+        }
+        let cfg = Self::resolve(file, &m, arch)?;
+        validate(&m, &cfg)?;
+        Ok(cfg)
+    }
+
+    /// The configuration as the metadata states it.
+    fn resolve(file: &GgufFile, m: &Meta, arch: Arch) -> Result<Self, ConfigError> {
         let n_embd = m.usize("embedding_length")?;
         let n_layers = m.usize("block_count")?;
         let context_length = m.usize("context_length")?;
@@ -379,7 +393,7 @@ impl GemmaConfig {
                 Arch::Gemma4 => {
                     return gemma4(
                         file,
-                        &m,
+                        m,
                         (n_embd, n_layers, context_length, n_vocab),
                         rms_eps,
                         (n_head, n_head_kv, n_ff),
@@ -389,7 +403,7 @@ impl GemmaConfig {
                 Arch::Gemma3n => {
                     return gemma3n(
                         file,
-                        &m,
+                        m,
                         (n_embd, n_layers, context_length, n_vocab),
                         rms_eps,
                         (n_head, n_head_kv, n_ff),
@@ -443,7 +457,7 @@ impl GemmaConfig {
                 }
             })
             .collect::<Vec<_>>();
-        validate_layers(&m, &layers)?;
+        validate_layers(m, &layers)?;
         Ok(GemmaConfig {
             arch,
             n_embd,
@@ -460,10 +474,109 @@ impl GemmaConfig {
     }
 }
 
+/// `n_layers` against the `blk.N` tensors the file holds.
+fn check_block_count(file: &GgufFile, m: &Meta, n_layers: usize) -> Result<(), ConfigError> {
+    let mut blocks: Vec<usize> = file
+        .tensors()
+        .iter()
+        .filter_map(|t| t.name.strip_prefix("blk.")?.split('.').next()?.parse().ok())
+        .collect();
+    blocks.sort_unstable();
+    blocks.dedup();
+    let in_file = blocks.last().map_or(0, |&b| b + 1);
+    if n_layers == 0 || n_layers != in_file || blocks.len() != in_file {
+        return Err(ConfigError::Invalid {
+            key: m.key("block_count"),
+            msg: format!(
+                "{n_layers} layers, but the file holds tensors for blocks {}",
+                match (blocks.first(), blocks.last()) {
+                    (Some(a), Some(b)) if blocks.len() == b - a + 1 => format!("{a}..={b}"),
+                    (Some(_), Some(_)) => format!("{blocks:?}"),
+                    _ => "none".into(),
+                }
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `v` must be a positive finite number.
+fn positive(m: &Meta, suffix: &str, v: f32) -> Result<(), ConfigError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid {
+            key: m.key(suffix),
+            msg: format!("{v}; expected a positive finite number"),
+        })
+    }
+}
+
+/// Checks what every generation's resolved config must satisfy: a context,
+/// positive finite epsilons, RoPE bases and scales, softcaps, windows and
+/// sizes. Errors name the key, the value and what was expected.
+fn validate(m: &Meta, cfg: &GemmaConfig) -> Result<(), ConfigError> {
+    let invalid = |suffix: &str, msg: String| ConfigError::Invalid {
+        key: m.key(suffix),
+        msg,
+    };
+    let positive = |suffix: &str, v: f32| positive(m, suffix, v);
+    if cfg.context_length == 0 {
+        return Err(invalid("context_length", "0; expected at least 1".into()));
+    }
+    positive("attention.layer_norm_rms_epsilon", cfg.rms_eps)?;
+    if let Some(c) = cfg.final_softcap {
+        positive("final_logit_softcapping", c)?;
+    }
+    for s in &cfg.layers {
+        let base_key = match s.attention {
+            AttentionKind::Sliding { .. } => "rope.freq_base_swa",
+            AttentionKind::Global => "rope.freq_base",
+        };
+        positive(base_key, s.rope.base)?;
+        positive("rope.scaling.factor", s.rope.freq_scale)?;
+        if let Some(c) = s.attn_softcap {
+            positive("attn_logit_softcapping", c)?;
+        }
+        if let AttentionKind::Sliding { window: 0 } = s.attention {
+            return Err(invalid(
+                "attention.sliding_window",
+                format!("0 for sliding layer {}; expected at least 1", s.index),
+            ));
+        }
+        if s.n_ff == 0 || s.head_dim == 0 {
+            let (key, v) = if s.n_ff == 0 {
+                ("feed_forward_length", s.n_ff)
+            } else {
+                ("attention.key_length", s.head_dim)
+            };
+            return Err(invalid(
+                key,
+                format!("{v} for layer {}; expected at least 1", s.index),
+            ));
+        }
+        if let Some(src) = s.kv_source {
+            if src >= s.index {
+                return Err(invalid(
+                    "attention.shared_kv_layers",
+                    format!("layer {} would read K/V of later layer {src}", s.index),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn validate_layers(m: &Meta, layers: &[LayerSpec]) -> Result<(), ConfigError> {
     for s in layers {
         let head_dim = s.head_dim;
-        if s.n_head == 0 || s.n_head_kv == 0 || s.n_head % s.n_head_kv != 0 {
+        if s.n_head == 0 {
+            return Err(ConfigError::Invalid {
+                key: m.key("attention.head_count"),
+                msg: format!("0 for layer {}; expected at least 1", s.index),
+            });
+        }
+        if s.n_head_kv == 0 || s.n_head % s.n_head_kv != 0 {
             return Err(ConfigError::Invalid {
                 key: m.key("attention.head_count_kv"),
                 msg: format!(

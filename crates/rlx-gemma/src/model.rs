@@ -28,7 +28,7 @@ pub enum ModelError {
     Kv(#[from] KvError),
     #[error("{tokens} tokens do not fit the context of {context} tokens")]
     ContextFull { tokens: usize, context: usize },
-    #[error("the session needs about {needed} bytes (KV cache {kv} + activations), more than the {limit} {what}")]
+    #[error("the session needs about {} (K/V cache {} + activations), more than the {} {what}", Bytes(*needed), Bytes(*kv), Bytes(*limit))]
     OutOfMemory {
         needed: usize,
         kv: usize,
@@ -49,6 +49,30 @@ pub enum ModelError {
 }
 
 pub type Result<T> = std::result::Result<T, ModelError>;
+
+/// A byte count for people: `1.5 GiB`.
+struct Bytes(usize);
+
+impl std::fmt::Display for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const UNITS: [&str; 6] = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB"];
+        let mut v = self.0 as f64;
+        let mut unit = 0;
+        while v >= 1024.0 && unit + 1 < UNITS.len() {
+            v /= 1024.0;
+            unit += 1;
+        }
+        if unit == 0 {
+            write!(f, "{} bytes", self.0)
+        } else {
+            write!(f, "{v:.1} {}", UNITS[unit])
+        }
+    }
+}
+
+/// The most CPU threads a model accepts: a pool of more would only fail to
+/// start.
+pub const MAX_THREADS: usize = 1024;
 
 impl ModelError {
     /// The K/V pool has no room for a step (nothing was taken).
@@ -106,6 +130,12 @@ impl Model {
     }
 
     pub fn from_file(file: GgufFile, options: ModelOptions) -> Result<Model> {
+        if !(1..=MAX_THREADS).contains(&options.threads) {
+            return Err(ModelError::Invalid(format!(
+                "{} threads; between 1 and {MAX_THREADS}",
+                options.threads
+            )));
+        }
         let config = GemmaConfig::from_gguf(&file)?;
         let store = Arc::new(WeightStore::new(Arc::new(file)));
         let backend = open(

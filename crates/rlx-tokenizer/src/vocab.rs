@@ -266,11 +266,17 @@ impl Vocab {
             ("tokenizer.ggml.unknown_token_id", &mut unk),
             ("tokenizer.ggml.padding_token_id", &mut pad),
         ] {
-            // An out-of-range id keeps the default, as llama.cpp does.
+            // llama.cpp keeps the default for an out-of-range id; a file
+            // that names a token it does not have is refused instead (a
+            // Gemma without its real BOS degrades silently).
             if let Some(id) = opt_u32(file, key)? {
-                if (id as usize) < n {
-                    *slot = Some(id as u32);
+                if (id as usize) >= n {
+                    return Err(TokenizerError::BadMetadata {
+                        key: key.to_owned(),
+                        reason: format!("token id {id} is outside the vocabulary of {n} tokens"),
+                    });
                 }
+                *slot = Some(id as u32);
             }
         }
 

@@ -72,7 +72,13 @@ impl ModelArgs {
             if t == 0 {
                 bail!("--threads must be at least 1");
             }
-            opts.threads = t;
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            opts.threads = if t > cores {
+                eprintln!("warning: --threads {t} is more than the {cores} this machine has; using {cores}");
+                cores
+            } else {
+                t
+            };
         }
         opts.device = self.device()?;
         if let Some(kv) = self.kv_dtype() {

@@ -1,0 +1,112 @@
+//! Valid GGUF containers whose model metadata is nonsense: every tiny model
+//! of every generation, one key at a time set to a value no model has. Each
+//! must be refused with an error naming the key (and nothing may panic);
+//! the untouched files must still load.
+
+mod common;
+
+use std::path::Path;
+
+use common::fixtures;
+use rlx_gemma::{ConfigError, GemmaConfig};
+use rlx_gguf::{GgufFile, GgufWriter, Value};
+
+/// `src` with the metadata `changes` applied (`None` removes a key).
+fn rewrite(src: &Path, changes: &[(String, Option<Value>)]) -> GgufFile {
+    let f = GgufFile::open(src).unwrap();
+    let mut w = GgufWriter::new();
+    for (key, value) in f.metadata() {
+        match changes.iter().find(|(k, _)| k == key) {
+            Some((_, Some(v))) => w.add(key, v.clone()).unwrap(),
+            Some((_, None)) => continue,
+            None => w.add(key, value.clone()).unwrap(),
+        };
+    }
+    for (key, value) in changes {
+        if let (Some(v), None) = (value, f.get(key)) {
+            w.add(key, v.clone()).unwrap();
+        }
+    }
+    for t in f.tensors() {
+        w.add_tensor(&t.name, t.ty, &t.dims, f.tensor_data(t).to_vec())
+            .unwrap();
+    }
+    GgufFile::from_bytes(w.to_bytes()).unwrap()
+}
+
+const MODELS: [(&str, &str); 7] = [
+    ("gemma", "gemma"),
+    ("gemma2", "gemma2"),
+    ("gemma3", "gemma3"),
+    ("gemma3n", "gemma3n"),
+    ("gemma4-dense", "gemma4"),
+    ("gemma4-ple", "gemma4"),
+    ("gemma4-moe", "gemma4"),
+];
+
+#[test]
+fn the_untouched_files_load() {
+    for (dir, _) in MODELS {
+        let path = fixtures().join("tiny").join(dir).join("model-f32.gguf");
+        GemmaConfig::from_gguf(&GgufFile::open(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{dir}: {e}"));
+    }
+}
+
+#[test]
+fn nonsense_metadata_is_refused_by_key() {
+    let mut failures = Vec::new();
+    for (dir, arch) in MODELS {
+        let path = fixtures().join("tiny").join(dir).join("model-f32.gguf");
+        let layers = GemmaConfig::from_gguf(&GgufFile::open(&path).unwrap())
+            .unwrap()
+            .layers
+            .len() as u32;
+        let k = |s: &str| format!("{arch}.{s}");
+        let mut cases: Vec<(String, Value)> = vec![
+            (k("block_count"), 0u32.into()),
+            (k("block_count"), (layers + 1).into()),
+            (k("block_count"), (layers - 1).into()),
+            (k("context_length"), 0u32.into()),
+            (k("attention.layer_norm_rms_epsilon"), 0f32.into()),
+            (k("attention.layer_norm_rms_epsilon"), f32::NAN.into()),
+            (k("attention.layer_norm_rms_epsilon"), (-1e-6f32).into()),
+            (k("rope.freq_base"), 0f32.into()),
+            (k("rope.freq_base"), f32::INFINITY.into()),
+            (k("rope.freq_base"), (-10000f32).into()),
+            (k("attention.head_count"), 0u32.into()),
+            (k("feed_forward_length"), 0u32.into()),
+        ];
+        if arch == "gemma2" {
+            cases.push((k("attention.sliding_window"), 0u32.into()));
+            cases.push((k("final_logit_softcapping"), (-30f32).into()));
+            cases.push((k("attn_logit_softcapping"), f32::NAN.into()));
+        }
+        if arch != "gemma" {
+            cases.push((k("rope.freq_base_swa"), 0f32.into()));
+        }
+        for (key, value) in cases {
+            let shown = format!("{value:?}");
+            let file = rewrite(&path, &[(key.clone(), Some(value))]);
+            let result = std::panic::catch_unwind(|| GemmaConfig::from_gguf(&file));
+            match result {
+                Err(_) => failures.push(format!("{dir}: {key} = {shown}: panicked")),
+                Ok(Ok(_)) => failures.push(format!("{dir}: {key} = {shown}: accepted")),
+                Ok(Err(e)) => {
+                    let named = match &e {
+                        ConfigError::Invalid { key: k, .. } | ConfigError::Missing { key: k } => {
+                            k == &key
+                        }
+                        _ => false,
+                    };
+                    if !named {
+                        failures.push(format!(
+                            "{dir}: {key} = {shown}: error {e} names another key"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
