@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p rlx-cli
 bash scripts/fetch-model.sh >/dev/null
-./target/release/rlx run "The capital of France is" -n 48 --temp 0.7 --seed 1
+# The 270M file is a small base model: a story opening, greedy with a
+# repetition penalty, shows it at its best.
+./target/release/rlx run --raw "Once upon a time, in a small village by the sea," -n 64 --temp 0 --repeat-penalty 1.3

@@ -130,7 +130,11 @@ fn tiny_models_match_the_cpu() {
 #[ignore = "needs an NVIDIA GPU (see the file's header)"]
 fn extra_models_match_the_cpu() {
     let _gpu = rlx_runtime::cuda::CudaDevice::new(0).unwrap();
-    let list = std::env::var("RLX_CUDA_MODELS").unwrap_or_default();
+    // Ignored by default and run on purpose, so an empty list is an error,
+    // not a pass with nothing checked.
+    let list = std::env::var("RLX_CUDA_MODELS")
+        .expect("RLX_CUDA_MODELS names the GGUF files to check (scripts/cuda-check.sh sets it)");
+    assert!(!list.trim().is_empty(), "RLX_CUDA_MODELS is empty");
     for path in list.split_whitespace() {
         let worst = compare(Path::new(path), 700, 256);
         println!("{path}: worst relative L2 {worst:.2e}");
