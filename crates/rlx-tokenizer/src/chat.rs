@@ -419,9 +419,16 @@ fn py_strip(s: &str) -> &str {
     s.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
 }
 
+/// Template instructions one rendering may run: far more than any chat
+/// template needs for a long conversation, so that a template that loops
+/// (nearly) forever stops with an error instead of hanging.
+const TEMPLATE_FUEL: u64 = 50_000_000;
+
 /// An environment that renders like transformers' `apply_chat_template`.
+/// Deep recursion is stopped by minijinja's own depth limit.
 fn hf_environment() -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -608,6 +615,25 @@ mod tests {
         assert!(text.contains("line 3"), "{text}");
         assert!(text.contains("no system role"), "{text}");
         assert!(text.contains("raise_exception"), "{text}");
+    }
+
+    #[test]
+    fn endless_loops_and_deep_recursion_stop_with_an_error() {
+        let start = std::time::Instant::now();
+        for src in [
+            "{% for i in range(1000000000) %}x{% endfor %}",
+            "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        ] {
+            let t = ChatTemplate::from_jinja(src, "<bos>", "<eos>").unwrap();
+            let err = t.render(&conv(), &ChatOptions::default());
+            assert!(err.is_err(), "{src} rendered");
+        }
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "stopping took {:?}",
+            start.elapsed()
+        );
     }
 
     #[test]
