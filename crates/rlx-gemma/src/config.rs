@@ -270,6 +270,31 @@ impl GemmaConfig {
         Ok(cfg)
     }
 
+    /// Values that pass validation but no released Gemma has, worth a word
+    /// on stderr (the CLI prints them when it loads a model).
+    pub fn warnings(&self) -> Vec<String> {
+        let arch = self.arch.name();
+        let mut out = Vec::new();
+        if self.rms_eps > 1e-3 {
+            out.push(format!(
+                "{arch}.attention.layer_norm_rms_epsilon is {}; Gemma models use 1e-6",
+                self.rms_eps
+            ));
+        }
+        if self.context_length > 1 << 24 {
+            out.push(format!(
+                "{arch}.context_length is {} tokens; the largest Gemma holds 131,072",
+                self.context_length
+            ));
+        }
+        if let Some(base) = self.layers.iter().map(|l| l.rope.base).find(|&b| b < 100.0) {
+            out.push(format!(
+                "{arch}.rope.freq_base is {base}; Gemma models use 10,000 to 1,000,000"
+            ));
+        }
+        out
+    }
+
     /// The configuration as the metadata states it.
     fn resolve(file: &GgufFile, m: &Meta, arch: Arch) -> Result<Self, ConfigError> {
         let n_embd = m.usize("embedding_length")?;

@@ -54,6 +54,30 @@ fn the_untouched_files_load() {
 }
 
 #[test]
+fn odd_but_harmless_values_load_with_a_warning() {
+    let path = fixtures().join("tiny/gemma3/model-f32.gguf");
+    let clean = GemmaConfig::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    assert!(clean.warnings().is_empty(), "{:?}", clean.warnings());
+    for (key, value, says) in [
+        (
+            "gemma3.attention.layer_norm_rms_epsilon",
+            Value::from(0.1f32),
+            "1e-6",
+        ),
+        ("gemma3.context_length", Value::from(1u32 << 30), "131,072"),
+        ("gemma3.rope.freq_base", Value::from(2f32), "10,000"),
+    ] {
+        let file = rewrite(&path, &[(key.to_owned(), Some(value))]);
+        let cfg = GemmaConfig::from_gguf(&file).unwrap_or_else(|e| panic!("{key}: {e}"));
+        let w = cfg.warnings();
+        assert!(
+            w.iter().any(|w| w.contains(key) && w.contains(says)),
+            "{key}: {w:?}"
+        );
+    }
+}
+
+#[test]
 fn nonsense_metadata_is_refused_by_key() {
     let mut failures = Vec::new();
     for (dir, arch) in MODELS {

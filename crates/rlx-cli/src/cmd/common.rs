@@ -95,7 +95,12 @@ impl ModelArgs {
             "q8" => Precision::Quantized,
             _ => Precision::Exact,
         };
-        Model::load(&path, opts).with_context(|| format!("cannot load {}", path.display()))
+        let model =
+            Model::load(&path, opts).with_context(|| format!("cannot load {}", path.display()))?;
+        for w in model.config().warnings() {
+            eprintln!("warning: {}: {w}", path.display());
+        }
+        Ok(model)
     }
 }
 
