@@ -36,3 +36,28 @@ fn a_context_beyond_memory_is_refused_before_allocating() {
         "{err}"
     );
 }
+
+#[test]
+fn serve_refuses_a_pool_beyond_memory_and_exits() {
+    let out = rlx()
+        .args(["serve", "-m"])
+        .arg(tiny())
+        // A request's share is capped at the model's context, so the pool
+        // grows with the sequence count.
+        .args([
+            "--port",
+            "0",
+            "-c",
+            "102400000000",
+            "--parallel",
+            "100000000",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("TiB") && err.contains("available on cpu"),
+        "{err}"
+    );
+}
