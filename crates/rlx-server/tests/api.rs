@@ -133,6 +133,22 @@ impl TestServer {
         (status, serde_json::from_str(&text).unwrap())
     }
 
+    /// Asks for a streamed chat answer of `max_tokens` and hangs up after
+    /// the first bytes.
+    fn hang_up_mid_stream(&self, max_tokens: usize) {
+        let mut s = TcpStream::connect(self.addr).unwrap();
+        let body = chat_body(json!({"stream": true, "max_tokens": max_tokens})).to_string();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut first = [0u8; 64];
+        let _ = s.read(&mut first).unwrap();
+    }
+
     /// The `data:` payloads of a server-sent event stream.
     fn post_stream(&self, path: &str, body: &Value) -> Vec<String> {
         let (status, text) = self.request("POST", path, Some(&body.to_string()));
@@ -426,19 +442,7 @@ fn concurrent_requests_queue_and_a_dropped_stream_frees_the_engine() {
         }
     });
     // A client that asks for a long stream and hangs up after the first bytes.
-    {
-        let mut s = TcpStream::connect(srv.addr).unwrap();
-        let body = chat_body(json!({"stream": true, "max_tokens": 4000})).to_string();
-        write!(
-            s,
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut first = [0u8; 64];
-        let _ = s.read(&mut first).unwrap();
-    }
+    srv.hang_up_mid_stream(4000);
     let (status, v) = srv.post("/v1/chat/completions", &chat_body(json!({})));
     assert_eq!(status, 200);
     assert_eq!(v["choices"], alone["choices"]);
@@ -721,19 +725,7 @@ fn metrics_report_tokens_and_a_freed_slot() {
     let (status, _) = srv.post("/v1/chat/completions", &chat_body(json!({})));
     assert_eq!(status, 200);
     // A client that hangs up mid-stream.
-    {
-        let mut s = TcpStream::connect(srv.addr).unwrap();
-        let body = chat_body(json!({"stream": true, "max_tokens": 900})).to_string();
-        write!(
-            s,
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut first = [0u8; 64];
-        let _ = s.read(&mut first).unwrap();
-    }
+    srv.hang_up_mid_stream(900);
     let value = |text: &str, name: &str| -> f64 {
         text.lines()
             .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
