@@ -83,16 +83,6 @@ impl ModelError {
                 | ModelError::Run(RunError::Kv(KvError::Full { .. }))
         )
     }
-
-    /// A rewind past what a sliding layer still holds (the prefix must run
-    /// again).
-    pub(crate) fn is_rewind_too_far(&self) -> bool {
-        matches!(
-            self,
-            ModelError::Kv(KvError::RewindTooFar { .. })
-                | ModelError::Run(RunError::Kv(KvError::RewindTooFar { .. }))
-        )
-    }
 }
 
 /// How to run a model.

@@ -19,6 +19,26 @@ pub enum Want {
     All,
 }
 
+impl Want {
+    /// Whether token `i` of `n` wants its logits.
+    fn row(self, i: usize, n: usize) -> bool {
+        match self {
+            Want::None => false,
+            Want::Last => i + 1 == n,
+            Want::All => true,
+        }
+    }
+
+    /// How many of `n` tokens want logits.
+    fn rows(self, n: usize) -> usize {
+        match self {
+            Want::None => 0,
+            Want::Last => n.min(1),
+            Want::All => n,
+        }
+    }
+}
+
 /// Tokens of one sequence in a step.
 #[derive(Clone, Copy, Debug)]
 pub struct Feed<'a> {
@@ -264,28 +284,18 @@ impl<'m> Sequences<'m> {
     /// sliding layer no longer holds the window that needs, the kept prefix
     /// runs again.
     pub fn rewind(&mut self, seq: SeqId, len: usize) -> Result<()> {
-        let held = self.tokens(seq)?.len();
-        if len >= held {
+        if self.truncate(seq, len)? {
             return Ok(());
         }
-        match self.pool.truncate(seq, len) {
-            Ok(()) => {}
-            Err(e) if ModelError::from(e.clone()).is_rewind_too_far() => {
-                let keep = self.tokens[&seq][..len].to_vec();
-                self.pool.truncate(seq, 0)?;
-                self.tokens.insert(seq, Vec::new());
-                for chunk in keep.chunks(self.max_step_tokens) {
-                    self.step(&[Feed {
-                        seq,
-                        tokens: chunk,
-                        logits: Want::None,
-                    }])?;
-                }
-                return Ok(());
-            }
-            Err(e) => return Err(e.into()),
+        let keep = self.tokens[&seq][..len].to_vec();
+        self.truncate(seq, 0)?;
+        for chunk in keep.chunks(self.max_step_tokens) {
+            self.step(&[Feed {
+                seq,
+                tokens: chunk,
+                logits: Want::None,
+            }])?;
         }
-        self.tokens.get_mut(&seq).expect("checked").truncate(len);
         Ok(())
     }
 
@@ -318,13 +328,9 @@ impl<'m> Sequences<'m> {
                 });
             }
             let n = f.tokens.len();
-            let want = |i: usize| match f.logits {
-                Want::None => false,
-                Want::Last => i + 1 == n,
-                Want::All => true,
-            };
-            logit_rows += (0..n).filter(|&i| want(i)).count();
-            self.batch.push_run(f.seq, held, f.tokens, want);
+            logit_rows += f.logits.rows(n);
+            self.batch
+                .push_run(f.seq, held, f.tokens, |i| f.logits.row(i, n));
         }
         let plan = if total == 1 && logit_rows <= 1 {
             &mut self.plans.decode
@@ -347,11 +353,7 @@ impl<'m> Sequences<'m> {
         let mut feeds_at = Vec::with_capacity(feeds.len());
         let mut at = 0;
         for f in feeds {
-            let n = match f.logits {
-                Want::None => 0,
-                Want::Last => 1,
-                Want::All => f.tokens.len(),
-            };
+            let n = f.logits.rows(f.tokens.len());
             feeds_at.push(at..at + n * vocab);
             at += n * vocab;
             self.tokens

@@ -386,17 +386,22 @@ fn many_activation_rows_match_the_q8_0_activation_reference() {
             let gemm = isa == Isa::Avx512 && rlx_runtime::cpu::features::has_avx512_vnni();
             if gemm || activation_type(ty) == Some(GgmlType::Q8_0) {
                 let r = reference(ty, &data, rows, k, &xq, m);
-                for (o, &v) in y.iter().enumerate() {
-                    let err = (f64::from(v) - r.y[o]).abs();
-                    let tol = 1e-5 * r.abs[o] + 1e-30;
-                    assert!(
-                        err <= tol,
-                        "{ty} {isa} out {o}: {v} vs {} (err {err:e}, tol {tol:e})",
-                        r.y[o]
-                    );
-                }
+                assert_near_reference(&y, &r, &format!("{ty} {isa}"));
             }
         }
+    }
+}
+
+/// Every output within `1e-5 · Σ|w·x|` of the f64 reference `r`.
+fn assert_near_reference(y: &[f32], r: &Reference, what: &str) {
+    for (o, &v) in y.iter().enumerate() {
+        let err = (f64::from(v) - r.y[o]).abs();
+        let tol = 1e-5 * r.abs[o] + 1e-30;
+        assert!(
+            err <= tol,
+            "{what} out {o}: {v} vs {} (err {err:e}, tol {tol:e})",
+            r.y[o]
+        );
     }
 }
 
@@ -446,15 +451,7 @@ fn decode_batches_match_the_q8_0_activation_reference() {
                     "{ty} {isa} m={m}: a row's result depends on its place"
                 );
                 let r = reference(ty, &data, rows, k, &xq, m);
-                for (o, &v) in y.iter().enumerate() {
-                    let err = (f64::from(v) - r.y[o]).abs();
-                    let tol = 1e-5 * r.abs[o] + 1e-30;
-                    assert!(
-                        err <= tol,
-                        "{ty} {isa} m={m} out {o}: {v} vs {} (err {err:e}, tol {tol:e})",
-                        r.y[o]
-                    );
-                }
+                assert_near_reference(&y, &r, &format!("{ty} {isa} m={m}"));
             }
         }
     }

@@ -624,8 +624,10 @@ impl<'m> Scheduler<'m> {
                 }
             }
             r.pending = None;
-            if let Some(reason) = r.next(out.get(k), &self.tok, &self.load) {
-                finished.push((i, reason));
+            match r.next(out.get(k), &self.tok, &self.load) {
+                Next::Going => {}
+                Next::Done(reason) => finished.push((i, Some(reason))),
+                Next::Dropped => finished.push((i, None)),
             }
         }
         // Highest index first, so the others keep their places.
@@ -636,7 +638,8 @@ impl<'m> Scheduler<'m> {
         }
     }
 
-    /// Ends request `r`: its sequence is kept for prefix reuse.
+    /// Ends request `r` (telling the client how, unless it is gone or was
+    /// sent an error): its sequence is kept for prefix reuse.
     fn finish(&mut self, r: Running, reason: Option<FinishReason>) {
         if let Some(reason) = reason {
             r.send_done(reason);
@@ -684,20 +687,21 @@ fn evict_lru(idle: &mut Vec<Idle>, seqs: &mut Sequences<'_>) -> bool {
     true
 }
 
+/// Where a request stands after a token.
+enum Next {
+    Going,
+    Done(FinishReason),
+    /// The client went away, or was sent an error.
+    Dropped,
+}
+
 impl Running {
-    /// Samples the next token from `logits` and streams its text; returns
-    /// how the request ended if it did (`None` inside for a client that went
-    /// away or an error already sent).
-    fn next(
-        &mut self,
-        logits: &[f32],
-        tok: &Tokenizer,
-        load: &Load,
-    ) -> Option<Option<FinishReason>> {
+    /// Samples the next token from `logits` and streams its text.
+    fn next(&mut self, logits: &[f32], tok: &Tokenizer, load: &Load) -> Next {
         let now = Instant::now();
         self.first_token.get_or_insert(now);
         if self.job.max_tokens == 0 {
-            return Some(Some(FinishReason::Length));
+            return Next::Done(FinishReason::Length);
         }
         let t = match self.sampler.sample(logits) {
             Ok(t) => t,
@@ -706,7 +710,7 @@ impl Running {
                     .job
                     .events
                     .send(Event::Error(JobError::Internal(e.to_string())));
-                return Some(None);
+                return Next::Dropped;
             }
         };
         self.sampler.accept(t);
@@ -714,7 +718,7 @@ impl Running {
         load.generated_tokens.fetch_add(1, Ordering::Relaxed);
         if self.stop_tokens.contains(&t) {
             self.flush();
-            return Some(Some(FinishReason::Stop));
+            return Next::Done(FinishReason::Stop);
         }
         let (text, stopped) = self.filter.push(&self.decoder.push(tok, t));
         let event = match self.job.logprobs {
@@ -725,21 +729,21 @@ impl Running {
             None => (!text.is_empty()).then_some(Event::Text(text)),
         };
         if event.is_some_and(|e| self.job.events.send(e).is_err()) {
-            return Some(None);
+            return Next::Dropped;
         }
         if stopped {
-            return Some(Some(FinishReason::Stop));
+            return Next::Done(FinishReason::Stop);
         }
         if self.generated == self.job.max_tokens {
             let stopped = self.flush();
-            return Some(Some(if stopped {
+            return Next::Done(if stopped {
                 FinishReason::Stop
             } else {
                 FinishReason::Length
-            }));
+            });
         }
         self.pending = Some(t);
-        None
+        Next::Going
     }
 
     /// Sends the bytes of an unfinished character and what the stop filter

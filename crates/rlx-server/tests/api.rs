@@ -33,6 +33,19 @@ fn load() -> Model {
     .unwrap()
 }
 
+/// An async runtime and a listener on a free loopback port.
+fn runtime_and_listener() -> (tokio::runtime::Runtime, tokio::net::TcpListener) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    (runtime, listener)
+}
+
 /// A server on a free port, stopped when dropped.
 struct TestServer {
     addr: SocketAddr,
@@ -69,14 +82,7 @@ impl TestServer {
 
     fn start_full(engine: EngineOptions, opts: ServerOptions) -> TestServer {
         let server = Server::new(load(), engine, opts).unwrap();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
+        let (runtime, listener) = runtime_and_listener();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         runtime.spawn(rlx_server::serve(listener, Arc::new(server), async {
@@ -852,14 +858,7 @@ fn logprobs_are_the_models_for_completions_and_chat() {
 
 #[test]
 fn health_is_503_while_loading_and_a_failed_load_ends_serving() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
+    let (runtime, listener) = runtime_and_listener();
     let addr = listener.local_addr().unwrap();
     let (give, server) = tokio::sync::oneshot::channel::<Arc<Server>>();
     let serving = runtime.spawn(rlx_server::serve_loading(

@@ -455,8 +455,7 @@ impl Plan {
                     out,
                 );
             }
-            Op::Attention(attn_spec) => {
-                let spec = attn_spec;
+            Op::Attention(spec) => {
                 let q = f32v(0);
                 let n_q = dims[0];
                 let params = attention::Params {
@@ -494,26 +493,26 @@ impl Plan {
                     KvSource::Cache(slot) => {
                         let kvp = kv.as_deref().ok_or(RunError::NoCache)?;
                         let layout = layout.ok_or(RunError::NoCache)?;
-                        let (owner, spec) = kvp.owner(slot)?;
+                        let (owner, layer) = kvp.owner(slot)?;
                         let group = kvp.group_of(slot)?;
-                        let storage = kvp
+                        let (k, v) = kvp
                             .storage()
                             .as_any()
                             .downcast_ref::<CpuKvStorage>()
+                            .and_then(|s| s.view(owner.0 as usize))
                             .ok_or_else(not_cpu)?;
-                        let (k, v) = storage.view(owner.0 as usize).ok_or_else(not_cpu)?;
                         let g_rows = kvp.rows(group);
                         let rows = attention::KvRows {
                             k,
                             v,
                             pos: g_rows.pos,
                             span: g_rows.span,
-                            kv_heads: spec.kv_heads,
-                            head_dim: spec.head_dim,
-                            v_head_dim: spec.v_head_dim,
+                            kv_heads: layer.kv_heads,
+                            head_dim: layer.head_dim,
+                            v_head_dim: layer.v_head_dim,
                         };
                         qpos_inputs = inputs.pos.iter().map(|&p| p as i64).collect();
-                        let qspan = attn_spec
+                        let qspan = spec
                             .bidirectional_spans
                             .then(|| self.i32_of(n.inputs[2], inputs, b));
                         let segments = layout

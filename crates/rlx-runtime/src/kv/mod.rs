@@ -605,10 +605,8 @@ impl KvPool {
                 let end = run.start + run.rows.len();
                 let horizon = g.horizon(run.start) / BLOCK_TOKENS;
                 let mut needed = 0;
-                for (lb, b) in table.iter().enumerate() {
-                    if let (true, Some(b)) = (lb < horizon, b) {
-                        free += (g.refs[*b as usize] == 1) as isize;
-                    }
+                for b in table.iter().take(horizon).flatten() {
+                    free += (g.refs[*b as usize] == 1) as isize;
                 }
                 for lb in run.start / BLOCK_TOKENS..end.div_ceil(BLOCK_TOKENS) {
                     needed += match table.get(lb) {
