@@ -4,7 +4,9 @@
 #
 #   scripts/cuda-check.sh build     # here: binaries and a tokenizer-only GGUF into .devbin/
 #   scripts/cuda-check.sh run       # there: parity tests, then rlx bench on the GPU
-#                                   # (BENCH_ONLY=1: only the benches)
+#                                   # (BENCH_ONLY=1: only the benches;
+#                                   # SHAPES="1b 4b": which shapes to bench;
+#                                   # CPU_BENCH=1: the host CPU's figures too)
 #
 # `run` writes Gemma 3 270M- and 1B-shaped random files with make_gguf (the
 # tokenizer comes from .devbin/tokenizer.gguf), runs the runtime's CUDA unit
@@ -39,7 +41,8 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     M=/tmp/rlx-models
     mkdir -p "$M"
-    for shape in 270m 1b; do
+    SHAPES=${SHAPES:-270m 1b 4b}
+    for shape in 270m 1b $SHAPES; do
       [ -f "$M/$shape.gguf" ] || "$BIN/make_gguf" random --shape "$shape" --type q4_k_m \
         --tokenizer-from "$BIN/tokenizer.gguf" -o "$M/$shape.gguf" 2>&1 | head -1
     done
@@ -47,10 +50,12 @@ case "${1:-}" in
       "$BIN/cuda-unit-test" --ignored --nocapture --test-threads 1 cuda::tests
       RLX_CUDA_MODELS="$M/270m.gguf $M/1b.gguf" "$BIN/cuda-test" --ignored --nocapture --test-threads 1
     fi
-    for shape in 270m 1b; do
-      "$BIN/rlx" bench -m "$M/$shape.gguf" --device cuda -p 512 -n 128 -r 3
+    for shape in $SHAPES; do
+      for precision in q8 exact; do
+        "$BIN/rlx" bench -m "$M/$shape.gguf" --device cuda --precision $precision -p 512 -n 128 -r 3
+      done
       "$BIN/rlx" bench -m "$M/$shape.gguf" --device cuda --batch 1,8,32,64 -p 128 -n 64 -r 2
-      "$BIN/rlx" bench -m "$M/$shape.gguf" -p 512 -n 128 -r 2 | tail -n +3
+      [ -z "${CPU_BENCH:-}" ] || "$BIN/rlx" bench -m "$M/$shape.gguf" -p 512 -n 128 -r 2 | tail -n +3
     done
     ;;
   *)

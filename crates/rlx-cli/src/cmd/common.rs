@@ -18,10 +18,11 @@ pub struct ModelArgs {
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
-    /// Matmul arithmetic: `q8` (activations quantized to 8 bits and integer
-    /// dot products, as llama.cpp does: the fast path) or `exact` (f32 on the
-    /// exactly dequantized weights: matches transformers to ~1e-6, for
-    /// parity checks).
+    /// Matmul arithmetic: `q8` (the fast path: on a CPU, activations
+    /// quantized to 8 bits and integer dot products, as llama.cpp does; on a
+    /// GPU, products of many tokens in bf16 on the tensor cores) or `exact`
+    /// (f32 on the exactly dequantized weights: matches transformers to
+    /// ~1e-6, for parity checks).
     #[arg(long, default_value = "q8", value_parser = ["exact", "q8"])]
     pub precision: String,
     /// K/V cache element type: `f32`, `f16`, `bf16` (half the cache memory
@@ -29,8 +30,7 @@ pub struct ModelArgs {
     /// llama.cpp keeps).
     #[arg(long = "kv-type", default_value = "auto", value_parser = ["auto", "f32", "f16", "bf16"])]
     pub kv_type: String,
-    /// Where to run: `cpu`, or `cuda` / `cuda:N` for GPU N (exact f32
-    /// arithmetic, f32 K/V cache).
+    /// Where to run: `cpu`, or `cuda` / `cuda:N` for GPU N (f32 K/V cache).
     #[arg(long, default_value = "cpu")]
     pub device: String,
 }
@@ -52,17 +52,9 @@ impl ModelArgs {
         Device::parse(&self.device).map_err(|e| anyhow::anyhow!("--device: {e}"))
     }
 
-    fn on_gpu(&self) -> bool {
-        matches!(self.device(), Ok(Device::Cuda(_)))
-    }
-
-    /// The arithmetic that runs: the CPU's `--precision`, or exact on a GPU.
+    /// The arithmetic that runs (`--precision`).
     pub fn precision_name(&self) -> &str {
-        if self.on_gpu() {
-            "exact"
-        } else {
-            &self.precision
-        }
+        &self.precision
     }
 
     pub fn load(&self) -> Result<Model> {

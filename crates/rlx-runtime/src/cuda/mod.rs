@@ -34,6 +34,7 @@ mod plan;
 
 use std::sync::{Arc, Mutex, Weak};
 
+use cudarc::cublas::{sys as blas, CudaBlas};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions as NvrtcOptions, Ptx};
 use rlx_gguf::GgmlType;
@@ -51,6 +52,8 @@ pub enum CudaError {
     Unavailable(String),
     #[error("CUDA driver: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
+    #[error("cuBLAS: {0}")]
+    Blas(#[from] cudarc::cublas::result::CublasError),
     #[error("the CUDA kernels did not compile: {0}")]
     Compile(String),
     #[error("{0}")]
@@ -75,6 +78,9 @@ impl CudaError {
         }
     }
 }
+
+/// Bytes of the cuBLAS workspace (what NVIDIA advises for Hopper).
+const BLAS_WORKSPACE: usize = 32 << 20;
 
 /// Weight types the kernels read, and their kernel-name suffixes; a type's
 /// index is the code `kernels.cu` uses (`T_F32` = 0 …).
@@ -129,6 +135,10 @@ struct Kernels {
     matmul: Vec<CudaFunction>,
     matvec: Vec<CudaFunction>,
     gather: Vec<CudaFunction>,
+    /// Per weight type code: `dequant_<type>`, rows into f32 or bf16 for a
+    /// cuBLAS product.
+    dequant: Vec<CudaFunction>,
+    to_bf16: CudaFunction,
     rms_norm: CudaFunction,
     binary: CudaFunction,
     unary: CudaFunction,
@@ -148,7 +158,33 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     kernels: Kernels,
+    /// cuBLAS for products of many rows, where libcublas is installed.
+    blas: Option<Blas>,
     name: String,
+}
+
+/// A cuBLAS handle on the device's stream, with a workspace of our own so
+/// that its calls can be captured into graphs (cuBLAS would otherwise
+/// allocate during capture).
+struct Blas {
+    handle: CudaBlas,
+    _workspace: CudaSlice<u8>,
+}
+
+/// Element type of a [`CudaDevice::gemm`]'s two inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GemmType {
+    F32,
+    BF16,
+}
+
+impl GemmType {
+    fn bytes(self) -> usize {
+        match self {
+            GemmType::F32 => 4,
+            GemmType::BF16 => 2,
+        }
+    }
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -221,6 +257,8 @@ impl CudaDevice {
             matmul: per_type("matmul")?,
             matvec: per_type("matvec")?,
             gather: per_type("gather")?,
+            dequant: per_type("dequant")?,
+            to_bf16: f("to_bf16")?,
             rms_norm: f("rms_norm")?,
             binary: f("binary")?,
             unary: f("unary")?,
@@ -233,12 +271,34 @@ impl CudaDevice {
             concat_part: f("concat_part")?,
             _module: module,
         };
+        // SAFETY: only tries to open the shared library.
+        let blas = if unsafe { blas::is_culib_present() } {
+            let handle = CudaBlas::new(Arc::clone(&stream))?;
+            let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE)?;
+            let ptr = {
+                let (p, _guard) = workspace.device_ptr(&stream);
+                p
+            };
+            // SAFETY: the workspace lives as long as the handle (both in
+            // `Blas`) and is used only on the handle's stream.
+            unsafe {
+                blas::cublasSetWorkspace_v2(*handle.handle(), ptr as *mut _, BLAS_WORKSPACE)
+                    .result()?;
+            }
+            Some(Blas {
+                handle,
+                _workspace: workspace,
+            })
+        } else {
+            None
+        };
         let name = format!("{} (sm_{major}{minor})", ctx.name()?);
         Ok(Arc::new(CudaDevice {
             ordinal,
             ctx,
             stream,
             kernels,
+            blas,
             name,
         }))
     }
@@ -261,6 +321,70 @@ impl CudaDevice {
     /// Free and total device memory in bytes.
     pub fn memory(&self) -> Result<(usize, usize), CudaError> {
         Ok(self.ctx.mem_get_info()?)
+    }
+
+    /// Whether products of many rows go to cuBLAS.
+    fn has_blas(&self) -> bool {
+        self.blas.is_some()
+    }
+
+    /// `y[t, r]` (rows `ldy` apart) `= Σ_k x[t, k] · w[r, k]` for `r < n`,
+    /// `t < m`, queued on the stream: `w` [n, k] and `x` [m, k] both of
+    /// type `ty`, `y` f32, all device addresses; f32 accumulation.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        ty: GemmType,
+        w: u64,
+        x: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        ldy: usize,
+    ) -> Result<(), CudaError> {
+        let Some(b) = &self.blas else {
+            return Err(CudaError::Unsupported("cuBLAS is not loaded".into()));
+        };
+        let int = |v: usize| {
+            i32::try_from(v).map_err(|_| CudaError::Unsupported(format!("a product of size {v}")))
+        };
+        let dt = match ty {
+            GemmType::F32 => blas::cudaDataType::CUDA_R_32F,
+            GemmType::BF16 => blas::cudaDataType::CUDA_R_16BF,
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // Column-major: y^T [n, m] (leading dimension ldy) = w [n, k] · x^T,
+        // with w read transposed from its row-major [n, k] (= column-major
+        // [k, n]) and x^T being row-major x [m, k] as column-major [k, m].
+        // SAFETY: the caller passes buffers of at least n·k and m·k elements
+        // of `ty` and an output with m rows of ldy ≥ n f32, all on this
+        // device; cuBLAS runs on the device's stream, in order with the
+        // kernels that produce and consume them.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *b.handle.handle(),
+                blas::cublasOperation_t::CUBLAS_OP_T,
+                blas::cublasOperation_t::CUBLAS_OP_N,
+                int(n)?,
+                int(m)?,
+                int(k)?,
+                &alpha as *const f32 as *const _,
+                w as *const _,
+                dt,
+                int(k)?,
+                x as *const _,
+                dt,
+                int(k)?,
+                &beta as *const f32 as *const _,
+                y as *mut _,
+                blas::cudaDataType::CUDA_R_32F,
+                int(ldy)?,
+                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )?;
+        }
+        Ok(())
     }
 
     fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {

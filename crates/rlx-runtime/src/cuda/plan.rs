@@ -7,17 +7,20 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PinnedHostSlice, PushKernelArg,
+};
 use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, Mask, NodeId, Op};
 
 use super::kv::{CudaKvStorage, LayerPtrs};
-use super::{type_code, CudaDevice, CudaError, CudaWeights};
+use super::{type_code, CudaDevice, CudaError, CudaWeights, GemmType};
 use crate::batch::Batch;
 use crate::compile::{
     bind, dump_steps, narrow_from, node_err, prepare, schedule, CompileOptions, HostTensor, Loc,
     RunError, StepInputs,
 };
 use crate::cpu::kernels::rope::inv_freqs;
+use crate::cpu::matmul::Precision;
 use crate::kv::{KvError, KvPool, StepLayout, BLOCK_TOKENS};
 use crate::weights::WeightStore;
 
@@ -156,10 +159,38 @@ fn input_index(name: &str) -> usize {
         .expect("prepare admits only step inputs")
 }
 
-/// A run at the maxima, captured with the storage it used.
+/// A step captured with the symbol values and the storage it ran with.
 struct Captured {
+    bindings: Bindings,
     storage: u64,
     graph: CudaGraph,
+}
+
+/// Steps of at most this many rows (every decode batch up to 64
+/// sequences), and steps at the plan's maxima, are captured as graphs.
+const GRAPH_MAX_ROWS: usize = 64;
+
+/// The most graphs a plan keeps: one per decode batch size up to
+/// [`GRAPH_MAX_ROWS`], and a few more.
+const GRAPHS_KEPT: usize = GRAPH_MAX_ROWS + 8;
+
+/// Outputs of up to this many elements (256 MiB) come back through the
+/// plan's page-locked buffer; larger ones (scoring long prompts) directly.
+const PINNED_MAX_ELEMS: usize = 64 << 20;
+
+/// Elements of weight rows dequantized at once for a cuBLAS product: a
+/// layer's largest matrix at 4B (10,240 × 2,560) in two pieces, the LM head
+/// in many, and 128 MiB of scratch at f32.
+const GEMM_CHUNK_ELEMS: usize = 32 << 20;
+
+/// The buffers of a plan's cuBLAS products: a chunk of weight rows
+/// dequantized, and the activations as bf16 (for bf16 products).
+struct GemmScratch {
+    ty: GemmType,
+    weights: CudaSlice<u8>,
+    /// Weight elements `weights` holds.
+    elems: usize,
+    x16: Option<CudaSlice<u16>>,
 }
 
 // SAFETY: a CUDA graph may be launched and destroyed from any thread as
@@ -191,11 +222,18 @@ pub struct CudaPlan {
     takes: Vec<NodeId>,
     /// Steps that write or read the K/V pool.
     kv_steps: Vec<NodeId>,
-    /// A run at the maxima (every decode step, every full prefill chunk)
-    /// captured once as a CUDA graph with the storage it used, then
+    /// Runs captured as CUDA graphs, per symbol values and storage (decode
+    /// batches of up to [`GRAPH_MAX_ROWS`] rows, full prefill chunks), then
     /// replayed: one launch instead of hundreds. Everything that changes
-    /// between steps is in `meta`, read by the kernels on the device.
-    captured: Option<Captured>,
+    /// between steps of one shape is in `meta`, read by the kernels on the
+    /// device; launch sizes depend only on the symbol values.
+    captured: Vec<Captured>,
+    /// Products of more than one row through cuBLAS, where it is loaded.
+    gemm: Option<GemmScratch>,
+    /// Page-locked host memory that outputs are copied into (a copy into
+    /// pageable memory goes through the driver's own staging at a fraction
+    /// of the speed: logits of a 64-sequence step are 64 MiB).
+    host: Option<PinnedHostSlice<f32>>,
     max: Bindings,
 }
 
@@ -248,6 +286,8 @@ pub fn compile_cuda(
     let s = &device.stream;
     let mut rope_tables = HashMap::new();
     let mut norm_elems = 0usize;
+    // The largest weight matrix and matmul input, for cuBLAS scratch.
+    let (mut weight_elems, mut x_elems, mut max_k) = (0usize, 0usize, 0usize);
     // The most rows a step has: every input, K/V write and attention fits.
     let mut rows = 1usize;
     let rows_at_max = |id: NodeId| -> usize {
@@ -278,6 +318,15 @@ pub fn compile_cuda(
                 };
                 for &w in &n.inputs[first..] {
                     weight_of(&g, weights, w)?;
+                    let elems = g.node(w).shape.numel(&opts.max).unwrap_or(0);
+                    weight_elems = weight_elems.max(elems);
+                }
+                let x = g.node(n.inputs[0]).shape.numel(&opts.max).unwrap_or(0);
+                let k = g.node(n.inputs[0]).shape.0.last().and_then(|d| d.fixed());
+                let k = k.unwrap_or(0);
+                if k > 0 && x > k {
+                    x_elems = x_elems.max(x);
+                    max_k = max_k.max(k);
                 }
                 if norm.is_some() {
                     norm_elems =
@@ -336,6 +385,26 @@ pub fn compile_cuda(
         groups: 0,
         cap: 0,
     };
+    // A plan that multiplies more than one row at once keeps cuBLAS
+    // scratch: bf16 tensor-core products for `q8`, f32 for `exact`.
+    let gemm = if device.has_blas() && x_elems > 0 {
+        let ty = match opts.precision {
+            Precision::Exact => GemmType::F32,
+            Precision::Quantized => GemmType::BF16,
+        };
+        let elems = weight_elems.min(GEMM_CHUNK_ELEMS.max(max_k));
+        Some(GemmScratch {
+            ty,
+            weights: s.alloc_zeros(elems * ty.bytes())?,
+            elems,
+            x16: match ty {
+                GemmType::BF16 => Some(s.alloc_zeros(x_elems)?),
+                GemmType::F32 => None,
+            },
+        })
+    } else {
+        None
+    };
     Ok(CudaPlan {
         gathers,
         takes,
@@ -351,7 +420,9 @@ pub fn compile_cuda(
         steps: sched.steps,
         locs: sched.locs,
         rope_tables,
-        captured: None,
+        captured: Vec::new(),
+        gemm,
+        host: None,
         max: opts.max.clone(),
     })
 }
@@ -407,7 +478,10 @@ impl CudaPlan {
     /// Device memory this plan owns: activations, scratch and step metadata
     /// (weights are the [`CudaWeights`]').
     pub fn arena_bytes(&self) -> usize {
-        (self.arena.len() + self.norm_buf.len() + self.meta.len()) * 4
+        let gemm = self.gemm.as_ref().map_or(0, |g| {
+            g.weights.len() + 2 * g.x16.as_ref().map_or(0, |x| x.len())
+        });
+        (self.arena.len() + self.norm_buf.len() + self.meta.len()) * 4 + gemm
     }
 
     fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[Arg]) -> Result<(), CudaError> {
@@ -499,17 +573,19 @@ impl CudaPlan {
                 }),
                 None => None,
             };
-            let at_max = b == self.max;
-            let replay = at_max
-                && storage_id.is_some()
-                && self
-                    .captured
-                    .as_ref()
-                    .is_some_and(|c| Some(c.storage) == storage_id);
-            if replay {
-                self.captured.as_ref().expect("checked").graph.launch()?;
-            } else if let (true, Some(sid)) = (at_max, storage_id) {
-                self.captured = None;
+            let capture = b == self.max || batch.len() <= GRAPH_MAX_ROWS;
+            let found = self
+                .captured
+                .iter()
+                .position(|c| Some(c.storage) == storage_id && c.bindings == b);
+            if let Some(i) = found {
+                self.captured[i].graph.launch()?;
+            } else if let (true, Some(sid)) = (capture, storage_id) {
+                // Graphs of another storage are stale (it was replaced).
+                self.captured.retain(|c| c.storage == sid);
+                if self.captured.len() >= GRAPHS_KEPT {
+                    self.captured.remove(0);
+                }
                 stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
                 let result = self
                     .steps
@@ -522,7 +598,8 @@ impl CudaPlan {
                 let graph = graph?
                     .ok_or_else(|| CudaError::Unsupported("graph capture made no graph".into()))?;
                 graph.launch()?;
-                self.captured = Some(Captured {
+                self.captured.push(Captured {
+                    bindings: b.clone(),
                     storage: sid,
                     graph,
                 });
@@ -550,10 +627,23 @@ impl CudaPlan {
                 );
             };
             let offset = offset + skip;
+            let src = self.arena.slice(offset..offset + len);
             let data = if len == 0 {
                 Vec::new()
+            } else if len <= PINNED_MAX_ELEMS {
+                if self.host.as_ref().is_none_or(|h| h.len() < len) {
+                    self.host = None;
+                    // SAFETY: the memory is read only after a copy into
+                    // it has completed (below). Not write-combined: the
+                    // host reads it.
+                    self.host = Some(unsafe { self.device.ctx.alloc_pinned_with_flags(len, 0) }?);
+                }
+                let host = self.host.as_mut().expect("sized above");
+                stream.memcpy_dtoh(&src, host)?;
+                stream.synchronize()?;
+                host.as_slice()?[..len].to_vec()
             } else {
-                stream.clone_dtoh(&self.arena.slice(offset..offset + len))?
+                stream.clone_dtoh(&src)?
             };
             outs.push((name.clone(), HostTensor::f32(data, &dims)));
         }
@@ -694,11 +784,11 @@ impl CudaPlan {
     }
 
     /// Makes the metadata buffer fit `layout`'s groups and blocks. A new
-    /// buffer has new addresses: the captured graph goes with the old one.
+    /// buffer has new addresses: the captured graphs go with the old one.
     fn fit_meta(&mut self, layout: &StepLayout, pool: &KvPool) -> Result<(), CudaError> {
         let blocks = || pool.config().groups().iter().map(|g| g.blocks).sum();
         if let Some(new) = self.meta_layout.refit(layout, blocks) {
-            self.captured = None;
+            self.captured.clear();
             self.meta = self.device.stream.alloc_zeros(new.len())?;
             self.meta_layout = new;
         }
@@ -798,6 +888,19 @@ impl CudaPlan {
                     x = normed;
                 }
                 let total = *dims.last().expect("rank");
+                // Many rows: weight rows dequantized a chunk at a time and
+                // multiplied by cuBLAS (the activations once as bf16 for
+                // bf16 products).
+                let gemm = self.gemm.as_ref().filter(|_| m > 1);
+                let mut gx = x;
+                if let Some(GemmScratch { x16: Some(x16), .. }) = gemm {
+                    gx = self.device.ptr(x16);
+                    self.launch(
+                        &k.to_bf16,
+                        linear(m * kin),
+                        &[Arg::Ptr(x), Arg::Ptr(gx), Arg::I64((m * kin) as i64)],
+                    )?;
+                }
                 let mut off = 0;
                 for &w in &n.inputs[first..] {
                     let (code, ptr) = weight_of(g, &self.weights, w)?;
@@ -805,6 +908,37 @@ impl CudaPlan {
                     let DType::Ggml(ty) = g.node(w).dtype else {
                         unreachable!("a weight")
                     };
+                    if let Some(gs) = gemm {
+                        let row_bytes = kin / ty.block_elems() * ty.block_bytes();
+                        let chunk = (gs.elems / kin).max(1);
+                        let scratch = self.device.ptr(&gs.weights);
+                        for r0 in (0..rows).step_by(chunk) {
+                            let nr = chunk.min(rows - r0);
+                            self.launch(
+                                &k.dequant[code as usize],
+                                linear(nr * kin / 32),
+                                &[
+                                    Arg::Ptr(ptr + (r0 * row_bytes) as u64),
+                                    Arg::Ptr(scratch),
+                                    Arg::I64(nr as i64),
+                                    Arg::I32(kin as i32),
+                                    Arg::I32((gs.ty == GemmType::BF16) as i32),
+                                ],
+                            )?;
+                            self.device.gemm(
+                                gs.ty,
+                                scratch,
+                                gx,
+                                out + 4 * (off + r0) as u64,
+                                m,
+                                nr,
+                                kin,
+                                total,
+                            )?;
+                        }
+                        off += rows;
+                        continue;
+                    }
                     // One token: rows staged in shared memory, as many warps a
                     // block as fit in 48 KiB (rows too long for one use the
                     // general kernel).
@@ -830,6 +964,8 @@ impl CudaPlan {
                         off += rows;
                         continue;
                     }
+                    // Without cuBLAS: the weights read once per 8 tokens,
+                    // one warp per weight row.
                     self.launch(
                         &k.matmul[code as usize],
                         grid(rows.div_ceil(4), m.div_ceil(8), 128),
@@ -1056,17 +1192,20 @@ impl CudaPlan {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "plan: {} steps on {} ({}), arena {} bytes, step metadata {} bytes (up to {} rows){}",
+            "plan: {} steps on {} ({}), arena {} bytes, step metadata {} bytes (up to {} rows), {} captured graphs{}",
             self.steps.len(),
             self.device.label(),
             self.device.name(),
             self.arena.len() * 4,
             self.meta.len() * 4,
             self.meta_layout.rows,
-            if self.captured.is_some() {
-                ", captured at the maxima"
-            } else {
-                ""
+            self.captured.len(),
+            match &self.gemm {
+                Some(g) => format!(
+                    ", cuBLAS {:?} products (scratch {} weight elements)",
+                    g.ty, g.elems
+                ),
+                None => String::new(),
             }
         );
         dump_steps(&mut s, g, &self.steps, &self.locs);
