@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, then every crate's tests, including those that
-# need the real Gemma 3 270M file (fetched into the cache on first use).
+# need the real Gemma 3 270M file (fetched into the cache on first use) and
+# the server test with the `openai` Python package (installed if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RLX_TEST_MODEL=${RLX_TEST_MODEL:-$(bash scripts/fetch-model.sh)}
+# The server's tests drive it with the official `openai` Python client too.
+python3 -c 'import openai' 2>/dev/null ||
+  python3 -m pip install -q openai 2>/dev/null ||
+  python3 -m pip install -q --user openai 2>/dev/null ||
+  python3 -m pip install -q --break-system-packages openai ||
+  echo "warning: no openai package; its server test will say skipped" >&2
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release

@@ -907,3 +907,31 @@ fn health_is_503_while_loading_and_a_failed_load_ends_serving() {
         .unwrap_err();
     assert!(err.to_string().contains("no such model"), "{err}");
 }
+
+#[test]
+fn the_openai_python_client_round_trips() {
+    // Runs where Python has the `openai` package (CI installs it); elsewhere
+    // says it was skipped.
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_client = std::process::Command::new(&python)
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_client {
+        eprintln!("skipped: {python} has no `openai` package (pip install openai)");
+        return;
+    }
+    let server = TestServer::start();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://{}/v1", server.addr))
+        .arg("tiny")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}

@@ -1,0 +1,117 @@
+"""The official `openai` Python client against a running `rlx serve`.
+
+Usage: python3 openai_client.py BASE_URL MODEL
+
+Run by `crates/rlx-server/tests/api.rs` (which starts the server on the tiny
+Gemma 3 model); exits non-zero with a message on the first check that fails.
+"""
+
+import sys
+
+import openai
+
+base, model = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60)
+messages = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Name a colour."},
+]
+
+
+def check(cond, what):
+    if not cond:
+        sys.exit(f"FAILED: {what}")
+    print(f"ok: {what}")
+
+
+ids = [m.id for m in client.models.list().data]
+check(model in ids, f"models.list names {model!r} ({ids})")
+
+# Chat, whole and streamed: greedy, so both are the same text.
+whole = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=12, temperature=0
+)
+text = whole.choices[0].message.content
+check(isinstance(text, str) and text, "chat answer has content")
+check(whole.choices[0].finish_reason in ("stop", "length"), "chat finish_reason")
+check(whole.usage.completion_tokens > 0, "chat usage counts tokens")
+check(whole.choices[0].message.role == "assistant", "chat role")
+
+stream = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=12, temperature=0, stream=True
+)
+parts, finish = [], None
+for chunk in stream:
+    for c in chunk.choices:
+        if c.delta.content:
+            parts.append(c.delta.content)
+        finish = c.finish_reason or finish
+check("".join(parts) == text, "streamed deltas add up to the whole answer")
+check(finish == whole.choices[0].finish_reason, "streamed finish_reason")
+
+# The same conversation again reuses its computed prefix.
+again = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=12, temperature=0
+)
+check(again.choices[0].message.content == text, "greedy repeats")
+cached = again.usage.prompt_tokens_details.cached_tokens
+check(cached and cached > 0, f"usage reports {cached} cached prompt tokens")
+
+# n choices with a seed, repeatable.
+def sampled():
+    r = client.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=8, n=2, seed=7,
+        temperature=1.0,
+    )
+    return [c.text for c in sorted(r.choices, key=lambda c: c.index)]
+
+
+first = sampled()
+check(len(first) == 2, "n = 2 gives two choices")
+check(sampled() == first, "the same seed gives the same choices")
+
+# Log-probabilities, completions and chat.
+r = client.completions.create(
+    model=model, prompt="The sky is", max_tokens=4, temperature=0, logprobs=2
+)
+lp = r.choices[0].logprobs
+check(len(lp.tokens) == len(lp.token_logprobs) > 0, "completion logprobs per token")
+check(all(v <= 0 for v in lp.token_logprobs), "log-probabilities are <= 0")
+check(all(len(t) >= 1 for t in lp.top_logprobs), "completion top_logprobs")
+
+r = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=4, temperature=0,
+    logprobs=True, top_logprobs=3,
+)
+content = r.choices[0].logprobs.content
+check(len(content) > 0, "chat logprobs per token")
+check(all(len(t.top_logprobs) == 3 for t in content), "chat top_logprobs = 3")
+check(
+    all(abs(t.logprob - max(a.logprob for a in t.top_logprobs)) < 1e-4 for t in content),
+    "greedy tokens are the most likely of their alternatives",
+)
+
+# A stop string ends the answer before it.
+full = client.completions.create(
+    model=model, prompt="1, 2, 3,", max_tokens=12, temperature=0
+).choices[0].text
+if len(full) > 2:
+    stop = full[1:3]
+    cut = client.completions.create(
+        model=model, prompt="1, 2, 3,", max_tokens=12, temperature=0, stop=[stop]
+    ).choices[0]
+    check(cut.text == full[: full.index(stop)], f"stop {stop!r} cuts the text")
+    check(cut.finish_reason == "stop", "a stop string finishes with 'stop'")
+
+# Errors are OpenAI errors the client raises as such.
+try:
+    client.chat.completions.create(model=model, messages=[], max_tokens=4)
+    check(False, "empty messages are refused")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and "messages" in str(e), f"400 naming messages: {e}")
+try:
+    client.completions.create(model=model, prompt="x", max_tokens=4, n=99)
+    check(False, "n = 99 is refused")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and "n" in str(e), f"400 naming n: {e}")
+print("all checks passed")
