@@ -537,6 +537,69 @@ fn positive(m: &Meta, suffix: &str, v: f32) -> Result<(), ConfigError> {
     }
 }
 
+/// The size a key gives against the tensors that have that size on an axis:
+/// each of `tensors` present in the file must have `want` on `axis`, or the
+/// error names the key, its value and the tensor.
+fn sizes_match(
+    file: &GgufFile,
+    m: &Meta,
+    suffix: &str,
+    value: usize,
+    want: usize,
+    tensors: &[(String, usize)],
+) -> Result<(), ConfigError> {
+    for (name, axis) in tensors {
+        let Some(t) = file.tensor(name) else { continue };
+        let got = t.dims.get(*axis).map(|&d| d as usize);
+        if got != Some(want) {
+            return Err(ConfigError::Invalid {
+                key: m.key(suffix),
+                msg: format!(
+                    "{value}, but tensor {name} has shape {:?} (expected {want} on axis {axis})",
+                    t.dims
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The per-layer-input width against `per_layer_token_embd.weight` and each
+/// layer's input gate and projection (Gemma 3n and 4): zero means the file
+/// has none of those tensors.
+fn check_per_layer_input(
+    file: &GgufFile,
+    m: &Meta,
+    n_layers: usize,
+    width: usize,
+) -> Result<(), ConfigError> {
+    let suffix = "embedding_length_per_layer_input";
+    let table = "per_layer_token_embd.weight";
+    if width == 0 {
+        if file.tensor(table).is_some() {
+            return Err(ConfigError::Invalid {
+                key: m.key(suffix),
+                msg: format!("0, but the file holds {table}"),
+            });
+        }
+        return Ok(());
+    }
+    if file.tensor(table).is_none() {
+        return Err(ConfigError::Invalid {
+            key: m.key(suffix),
+            msg: format!("{width}, but the file has no {table}"),
+        });
+    }
+    let mut tensors = vec![(table.to_owned(), 0)];
+    let per_layer = |l: usize, t: &str, axis: usize| (format!("blk.{l}.{t}.weight"), axis);
+    for l in 0..n_layers {
+        tensors.push(per_layer(l, "inp_gate", 1));
+        tensors.push(per_layer(l, "proj", 0));
+    }
+    sizes_match(file, m, suffix, width, width * n_layers, &tensors[..1])?;
+    sizes_match(file, m, suffix, width, width, &tensors[1..])
+}
+
 /// Checks what every generation's resolved config must satisfy: a context,
 /// positive finite epsilons, RoPE bases and scales, softcaps, windows and
 /// sizes. Errors name the key, the value and what was expected.
@@ -678,14 +741,52 @@ fn gemma4(
                 msg: format!("{top_k} of {experts} experts"),
             });
         }
+        let n_ff = m.usize("expert_feed_forward_length")?;
+        if n_ff == 0 {
+            return Err(ConfigError::Invalid {
+                key: key("expert_feed_forward_length"),
+                msg: "0; expected at least 1".into(),
+            });
+        }
+        let per_layer = |t: &str, axis: usize| -> Vec<(String, usize)> {
+            (0..n_layers)
+                .map(|l| (format!("blk.{l}.{t}"), axis))
+                .collect()
+        };
+        let mut by_expert = per_layer("ffn_gate_up_exps.weight", 2);
+        by_expert.extend(per_layer("ffn_down_exps.weight", 2));
+        by_expert.extend(per_layer("ffn_gate_inp.weight", 1));
+        sizes_match(file, m, "expert_count", experts, experts, &by_expert)?;
+        let mut by_width = per_layer("ffn_gate_up_exps.weight", 1)
+            .into_iter()
+            .map(|(t, a)| (t, a, 2 * n_ff))
+            .collect::<Vec<_>>();
+        by_width.extend(
+            per_layer("ffn_down_exps.weight", 0)
+                .into_iter()
+                .map(|(t, a)| (t, a, n_ff)),
+        );
+        for (t, a, want) in by_width {
+            sizes_match(file, m, "expert_feed_forward_length", n_ff, want, &[(t, a)])?;
+        }
         Some(MoeSpec {
             experts,
             top_k,
-            n_ff: m.usize("expert_feed_forward_length")?,
+            n_ff,
         })
     } else {
+        if let Some(t) = (0..n_layers)
+            .map(|l| format!("blk.{l}.ffn_gate_inp.weight"))
+            .find(|t| file.tensor(t).is_some())
+        {
+            return Err(ConfigError::Invalid {
+                key: key("expert_count"),
+                msg: format!("0 or missing, but the file holds the router {t}"),
+            });
+        }
         None
     };
+    check_per_layer_input(file, m, n_layers, per_layer_input)?;
     let freq_factors = file
         .tensor("rope_freqs.weight")
         .map(|_| "rope_freqs.weight".to_owned());
@@ -861,6 +962,29 @@ fn gemma3n(
         .usize_opt("embedding_length_per_layer_input")?
         .unwrap_or(256);
     let streams = m.usize_opt("altup.num_inputs")?.unwrap_or(4);
+    if streams < 2 {
+        return Err(ConfigError::Invalid {
+            key: key("altup.num_inputs"),
+            msg: format!("{streams}; expected at least 2 streams"),
+        });
+    }
+    let mut by_stream = vec![
+        ("altup_proj.weight".to_owned(), 2, streams - 1),
+        ("altup_unembd_proj.weight".to_owned(), 2, streams - 1),
+    ];
+    for l in 0..n_layers {
+        by_stream.push((format!("blk.{l}.altup_router.weight"), 1, streams));
+        by_stream.push((format!("blk.{l}.altup_correct_coef.weight"), 1, streams));
+        by_stream.push((
+            format!("blk.{l}.altup_predict_coef.weight"),
+            1,
+            streams * streams,
+        ));
+    }
+    for (t, axis, want) in by_stream {
+        sizes_match(file, m, "altup.num_inputs", streams, want, &[(t, axis)])?;
+    }
+    check_per_layer_input(file, m, n_layers, per_layer_input)?;
     if m.usize_opt("altup.active_idx")?.unwrap_or(0) != 0 {
         return Err(ConfigError::Invalid {
             key: key("altup.active_idx"),

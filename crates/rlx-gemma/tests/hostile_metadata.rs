@@ -1,5 +1,7 @@
 //! Valid GGUF containers whose model metadata is nonsense: every tiny model
-//! of every generation, one key at a time set to a value no model has. Each
+//! of every generation, one key at a time set to a value no model has or
+//! one its tensors contradict (expert counts, AltUp streams, per-layer
+//! input widths). Each
 //! must be refused with an error naming the key (and nothing may panic);
 //! the untouched files must still load.
 
@@ -108,6 +110,31 @@ fn nonsense_metadata_is_refused_by_key() {
         }
         if arch != "gemma" {
             cases.push((k("rope.freq_base_swa"), 0f32.into()));
+        }
+        // Sizes of one generation's own parts, against its tensors.
+        if dir == "gemma3n" {
+            for v in [0u32, 1, 3, 5, 99] {
+                cases.push((k("altup.num_inputs"), v.into()));
+            }
+            cases.push((k("altup.active_idx"), 2u32.into()));
+        }
+        if dir == "gemma3n" || dir == "gemma4-ple" {
+            for v in [0u32, 1, 255, 4096] {
+                cases.push((k("embedding_length_per_layer_input"), v.into()));
+            }
+        }
+        if dir == "gemma4-dense" {
+            cases.push((k("embedding_length_per_layer_input"), 16u32.into()));
+        }
+        if dir == "gemma4-moe" {
+            for v in [0u32, 3, 5, 1000] {
+                cases.push((k("expert_count"), v.into()));
+            }
+            cases.push((k("expert_used_count"), 0u32.into()));
+            cases.push((k("expert_used_count"), 5u32.into()));
+            for v in [0u32, 16, 64] {
+                cases.push((k("expert_feed_forward_length"), v.into()));
+            }
         }
         for (key, value) in cases {
             let shown = format!("{value:?}");
