@@ -228,3 +228,20 @@ fn reduced_precision_on_the_gpu_is_no_worse_than_on_the_cpu() {
         );
     }
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (see the file's header)"]
+fn a_cache_beyond_the_gpus_free_memory_is_refused_before_allocating() {
+    let model = load(&fixture("gemma3/model-f32.gguf"), Device::Cuda(0)).unwrap();
+    // 2^30 tokens of this model's f32 K/V: 256 GiB, beyond any GPU.
+    let Err(e) = model.session(SessionOptions {
+        context: Some(1 << 30),
+        ..SessionOptions::default()
+    }) else {
+        panic!("a 256 GiB cache was accepted")
+    };
+    let msg = e.to_string();
+    println!("{msg}");
+    assert!(matches!(e, ModelError::OutOfMemory { .. }), "{msg}");
+    assert!(msg.contains("cuda:0"), "{msg}");
+}
