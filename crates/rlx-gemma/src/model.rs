@@ -90,9 +90,14 @@ impl ModelError {
 pub struct ModelOptions {
     /// CPU threads (on a GPU: for loading and sampling only).
     pub threads: usize,
-    /// Matmul arithmetic; the GPU computes `exact`.
+    /// Matmul arithmetic (on a GPU, `Quantized` means bf16 tensor-core
+    /// products for steps of many tokens).
     pub precision: Precision,
     pub device: Device,
+    /// Each sequence's logits do not depend on what else is in a step (the
+    /// CPU's `Quantized` products then take the row kernels at every batch
+    /// size); `Exact` is batch-invariant already.
+    pub batch_invariant: bool,
 }
 
 impl Default for ModelOptions {
@@ -101,6 +106,7 @@ impl Default for ModelOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             precision: Precision::Exact,
             device: Device::Cpu,
+            batch_invariant: false,
         }
     }
 }
@@ -197,6 +203,7 @@ impl Model {
                 .with(Sym::ROWS, max_logit_rows),
         );
         opts.precision = self.options.precision;
+        opts.batch_invariant = self.options.batch_invariant;
         Ok(self.backend.compile(&graph, &opts)?)
     }
 

@@ -23,7 +23,7 @@
 //! file (the same sequence alone, `q8` against `exact`; 1e-5 where it has
 //! none): measured 5e-8 – 5.8e-3 against bounds of 2.2e-2 – 1.2e-1 on the
 //! Q8_0 files, and 0 – 1.4e-7 on f32 files (which
-//! `q8` runs in f32).
+//! `q8` runs in f32). With `batch_invariant` the difference is exactly 0.
 
 mod common;
 
@@ -267,4 +267,54 @@ mod interleavings {
             prop_assert_eq!(seqs.pool().free_blocks(), total);
         }
     }
+}
+
+#[test]
+fn batch_invariant_q8_gives_each_sequence_the_logits_it_gets_alone() {
+    // With `batch_invariant`, `q8` products take the row kernels at every
+    // batch size, so a sequence's logits are those it gets alone, bit for
+    // bit: the same seed samples the same text whatever else runs.
+    let script = Script::TINY;
+    let mut failures = Vec::new();
+    for (name, file) in [
+        ("gemma3", "model-Q8_0.gguf"),
+        ("gemma3", "model-f32.gguf"),
+        ("gemma3-q", "model-Q4_K_M.gguf"),
+        ("gemma3-q", "model-Q4_0.gguf"),
+        ("gemma2", "model-Q8_0.gguf"),
+        ("gemma4-moe", "model-Q8_0.gguf"),
+    ] {
+        let path = fixtures().join("tiny").join(name).join(file);
+        let model = Model::load(
+            &path,
+            ModelOptions {
+                threads: 2,
+                precision: Precision::Quantized,
+                batch_invariant: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let err = worst_error(&model, &script);
+        println!("{name}/{file} q8, batch-invariant: worst relative L2 {err:.2e}");
+        if err != 0.0 {
+            failures.push(format!("{name}/{file}: {err:.2e}"));
+        }
+    }
+    let model = Model::load(
+        real_model(),
+        ModelOptions {
+            threads: 2,
+            precision: Precision::Quantized,
+            batch_invariant: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let err = worst_error(&model, &Script::LONG);
+    println!("gemma3-270m q8, batch-invariant: worst relative L2 {err:.2e}");
+    if err != 0.0 {
+        failures.push(format!("gemma3-270m: {err:.2e}"));
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }

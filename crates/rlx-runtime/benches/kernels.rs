@@ -84,6 +84,7 @@ fn options(precision: Precision) -> MatmulOptions {
     MatmulOptions {
         precision,
         isa: Isa::detect(),
+        batch_invariant: false,
     }
 }
 
@@ -345,6 +346,7 @@ mod attention_f32 {
             mask: Mask::Causal,
             scale: 1.0 / (HEAD_DIM as f32).sqrt(),
             softcap: None,
+            split_keys: true,
         };
         // Query i sees rows 0..=rows - queries + i.
         let visible_pairs: usize = (0..queries).map(|i| rows - queries + i + 1).sum();

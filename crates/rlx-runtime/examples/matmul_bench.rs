@@ -121,6 +121,7 @@ fn main() {
                 let opts = MatmulOptions {
                     precision,
                     isa: Isa::detect(),
+                    batch_invariant: false,
                 };
                 let mut scratch = MatmulScratch::default();
                 let mut call = || matmul(pool, &opts, &x, m, &w, &mut y, &mut scratch).unwrap();

@@ -23,6 +23,9 @@ pub struct CompileOptions {
     /// Run CSE, fusion and DCE before scheduling.
     pub optimize: bool,
     pub precision: Precision,
+    /// Matrix products whose per-row result does not depend on the other
+    /// rows of a step (see `MatmulOptions::batch_invariant`).
+    pub batch_invariant: bool,
 }
 
 impl CompileOptions {
@@ -32,6 +35,7 @@ impl CompileOptions {
             fuse: FuseOptions::default(),
             optimize: true,
             precision: Precision::Exact,
+            batch_invariant: false,
         }
     }
 }

@@ -238,6 +238,7 @@ fn attention_handles_gqa_masks_softcap_and_empty_rows() {
             mask,
             scale: 0.3,
             softcap: cap,
+            split_keys: true,
         };
         let all = attention::Segment::all(qpos.len());
         attention::attention(&pool, Isa::detect(), p, &queries, &kv, &all, &mut out);

@@ -210,7 +210,11 @@ fn run(
     let cols: usize = weights.iter().map(|w| w.rows).sum();
     let mut y = vec![f32::NAN; m * cols];
     let mut scratch = MatmulScratch::default();
-    let opts = MatmulOptions { precision, isa };
+    let opts = MatmulOptions {
+        precision,
+        isa,
+        batch_invariant: false,
+    };
     matmul(pool, &opts, x, m, weights, &mut y, &mut scratch).unwrap();
     y
 }
@@ -655,6 +659,7 @@ fn reused_scratch_gives_identical_results() {
             let opts = MatmulOptions {
                 precision,
                 isa: Isa::detect(),
+                batch_invariant: false,
             };
             let mut y = vec![0f32; m * rows];
             matmul(&pool, &opts, &x, m, &w, &mut y, &mut scratch).unwrap();
@@ -709,6 +714,7 @@ fn bad_sizes_are_errors() {
     let opts = MatmulOptions {
         precision: Precision::Quantized,
         isa: Isa::Scalar,
+        batch_invariant: false,
     };
     let q4 = [0u8; 2 * 18 * 2]; // 2 rows of 64 Q4_0 elements
     let q8 = [0u8; 3 * 34 * 2]; // 3 rows of 64 Q8_0 elements
@@ -799,6 +805,7 @@ fn isa_beyond_the_cpu_is_an_error() {
     let opts = MatmulOptions {
         precision: Precision::Exact,
         isa: beyond,
+        batch_invariant: false,
     };
     let data = vec![0u8; 4 * 8];
     let w = [WeightMatrix {

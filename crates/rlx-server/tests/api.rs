@@ -81,7 +81,11 @@ impl TestServer {
     }
 
     fn start_full(engine: EngineOptions, opts: ServerOptions) -> TestServer {
-        let server = Server::new(load(), engine, opts).unwrap();
+        TestServer::start_model(load(), engine, opts)
+    }
+
+    fn start_model(model: Model, engine: EngineOptions, opts: ServerOptions) -> TestServer {
+        let server = Server::new(model, engine, opts).unwrap();
         let (runtime, listener) = runtime_and_listener();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -934,4 +938,72 @@ fn the_openai_python_client_round_trips() {
     println!("{stdout}");
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("all checks passed"), "{stdout}");
+}
+
+#[test]
+fn batch_invariant_q8_samples_the_same_text_whatever_else_runs() {
+    // `q8` on a quantized file with `batch_invariant`: a seeded, sampled
+    // request gets the text (and log-probabilities) it gets alone while 15
+    // others run beside it.
+    let model = Model::load(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/tiny/gemma3/model-Q8_0.gguf"),
+        ModelOptions {
+            threads: 2,
+            precision: rlx_gemma::Precision::Quantized,
+            batch_invariant: true,
+            ..ModelOptions::default()
+        },
+    )
+    .unwrap();
+    let srv = TestServer::start_model(
+        model,
+        EngineOptions {
+            parallel: 16,
+            context: 16 * 48,
+            step_tokens: 40,
+            ..EngineOptions::default()
+        },
+        ServerOptions {
+            max_tokens: 24,
+            ..ServerOptions::new("tiny")
+        },
+    );
+    let body = |i: u32| {
+        let prompt: Vec<u32> = (0..4 + i % 9)
+            .map(|j| 3 + (i * 37 + j * 13) % 300)
+            .collect();
+        json!({"prompt": prompt, "max_tokens": 24, "temperature": 1.0, "seed": i,
+               "ignore_eos": true, "logprobs": 1})
+    };
+    // The text and every token's log-probability, which shows a difference
+    // in the logits even where it flips no sample.
+    let text = |v: &Value| {
+        let c = &v["choices"][0];
+        format!("{} {}", c["text"], c["logprobs"]["token_logprobs"])
+    };
+    let alone: Vec<String> = (0..16)
+        .map(|i| {
+            let (status, v) = srv.post("/v1/completions", &body(i));
+            assert_eq!(status, 200, "{v}");
+            text(&v)
+        })
+        .collect();
+    let srv = &srv;
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..16)
+            .map(|i| s.spawn(move || srv.post("/v1/completions", &body(i))))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                let (status, v) = h.join().unwrap();
+                assert_eq!(status, 200, "{v}");
+                text(&v)
+            })
+            .collect()
+    });
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a, t, "request {i}");
+    }
 }

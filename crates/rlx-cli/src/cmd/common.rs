@@ -25,6 +25,11 @@ pub struct ModelArgs {
     /// ~1e-6, for parity checks).
     #[arg(long, default_value = "q8", value_parser = ["exact", "q8"])]
     pub precision: String,
+    /// Each sequence's logits do not depend on the others in a step (the
+    /// same seed gives the same text whatever else runs): `q8` products take
+    /// the row kernels at every batch size, at some cost to batched speed.
+    #[arg(long)]
+    pub batch_invariant: bool,
     /// K/V cache element type: `f32`, `f16`, `bf16` (half the cache memory
     /// and bandwidth), or `auto`: f32 with `exact`, f16 with `q8` (what
     /// llama.cpp keeps).
@@ -87,6 +92,7 @@ impl ModelArgs {
             "q8" => Precision::Quantized,
             _ => Precision::Exact,
         };
+        opts.batch_invariant = self.batch_invariant;
         let model =
             Model::load(&path, opts).with_context(|| format!("cannot load {}", path.display()))?;
         for w in model.config().warnings() {

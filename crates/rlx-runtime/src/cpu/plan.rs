@@ -366,6 +366,7 @@ impl Plan {
                 let opts = MatmulOptions {
                     precision: self.opts.precision,
                     isa,
+                    batch_invariant: self.opts.batch_invariant,
                 };
                 let mut scratch = self.scratch.borrow_mut();
                 matmul::matmul(pool, &opts, x, m, &ws, out, &mut scratch)?;
@@ -462,6 +463,7 @@ impl Plan {
                     mask: spec.mask,
                     scale: spec.scale,
                     softcap: spec.softcap,
+                    split_keys: !self.opts.batch_invariant,
                 };
                 // Key rows with their positions: the K/V inputs at 0..m (the
                 // queries being the last n of them), or the pool's blocks of
@@ -569,6 +571,7 @@ impl Plan {
                 let opts = MatmulOptions {
                     precision: self.opts.precision,
                     isa,
+                    batch_invariant: self.opts.batch_invariant,
                 };
                 let mut scratch = self.scratch.borrow_mut();
                 moe::moe(

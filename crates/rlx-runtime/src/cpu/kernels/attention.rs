@@ -90,6 +90,11 @@ pub struct Params {
     pub mask: Mask,
     pub scale: f32,
     pub softcap: Option<f32>,
+    /// Whether a decode job's keys may be split over the threads. The merge
+    /// of the parts sums in another order than one pass, and whether a job
+    /// is split depends on how many jobs the step has: without splits a
+    /// row's output does not depend on the other rows of the step.
+    pub split_keys: bool,
 }
 
 /// Key rows per block: the width of a score tile and of the mask bits, and
@@ -187,7 +192,8 @@ pub fn attention(
         "query heads must be a multiple of KV heads"
     );
     assert!(q.q.len() >= n * shape.hq * shape.hd && out.len() >= n * shape.hq * shape.hdv);
-    let plan = JobPlan::new(p.mask, q, kv, segments, pool.threads());
+    let threads = if p.split_keys { pool.threads() } else { 1 };
+    let plan = JobPlan::new(p.mask, q, kv, segments, threads);
     let tiles = Tiles::new(isa);
     let slot_len = plan.rows_pad * (2 + shape.hdv);
     let mut parts = vec![0f32; plan.partials * slot_len];

@@ -91,6 +91,10 @@ pub struct MatmulOptions {
     /// Highest instruction set the kernels may use; must not exceed
     /// [`Isa::detect`].
     pub isa: Isa,
+    /// Every activation row through the row kernels, whatever `m` is, so a
+    /// row's result does not depend on what else is in the call (the GEMM
+    /// and panel kernels, chosen by row count, sum in another order).
+    pub batch_invariant: bool,
 }
 
 /// Buffers reused across calls; they grow to the largest call and never shrink.
@@ -198,7 +202,7 @@ pub fn matmul(
     // type and the row count.
     let (gemm_segments, segments): (Vec<Segment>, Vec<Segment>) = plan(opts, weights)
         .into_iter()
-        .partition(|s| gemm::applies(opts, s, m));
+        .partition(|s| !opts.batch_invariant && gemm::applies(opts, s, m));
     if !gemm_segments.is_empty() {
         let q8 = &mut scratch.acts[ActFormat::Q8_0.index()];
         act::quantize_rows(pool, opts.isa, ActFormat::Q8_0, x, m, k, q8);
@@ -223,7 +227,8 @@ pub fn matmul(
         }
     }
 
-    let panels = m >= kernels::PANEL_MIN_ROWS
+    let panels = !opts.batch_invariant
+        && m >= kernels::PANEL_MIN_ROWS
         && segments.iter().any(|s| {
             matches!(
                 s.kernel,

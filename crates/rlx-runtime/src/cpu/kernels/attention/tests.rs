@@ -247,6 +247,7 @@ fn params(mask: Mask, hd: usize, softcap: Option<f32>) -> Params {
         mask,
         scale: 1.0 / (hd as f32).sqrt(),
         softcap,
+        split_keys: true,
     }
 }
 
