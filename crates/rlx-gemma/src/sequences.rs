@@ -247,6 +247,39 @@ impl<'m> Sequences<'m> {
         Ok(id)
     }
 
+    /// A new sequence starting with the longest prefix of `tokens` (whole
+    /// blocks) that the pool's prefix cache holds, and that prefix's length:
+    /// those tokens' K/V are shared, not computed again.
+    pub fn add_cached(&mut self, tokens: &[u32]) -> Result<(SeqId, usize)> {
+        if self.tokens.len() >= self.max_seqs {
+            return Err(ModelError::Invalid(format!(
+                "{} sequences are alive, the most this pool was sized for",
+                self.max_seqs
+            )));
+        }
+        let (id, n) = self.pool.add_cached(tokens);
+        self.tokens.insert(id, tokens[..n].to_vec());
+        Ok((id, n))
+    }
+
+    /// Tokens at the start of `tokens` that [`Sequences::add_cached`] would
+    /// take from the cache.
+    pub fn cached_prefix(&self, tokens: &[u32]) -> usize {
+        self.pool.cached_prefix(tokens)
+    }
+
+    /// Offers a sequence's full blocks to the prefix cache, for later
+    /// sequences that start with the same tokens (the cache keeps them
+    /// after the sequence is removed, until the pool needs the room).
+    pub fn publish(&mut self, seq: SeqId) -> Result<()> {
+        let tokens = self
+            .tokens
+            .get(&seq)
+            .ok_or(ModelError::Kv(rlx_runtime::KvError::UnknownSeq(seq)))?;
+        self.pool.publish(seq, tokens)?;
+        Ok(())
+    }
+
     /// Ends a sequence; its blocks go back to the pool.
     pub fn remove(&mut self, seq: SeqId) -> Result<()> {
         self.pool.free(seq)?;

@@ -318,3 +318,69 @@ fn batch_invariant_q8_gives_each_sequence_the_logits_it_gets_alone() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+#[test]
+fn a_prefix_taken_from_the_cache_gives_the_logits_of_computing_it() {
+    // A sequence computes 100 tokens and leaves them to the prefix cache;
+    // a later one starting with the same 96 (three blocks, far past the
+    // 8-token sliding windows) takes them over and runs only its own tail.
+    // Its logits equal the whole prompt computed afresh, on every
+    // generation (Gemma 3n and 4 share K/V between layers).
+    use rlx_gemma::{Feed, SequencesOptions, Want};
+    for name in [
+        "gemma",
+        "gemma2",
+        "gemma3",
+        "gemma3n",
+        "gemma4-dense",
+        "gemma4-ple",
+    ] {
+        let path = fixtures().join("tiny").join(name).join("model-f32.gguf");
+        let model = load(&path, Precision::Exact);
+        let vocab = model.config().n_vocab;
+        let first: Vec<u32> = (0..100).map(|p| token(vocab, 3, p)).collect();
+        let mut second = first[..96].to_vec();
+        second.extend((0..7).map(|p| token(vocab, 4, p)));
+        let mut seqs = model
+            .sequences(SequencesOptions {
+                max_seqs: 2,
+                context: Some(128),
+                max_step_tokens: 64,
+                ..Default::default()
+            })
+            .unwrap();
+        let a = seqs.add().unwrap();
+        for chunk in first.chunks(50) {
+            let feed = Feed {
+                seq: a,
+                tokens: chunk,
+                logits: Want::None,
+            };
+            seqs.step(&[feed]).unwrap();
+        }
+        seqs.publish(a).unwrap();
+        seqs.remove(a).unwrap();
+        let (b, n) = seqs.add_cached(&second[..second.len() - 1]).unwrap();
+        assert_eq!(n, 96, "{name}");
+        let out = seqs
+            .step(&[Feed {
+                seq: b,
+                tokens: &second[n..],
+                logits: Want::All,
+            }])
+            .unwrap();
+        let got = out.get(0).to_vec();
+        let mut fresh = model
+            .session(SessionOptions {
+                context: Some(128),
+                ..Default::default()
+            })
+            .unwrap();
+        let all = fresh.score(&second).unwrap();
+        let want = &all[n * vocab..];
+        let err = rel_l2(&got, want);
+        println!("{name}: cached prefix against computed, relative L2 {err:.2e}");
+        assert!(err < 1e-5, "{name}: {err:e}");
+        seqs.pool().check_invariants().unwrap();
+    }
+}

@@ -1,7 +1,9 @@
 //! The paged K/V pool: groups by window, blocks that slide out of a window
 //! returned, forks sharing blocks, truncation, and errors before anything is
-//! taken. A property test drives random add/fork/step/truncate/free
-//! sequences and checks the bookkeeping after every operation.
+//! taken; the prefix cache (blocks kept by content, taken over by later
+//! sequences, evicted under pressure). A property test drives random
+//! add/fork/step/truncate/free/publish/add-cached sequences and checks the
+//! bookkeeping after every operation.
 
 use proptest::prelude::*;
 use rlx_ir::CacheSlot;
@@ -199,6 +201,18 @@ enum Op {
     Step(Vec<(usize, usize)>),
     Truncate(usize, usize),
     Free(usize),
+    Publish(usize),
+    /// A sequence from the cache for `len` tokens of stream `v`.
+    AddCached(u32, usize),
+}
+
+/// Token `pos` of stream `v`: two streams that share their first 70 tokens.
+fn tok(v: u32, pos: usize) -> u32 {
+    if pos < 70 {
+        (pos % 5) as u32
+    } else {
+        v * 100 + (pos % 7) as u32
+    }
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -208,6 +222,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => proptest::collection::vec((0..8usize, 1..20usize), 1..4).prop_map(Op::Step),
         1 => (0..8usize, 0..200usize).prop_map(|(s, l)| Op::Truncate(s, l)),
         1 => (0..8usize).prop_map(Op::Free),
+        2 => (0..8usize).prop_map(Op::Publish),
+        1 => (0..2u32, 0..200usize).prop_map(|(v, l)| Op::AddCached(v, l)),
     ]
 }
 
@@ -221,12 +237,36 @@ proptest! {
     fn bookkeeping_holds_under_any_interleaving(ops in proptest::collection::vec(op(), 1..40)) {
         let mut p = pool(config(2048, 8, 24));
         let mut live: Vec<SeqId> = Vec::new();
+        // Each sequence's stream.
+        let mut stream: std::collections::HashMap<SeqId, u32> = Default::default();
+        let tokens = |p: &KvPool, s: SeqId, v: u32| -> Vec<u32> {
+            (0..p.len(s).unwrap()).map(|i| tok(v, i)).collect()
+        };
         for op in ops {
             match op {
-                Op::Add if live.len() < 8 => live.push(p.add_sequence()),
+                Op::Add if live.len() < 8 => {
+                    let s = p.add_sequence();
+                    stream.insert(s, live.len() as u32 % 2);
+                    live.push(s);
+                }
                 Op::Fork(i) if !live.is_empty() && live.len() < 8 => {
                     let src = live[i % live.len()];
-                    live.push(p.fork(src).unwrap());
+                    let s = p.fork(src).unwrap();
+                    stream.insert(s, stream[&src]);
+                    live.push(s);
+                }
+                Op::Publish(i) if !live.is_empty() => {
+                    let s = live[i % live.len()];
+                    let t = tokens(&p, s, stream[&s]);
+                    p.publish(s, &t).unwrap();
+                }
+                Op::AddCached(v, len) if live.len() < 8 => {
+                    let want: Vec<u32> = (0..len).map(|i| tok(v, i)).collect();
+                    let (s, n) = p.add_cached(&want);
+                    prop_assert!(n <= len && n % B == 0);
+                    prop_assert_eq!(p.len(s).unwrap(), n);
+                    stream.insert(s, v);
+                    live.push(s);
                 }
                 Op::Step(parts) if !live.is_empty() => {
                     let mut b = Batch::new();
@@ -238,7 +278,8 @@ proptest! {
                         }
                         used.push(s);
                         let start = p.len(s).unwrap();
-                        b.push_run(s, start, &vec![7; n], |_| false);
+                        let t: Vec<u32> = (start..start + n).map(|i| tok(stream[&s], i)).collect();
+                        b.push_run(s, start, &t, |_| false);
                     }
                     match p.prepare(&b) {
                         Ok(layout) => p.commit(&layout),
@@ -270,7 +311,111 @@ proptest! {
         for s in live {
             p.free(s).unwrap();
         }
+        p.clear_cache();
+        prop_assert_eq!(p.cached_blocks(), 0);
         let total: Vec<usize> = p.config().groups().iter().map(|g| g.blocks).collect();
         prop_assert_eq!(p.free_blocks(), total);
     }
+}
+
+#[test]
+fn a_published_prefix_is_taken_over_by_a_later_sequence() {
+    let mut p = pool(config(1024, 4, 128));
+    let t: Vec<u32> = (0..100).map(|i| i as u32 % 11).collect();
+    let a = p.add_sequence();
+    append(&mut p, a, 100).unwrap();
+    p.publish(a, &t).unwrap();
+    assert_eq!(p.cached_blocks(), 3, "three full blocks of 100 tokens");
+    p.free(a).unwrap();
+    p.check_invariants().unwrap();
+    let free = p.free_blocks();
+    // The same start, another ending: three blocks come from the cache.
+    let mut u = t[..96].to_vec();
+    u.extend([500, 501, 502]);
+    assert_eq!(p.cached_prefix(&u), 96);
+    let (b, n) = p.add_cached(&u);
+    assert_eq!((n, p.len(b).unwrap()), (96, 96));
+    assert_eq!(p.free_blocks(), free, "nothing taken for the shared blocks");
+    append(&mut p, b, 3).unwrap();
+    p.check_invariants().unwrap();
+    // A token differing inside the second block stops the match there.
+    let mut w = t.clone();
+    w[40] = 999;
+    assert_eq!(p.cached_prefix(&w), B);
+    // Too short for a whole block: nothing.
+    assert_eq!(p.cached_prefix(&t[..B - 1]), 0);
+    p.free(b).unwrap();
+    p.clear_cache();
+    let total: Vec<usize> = p.config().groups().iter().map(|g| g.blocks).collect();
+    assert_eq!(p.free_blocks(), total);
+}
+
+#[test]
+fn a_prefix_whose_window_blocks_are_gone_is_not_taken() {
+    // The sliding layer (window 40) drops blocks as a sequence grows; blocks
+    // published after that have no sliding part, and a sequence can only
+    // start after a block whose window the cache still holds.
+    let mut p = pool(config(1024, 4, 64));
+    let t: Vec<u32> = (0..200).map(|i| i as u32 % 13).collect();
+    let a = p.add_sequence();
+    append(&mut p, a, 64).unwrap();
+    append(&mut p, a, 64).unwrap();
+    append(&mut p, a, 64).unwrap();
+    // Published at 192 tokens: blocks 0..3 of the sliding layer are gone.
+    p.publish(a, &t[..192]).unwrap();
+    assert_eq!(p.cached_blocks(), 6);
+    // After 6 blocks a query sees positions 153.., blocks 4 and 5: held.
+    assert_eq!(p.cached_prefix(&t), 6 * B);
+    // After 2 blocks it would need blocks 0 and 1, which are gone.
+    assert_eq!(p.cached_prefix(&t[..2 * B + 5]), 0);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn cached_blocks_are_evicted_least_recently_used_when_a_step_needs_them() {
+    // 8 blocks a group: two published sequences of 3 blocks fill 6.
+    let mut p = pool(config(8 * B, 4, 4 * B));
+    let old: Vec<u32> = (0..96).map(|i| i as u32).collect();
+    let new: Vec<u32> = (0..96).map(|i| 1000 + i as u32).collect();
+    for t in [&old, &new] {
+        let s = p.add_sequence();
+        append(&mut p, s, 96).unwrap();
+        p.publish(s, t).unwrap();
+        p.free(s).unwrap();
+    }
+    assert_eq!(p.cached_blocks(), 6);
+    // A sequence of 4 blocks needs 2 of the cached ones: the older chain's
+    // deepest go first.
+    let s = p.add_sequence();
+    append(&mut p, s, 4 * B).unwrap();
+    p.check_invariants().unwrap();
+    assert_eq!(p.cached_prefix(&new), 96, "the recent chain is whole");
+    assert_eq!(p.cached_prefix(&old), B, "the old chain lost its tail");
+    // Blocks a live sequence holds are never evicted: a pool this full
+    // reports it, naming the sequence.
+    let (c, n) = p.add_cached(&new);
+    assert_eq!(n, 96);
+    let err = append(&mut p, c, 4 * B).unwrap_err();
+    assert!(matches!(err, KvError::Full { .. }), "{err}");
+    p.check_invariants().unwrap();
+    assert_eq!(p.cached_prefix(&new), 96);
+}
+
+#[test]
+fn a_sequence_growing_past_its_window_takes_back_what_the_cache_holds() {
+    // A pool for one sequence: its sliding layer has room for the window
+    // alone. Publishing every step keeps old sliding blocks in the cache;
+    // they are given back as the window moves on, while the full layer's
+    // blocks (the sequence still holds them) stay.
+    let mut p = pool(config(512, 1, 16));
+    let s = p.add_sequence();
+    let t: Vec<u32> = (0..480).map(|i| i as u32 % 17).collect();
+    for _ in 0..30 {
+        append(&mut p, s, 16).unwrap();
+        let n = p.len(s).unwrap();
+        p.publish(s, &t[..n]).unwrap();
+        p.check_invariants().unwrap();
+    }
+    assert_eq!(p.len(s).unwrap(), 480);
+    assert_eq!(p.cached_blocks(), 15);
 }

@@ -7,6 +7,7 @@
 //! it and runs only the rest (a conversation re-sent with one more turn, a
 //! shared system prompt), its blocks shared until one side writes.
 
+use rlx_runtime::BLOCK_TOKENS;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -151,8 +152,6 @@ pub struct EngineOptions {
     pub context: usize,
     /// Tokens per step: decode tokens first, prompt chunks in what is left.
     pub step_tokens: usize,
-    /// Finished requests' sequences kept for prefix reuse.
-    pub cached_prompts: usize,
     /// K/V storage type (default: the device's for the model's precision).
     pub kv_dtype: Option<KvDType>,
     /// Requests that may wait for a place; more are refused as busy.
@@ -165,7 +164,6 @@ impl Default for EngineOptions {
             parallel: 1,
             context: 4096,
             step_tokens: 512,
-            cached_prompts: 4,
             kv_dtype: None,
             max_queue: 64,
         }
@@ -230,7 +228,7 @@ impl Engine {
                 let parallel = opts.parallel.max(1);
                 let context = opts.context.max(1);
                 let seqs = model.sequences(SequencesOptions {
-                    max_seqs: parallel + opts.cached_prompts,
+                    max_seqs: parallel,
                     kv_tokens: Some(parallel * context.next_multiple_of(rlx_runtime::BLOCK_TOKENS)),
                     context: Some(context),
                     max_step_tokens: opts.step_tokens.max(parallel),
@@ -250,7 +248,7 @@ impl Engine {
                 engine_load
                     .kv_total_bytes
                     .store(seqs.pool().memory_bytes(), Ordering::Relaxed);
-                Scheduler::new(seqs, tok, parallel, opts.cached_prompts, engine_load).run(&jobs);
+                Scheduler::new(seqs, tok, parallel, engine_load).run(&jobs);
             })
             .map_err(StartError::Thread)?;
         let context = ready.recv().map_err(|_| StartError::Died)??;
@@ -324,13 +322,6 @@ struct Running {
     first_token: Option<Instant>,
 }
 
-/// A finished request's sequence, kept for prefix reuse.
-struct Idle {
-    seq: SeqId,
-    /// When it was last used (a step count), for least-recently-used eviction.
-    used: u64,
-}
-
 /// What one request contributes to a step.
 enum Part {
     Prompt { end: usize },
@@ -341,31 +332,19 @@ struct Scheduler<'m> {
     seqs: Sequences<'m>,
     tok: Arc<Tokenizer>,
     parallel: usize,
-    cached_prompts: usize,
     running: Vec<Running>,
     waiting: VecDeque<Job>,
-    idle: Vec<Idle>,
-    clock: u64,
     load: Arc<Load>,
 }
 
 impl<'m> Scheduler<'m> {
-    fn new(
-        seqs: Sequences<'m>,
-        tok: Arc<Tokenizer>,
-        parallel: usize,
-        cached_prompts: usize,
-        load: Arc<Load>,
-    ) -> Self {
+    fn new(seqs: Sequences<'m>, tok: Arc<Tokenizer>, parallel: usize, load: Arc<Load>) -> Self {
         Scheduler {
             seqs,
             tok,
             parallel,
-            cached_prompts,
             running: Vec::new(),
             waiting: VecDeque::new(),
-            idle: Vec::new(),
-            clock: 0,
             load,
         }
     }
@@ -403,7 +382,6 @@ impl<'m> Scheduler<'m> {
             self.load
                 .kv_used_bytes
                 .store(self.seqs.pool().used_bytes(), Ordering::Relaxed);
-            self.clock += 1;
         }
     }
 
@@ -418,18 +396,22 @@ impl<'m> Scheduler<'m> {
                 self.load.waiting.fetch_sub(1, Ordering::Relaxed);
                 continue;
             }
-            // A prompt that shares more with one still being prefilled than
-            // with anything computed waits for it, then forks it instead of
-            // computing the same prefix again (many users, one system
-            // prompt); the wait ends when that prompt is in.
+            // A prompt that shares more whole blocks with one still being
+            // prefilled than the cache holds waits for it, then takes those
+            // blocks from the cache instead of computing the same prefix
+            // again (many users, one system prompt); the wait ends when that
+            // prompt is in.
+            let limit = job.prompt.len().saturating_sub(1);
             let soon = self
                 .running
                 .iter()
                 .filter(|r| r.fed < r.job.prompt.len())
-                .map(|r| common(&r.job.prompt, &job.prompt))
+                .map(|r| {
+                    common(&r.job.prompt, &job.prompt).min(limit) / BLOCK_TOKENS * BLOCK_TOKENS
+                })
                 .max()
                 .unwrap_or(0);
-            if soon > self.best_prefix(&job.prompt).1 {
+            if soon > self.seqs.cached_prefix(&job.prompt[..limit]) {
                 deferred.push_back(job);
                 continue;
             }
@@ -446,9 +428,9 @@ impl<'m> Scheduler<'m> {
         }
     }
 
-    /// A running request for `job`, continuing from the cached sequence
-    /// that shares the longest prefix with its prompt where there is one;
-    /// `None` when it cannot start (the client is told why).
+    /// A running request for `job`, starting from the longest prefix of its
+    /// prompt the pool's prefix cache holds; `None` when it cannot start
+    /// (the client is told why).
     fn start(&mut self, job: Job) -> Option<Running> {
         let fail = |job: &Job, e: JobError| {
             let _ = job.events.send(Event::Error(e));
@@ -464,7 +446,9 @@ impl<'m> Scheduler<'m> {
         for &t in &job.prompt {
             sampler.accept(t);
         }
-        let (seq, cached) = match self.reuse(&job.prompt) {
+        // At least the prompt's last token runs, for the logits.
+        let limit = job.prompt.len().saturating_sub(1);
+        let (seq, cached) = match self.seqs.add_cached(&job.prompt[..limit]) {
             Ok(found) => found,
             Err(e) => {
                 fail(&job, JobError::Internal(e.to_string()));
@@ -492,58 +476,18 @@ impl<'m> Scheduler<'m> {
         })
     }
 
-    /// A sequence for `prompt`: a fork of the cached or running sequence
-    /// sharing the longest computed prefix with it (at least one prompt
-    /// token is left to run, for the logits), truncated to that prefix, or a
-    /// new one.
-    fn reuse(&mut self, prompt: &[u32]) -> Result<(SeqId, usize), ModelError> {
-        let (source, n) = self.best_prefix(prompt);
-        if let Some(source) = source {
-            if let Some(e) = self.idle.iter_mut().find(|e| e.seq == source) {
-                e.used = self.clock;
-            }
-            let child = self.seqs.fork(source)?;
-            if self.seqs.truncate(child, n)? {
-                return Ok((child, n));
-            }
-            self.seqs.remove(child)?;
-        }
-        Ok((self.seqs.add()?, 0))
-    }
-
-    /// The cached or running sequence whose computed tokens share the
-    /// longest prefix with `prompt`, and that length (at most all but the
-    /// prompt's last token, which must run for the logits).
-    fn best_prefix(&self, prompt: &[u32]) -> (Option<SeqId>, usize) {
-        let limit = prompt.len().saturating_sub(1);
-        self.idle
-            .iter()
-            .map(|e| e.seq)
-            .chain(self.running.iter().map(|r| r.seq))
-            .map(|seq| {
-                let held = self.seqs.tokens(seq).unwrap_or(&[]);
-                (Some(seq), common(held, prompt).min(limit))
-            })
-            .filter(|&(_, n)| n > 0)
-            .max_by_key(|&(_, n)| n)
-            .unwrap_or((None, 0))
-    }
-
     /// Ends requests whose client went away; their blocks go back at once.
     fn drop_gone(&mut self) {
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].job.events.is_closed() {
                 let r = self.running.swap_remove(i);
+                let _ = self.seqs.publish(r.seq);
                 let _ = self.seqs.remove(r.seq);
             } else {
                 i += 1;
             }
         }
-    }
-
-    fn evict(&mut self) -> bool {
-        evict_lru(&mut self.idle, &mut self.seqs)
     }
 
     /// One step over every running request.
@@ -595,14 +539,8 @@ impl<'m> Scheduler<'m> {
                 }
             })
             .collect();
-        let out = loop {
-            match self.seqs.step(&feeds) {
-                Ok(out) => break Ok(out),
-                // Cached prompts give their blocks back before anyone fails.
-                Err(e) if e.is_pool_full() && evict_lru(&mut self.idle, &mut self.seqs) => {}
-                Err(e) => break Err(e),
-            }
-        };
+        // The pool gives cached blocks back before a step fails for room.
+        let out = self.seqs.step(&feeds);
         drop(feeds);
         let out = match out {
             Ok(out) => out,
@@ -630,6 +568,11 @@ impl<'m> Scheduler<'m> {
                 Next::Dropped => finished.push((i, None)),
             }
         }
+        // What the step computed is offered for reuse at once, so a prompt
+        // waiting on a shared prefix finds it.
+        for r in &self.running {
+            let _ = self.seqs.publish(r.seq);
+        }
         // Highest index first, so the others keep their places.
         finished.sort_by_key(|f| std::cmp::Reverse(f.0));
         for (i, reason) in finished {
@@ -639,18 +582,13 @@ impl<'m> Scheduler<'m> {
     }
 
     /// Ends request `r` (telling the client how, unless it is gone or was
-    /// sent an error): its sequence is kept for prefix reuse.
+    /// sent an error): its full blocks stay in the prefix cache.
     fn finish(&mut self, r: Running, reason: Option<FinishReason>) {
         if let Some(reason) = reason {
             r.send_done(reason);
         }
-        self.idle.push(Idle {
-            seq: r.seq,
-            used: self.clock,
-        });
-        while self.idle.len() > self.cached_prompts {
-            self.evict();
-        }
+        let _ = self.seqs.publish(r.seq);
+        let _ = self.seqs.remove(r.seq);
     }
 
     /// Fails the requests at `indices` after an engine error; their
@@ -675,16 +613,6 @@ impl<'m> Scheduler<'m> {
 /// The length of the common prefix of `a` and `b`.
 fn common(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// Drops the least recently used cached sequence; false if none is left.
-fn evict_lru(idle: &mut Vec<Idle>, seqs: &mut Sequences<'_>) -> bool {
-    let Some(i) = (0..idle.len()).min_by_key(|&i| idle[i].used) else {
-        return false;
-    };
-    let e = idle.swap_remove(i);
-    let _ = seqs.remove(e.seq);
-    true
 }
 
 /// Where a request stands after a token.

@@ -16,6 +16,8 @@ use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Token
 use serde_json::{json, Value};
 
 const CONTEXT: usize = 256;
+/// Prompts are reused from the cache a whole block at a time.
+const BLOCK: usize = rlx_runtime::BLOCK_TOKENS;
 
 fn tiny() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -270,12 +272,13 @@ fn chat_completion_is_what_the_library_generates() {
     assert_eq!(v["usage"]["completion_tokens"], n);
     assert_eq!(v["usage"]["total_tokens"], ids.len() + n);
 
-    // The same conversation again reuses the cached prompt.
+    // The same conversation again reuses the cached prompt's whole blocks
+    // (all but its last token may come from the cache).
     let (_, again) = srv.post("/v1/chat/completions", &chat_body(json!({})));
     assert_eq!(again["choices"][0]["message"]["content"], expected.as_str());
     assert_eq!(
         again["usage"]["prompt_tokens_details"]["cached_tokens"],
-        ids.len() - 1
+        (ids.len() - 1) / BLOCK * BLOCK
     );
 }
 
@@ -310,7 +313,11 @@ fn streamed_chunks_add_up_to_the_whole_answer() {
     }
     // The second request found the first one's prompt in the cache.
     let prompt = usage["prompt_tokens"].as_u64().unwrap();
-    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], prompt - 1);
+    let block = BLOCK as u64;
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"],
+        (prompt - 1) / block * block
+    );
     assert!(chunks
         .iter()
         .all(|c| c["object"] == "chat.completion.chunk"));
@@ -527,7 +534,8 @@ fn sixteen_concurrent_streams_each_get_what_they_get_alone() {
 #[test]
 fn a_shared_prefix_is_reused_by_a_different_request() {
     let srv = TestServer::start();
-    let system: Vec<u32> = (0..40).map(|i| 3 + i * 7).collect();
+    // Two whole blocks of shared tokens.
+    let system: Vec<u32> = (0..2 * BLOCK as u32).map(|i| 3 + i * 5).collect();
     let ask = |tail: &[u32]| {
         let mut p = system.clone();
         p.extend_from_slice(tail);
@@ -545,9 +553,9 @@ fn a_shared_prefix_is_reused_by_a_different_request() {
     };
     let (first, _) = ask(&[200, 201]);
     assert_eq!(first, 0);
-    // Another question after the same 40 tokens runs only its own tokens.
+    // Another question after the same 64 tokens runs only its own tokens.
     let (second, text) = ask(&[250, 251, 252]);
-    assert_eq!(second, 40);
+    assert_eq!(second, 2 * BLOCK as u64);
     let mut p = system.clone();
     p.extend_from_slice(&[250, 251, 252]);
     assert_eq!(text.as_str().unwrap(), library_text(&p, 4).0);
@@ -564,7 +572,7 @@ fn concurrent_requests_with_one_system_prompt_compute_it_once() {
         },
         None,
     );
-    let system: Vec<u32> = (0..80).map(|i| 5 + i * 3).collect();
+    let system: Vec<u32> = (0..3 * BLOCK as u32).map(|i| 5 + i * 3).collect();
     let prompts: Vec<Vec<u32>> = (0..6u32)
         .map(|i| {
             let mut p = system.clone();
@@ -597,10 +605,11 @@ fn concurrent_requests_with_one_system_prompt_compute_it_once() {
         })
         .collect();
     cached.sort_unstable();
+    let shared = 3 * BLOCK as u64;
     assert_eq!(
         cached,
-        vec![0, 80, 80, 80, 80, 80],
-        "the 80 shared tokens ran once"
+        vec![0, shared, shared, shared, shared, shared],
+        "the 96 shared tokens ran once"
     );
     for (v, p) in answers.iter().zip(&prompts) {
         assert_eq!(

@@ -12,8 +12,16 @@
 //! to it. Every row remembers its token position (−1: empty), which is what
 //! masks use.
 //!
+//! Full blocks can be offered to a prefix cache ([`KvPool::publish`]): a
+//! later sequence whose tokens start the same way takes them over
+//! ([`KvPool::add_cached`]) instead of computing them again, whatever
+//! sequence computed them and whether it is still alive. Cached blocks are
+//! evicted, least recently used first, when a step needs blocks.
+//!
 //! The pool does the bookkeeping on the host; where K/V live is the
 //! backend's [`KvStorage`].
+
+mod prefix;
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -21,6 +29,7 @@ use std::collections::BTreeMap;
 use rlx_ir::CacheSlot;
 
 use crate::batch::{Batch, BatchError, SeqId, SeqRun};
+use prefix::{PrefixCache, ROOT};
 
 /// Rows per block: one key block of the attention kernels.
 pub const BLOCK_TOKENS: usize = 32;
@@ -236,6 +245,12 @@ pub enum KvError {
     },
     #[error("{0} is not in the K/V pool")]
     UnknownSeq(SeqId),
+    #[error("{seq} holds {len} tokens, {tokens} were given for it")]
+    Tokens {
+        seq: SeqId,
+        len: usize,
+        tokens: usize,
+    },
     #[error("{seq} holds {len} tokens; the next must be at position {len}, not {pos}")]
     Position { seq: SeqId, len: usize, pos: usize },
     #[error("{seq}: {n} tokens in one step, the pool was sized for {max_chunk}")]
@@ -323,6 +338,8 @@ impl Group {
 struct Seq {
     len: usize,
     tables: Vec<Vec<Option<u32>>>,
+    /// Prefix-cache keys of its first full blocks, as far as published.
+    keys: Vec<u64>,
 }
 
 /// What the kernels of one step need from the pool.
@@ -353,6 +370,7 @@ pub struct KvPool {
     seqs: BTreeMap<SeqId, Seq>,
     next_id: u32,
     storage: Box<dyn KvStorage>,
+    cache: PrefixCache,
 }
 
 impl KvPool {
@@ -377,6 +395,7 @@ impl KvPool {
             seqs: BTreeMap::new(),
             next_id: 0,
             storage,
+            cache: PrefixCache::new(),
         })
     }
 
@@ -462,6 +481,7 @@ impl KvPool {
             Seq {
                 len: 0,
                 tables: vec![Vec::new(); self.groups.len()],
+                keys: Vec::new(),
             },
         );
         id
@@ -531,6 +551,7 @@ impl KvPool {
             }
         }
         let seq = self.seqs.get_mut(&id).expect("checked");
+        seq.keys.truncate(len / BLOCK_TOKENS);
         let keep_blocks = len.div_ceil(BLOCK_TOKENS);
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
             for b in table.drain(keep_blocks.min(table.len())..).flatten() {
@@ -596,33 +617,11 @@ impl KvPool {
                 });
             }
         }
-        // Count first: blocks dropped from windows come back, new and
-        // copied blocks are taken.
-        for (gi, g) in self.groups.iter().enumerate() {
-            let mut free = g.free.len() as isize;
-            for run in &runs {
-                let table = &self.seqs[&run.seq].tables[gi];
-                let end = run.start + run.rows.len();
-                let horizon = g.horizon(run.start) / BLOCK_TOKENS;
-                let mut needed = 0;
-                for b in table.iter().take(horizon).flatten() {
-                    free += (g.refs[*b as usize] == 1) as isize;
-                }
-                for lb in run.start / BLOCK_TOKENS..end.div_ceil(BLOCK_TOKENS) {
-                    needed += match table.get(lb) {
-                        Some(Some(b)) => (g.refs[*b as usize] > 1) as isize,
-                        _ => 1,
-                    };
-                }
-                free -= needed;
-                if free < 0 {
-                    return Err(KvError::Full {
-                        seq: run.seq,
-                        layers: layers_name(g.window),
-                        needed: needed as usize,
-                        free: (free + needed).max(0) as usize,
-                    });
-                }
+        // Count first (evicting cached blocks while that helps): blocks
+        // dropped from windows come back, new and copied blocks are taken.
+        while let Err((gi, e)) = self.count(&runs) {
+            if !self.evict_one(gi) {
+                return Err(e);
             }
         }
         let n_groups = self.groups.len();
@@ -684,6 +683,191 @@ impl KvPool {
         Ok(layout)
     }
 
+    /// Whether the free blocks cover what `runs` take; if not, the group
+    /// that lacks blocks and the error.
+    fn count(&self, runs: &[SeqRun]) -> Result<(), (usize, KvError)> {
+        for (gi, g) in self.groups.iter().enumerate() {
+            let mut free = g.free.len() as isize;
+            for run in runs {
+                let table = &self.seqs[&run.seq].tables[gi];
+                let end = run.start + run.rows.len();
+                let horizon = g.horizon(run.start) / BLOCK_TOKENS;
+                let mut needed = 0;
+                for b in table.iter().take(horizon).flatten() {
+                    free += (g.refs[*b as usize] == 1) as isize;
+                }
+                for lb in run.start / BLOCK_TOKENS..end.div_ceil(BLOCK_TOKENS) {
+                    needed += match table.get(lb) {
+                        Some(Some(b)) => (g.refs[*b as usize] > 1) as isize,
+                        _ => 1,
+                    };
+                }
+                free -= needed;
+                if free < 0 {
+                    return Err((
+                        gi,
+                        KvError::Full {
+                            seq: run.seq,
+                            layers: layers_name(g.window),
+                            needed: needed as usize,
+                            free: (free + needed).max(0) as usize,
+                        },
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees a block of group `gi` that only the cache holds, least
+    /// recently used first; false if there is none. A sliding group's block
+    /// goes alone (the entry stays usable where the window allows), a
+    /// full-attention group's with its whole entry (no prefix through it is
+    /// usable without it).
+    fn evict_one(&mut self, gi: usize) -> bool {
+        let g = &self.groups[gi];
+        let Some(key) = self
+            .cache
+            .victim(|e| e.blocks[gi].is_some_and(|b| g.refs[b as usize] == 1))
+        else {
+            return false;
+        };
+        let whole = self.groups[gi].window.is_none();
+        let e = self.cache.entries.get_mut(&key).expect("chosen");
+        if whole {
+            let e = self.cache.entries.remove(&key).expect("chosen");
+            for (g, b) in self.groups.iter_mut().zip(e.blocks) {
+                if let Some(b) = b {
+                    g.release(b);
+                }
+            }
+        } else {
+            let b = e.blocks[gi].take().expect("chosen");
+            if e.blocks.iter().all(Option::is_none) {
+                self.cache.entries.remove(&key);
+            }
+            self.groups[gi].release(b);
+        }
+        true
+    }
+
+    /// Offers the full blocks of sequence `id`, whose tokens are `tokens`,
+    /// to the prefix cache (blocks already there are marked used).
+    pub fn publish(&mut self, id: SeqId, tokens: &[u32]) -> Result<(), KvError> {
+        let KvPool {
+            seqs,
+            cache,
+            groups,
+            ..
+        } = self;
+        let seq = seqs.get_mut(&id).ok_or(KvError::UnknownSeq(id))?;
+        if tokens.len() != seq.len {
+            return Err(KvError::Tokens {
+                seq: id,
+                len: seq.len,
+                tokens: tokens.len(),
+            });
+        }
+        let now = cache.tick();
+        for k in &seq.keys {
+            if let Some(e) = cache.entries.get_mut(k) {
+                e.used = now;
+            }
+        }
+        for lb in seq.keys.len()..seq.len / BLOCK_TOKENS {
+            let parent = seq.keys.last().copied().unwrap_or(ROOT);
+            let block = &tokens[lb * BLOCK_TOKENS..(lb + 1) * BLOCK_TOKENS];
+            let key = cache.key(parent, block);
+            seq.keys.push(key);
+            if let Some(e) = cache.entries.get_mut(&key) {
+                e.used = now;
+                continue;
+            }
+            let blocks: Vec<Option<u32>> = seq
+                .tables
+                .iter()
+                .map(|t| t.get(lb).copied().flatten())
+                .collect();
+            for (g, b) in groups.iter_mut().zip(&blocks) {
+                if let Some(b) = b {
+                    g.refs[*b as usize] += 1;
+                }
+            }
+            cache.entries.insert(
+                key,
+                prefix::Entry {
+                    parent,
+                    tokens: block.try_into().expect("a block of tokens"),
+                    blocks,
+                    depth: lb,
+                    used: now,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// How many blocks of a cached chain a new sequence can start from:
+    /// every group must hold what a query after them sees.
+    fn usable(&self, chain: &[u64]) -> usize {
+        (1..=chain.len())
+            .rev()
+            .find(|&n| {
+                self.groups.iter().enumerate().all(|(gi, g)| {
+                    let from = g.horizon(n * BLOCK_TOKENS) / BLOCK_TOKENS;
+                    chain[from..n]
+                        .iter()
+                        .all(|k| self.cache.entries[k].blocks[gi].is_some())
+                })
+            })
+            .unwrap_or(0)
+    }
+
+    /// Tokens at the start of `tokens` that [`KvPool::add_cached`] would
+    /// take from the cache (whole blocks).
+    pub fn cached_prefix(&self, tokens: &[u32]) -> usize {
+        self.usable(&self.cache.chain(tokens)) * BLOCK_TOKENS
+    }
+
+    /// A new sequence holding the longest cached prefix of `tokens` (whole
+    /// blocks, shared with the cache), and how many tokens that is.
+    pub fn add_cached(&mut self, tokens: &[u32]) -> (SeqId, usize) {
+        let chain = self.cache.chain(tokens);
+        let n = self.usable(&chain);
+        let id = self.add_sequence();
+        let now = self.cache.tick();
+        let seq = self.seqs.get_mut(&id).expect("just added");
+        for (gi, g) in self.groups.iter_mut().enumerate() {
+            let from = g.horizon(n * BLOCK_TOKENS) / BLOCK_TOKENS;
+            let table = &mut seq.tables[gi];
+            for (lb, k) in chain[..n].iter().enumerate() {
+                let b = self.cache.entries[k].blocks[gi].filter(|_| lb >= from);
+                if let Some(b) = b {
+                    g.refs[b as usize] += 1;
+                }
+                table.push(b);
+            }
+        }
+        for k in &chain[..n] {
+            self.cache.entries.get_mut(k).expect("in the chain").used = now;
+        }
+        seq.keys = chain[..n].to_vec();
+        seq.len = n * BLOCK_TOKENS;
+        (id, seq.len)
+    }
+
+    /// Blocks the prefix cache holds.
+    pub fn cached_blocks(&self) -> usize {
+        self.cache.entries.len()
+    }
+
+    /// Drops every cached block no sequence holds.
+    pub fn clear_cache(&mut self) {
+        for gi in 0..self.groups.len() {
+            while self.evict_one(gi) {}
+        }
+    }
+
     /// Advances every sequence of a step that ran.
     pub fn commit(&mut self, layout: &StepLayout) {
         for run in &layout.runs {
@@ -699,6 +883,19 @@ impl KvPool {
     pub fn check_invariants(&self) -> Result<(), String> {
         for (gi, g) in self.groups.iter().enumerate() {
             let mut counts = vec![0u32; g.refs.len()];
+            for e in self.cache.entries.values() {
+                let Some(b) = e.blocks[gi] else { continue };
+                counts[b as usize] += 1;
+                for i in 0..BLOCK_TOKENS {
+                    let p = (e.depth * BLOCK_TOKENS + i) as i64;
+                    let got = g.pos[b as usize * BLOCK_TOKENS + i];
+                    if got != p {
+                        return Err(format!(
+                            "group {gi}: cached block {b} should hold position {p}, holds {got}"
+                        ));
+                    }
+                }
+            }
             for (id, seq) in &self.seqs {
                 for (lb, b) in seq.tables[gi].iter().enumerate() {
                     let Some(b) = b else { continue };
