@@ -177,8 +177,10 @@ pub struct Load {
     pub waiting: AtomicUsize,
     /// Requests running.
     pub running: AtomicUsize,
-    /// Bytes of K/V blocks in use (running and cached sequences).
+    /// Bytes of K/V blocks in use (running sequences and the prefix cache).
     pub kv_used_bytes: AtomicUsize,
+    /// Blocks the prefix cache holds.
+    pub cached_blocks: AtomicUsize,
     pub kv_total_bytes: AtomicUsize,
     /// Prompt tokens run and taken from the cache, tokens generated.
     pub prompt_tokens: AtomicU64,
@@ -382,6 +384,9 @@ impl<'m> Scheduler<'m> {
             self.load
                 .kv_used_bytes
                 .store(self.seqs.pool().used_bytes(), Ordering::Relaxed);
+            self.load
+                .cached_blocks
+                .store(self.seqs.pool().cached_blocks(), Ordering::Relaxed);
         }
     }
 

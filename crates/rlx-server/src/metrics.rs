@@ -26,7 +26,7 @@ impl Default for Metrics {
             describe_counter!("llamacpp:prompt_tokens_total", "Prompt tokens run");
             describe_counter!(
                 "rlx:prompt_tokens_cached_total",
-                "Prompt tokens taken from cached sequences instead of run"
+                "Prompt tokens taken from the prefix cache instead of run"
             );
             describe_counter!("llamacpp:tokens_predicted_total", "Tokens generated");
             describe_gauge!("llamacpp:requests_processing", "Requests being generated");
@@ -37,7 +37,11 @@ impl Default for Metrics {
             );
             describe_gauge!(
                 "llamacpp:kv_cache_usage_ratio",
-                "Fraction of the K/V pool's blocks in use (running and cached sequences)"
+                "Fraction of the K/V pool's blocks in use (running sequences and the prefix cache)"
+            );
+            describe_gauge!(
+                "rlx:prefix_cache_blocks",
+                "Blocks the prefix cache holds (each of 32 tokens)"
             );
             describe_gauge!("rlx:kv_cache_used_bytes", "Bytes of K/V blocks in use");
             describe_counter!("rlx:busy_seconds_total", "Seconds spent running steps");
@@ -68,6 +72,7 @@ impl Metrics {
             gauge!("llamacpp:kv_cache_usage_ratio")
                 .set(get(&load.kv_used_bytes) as f64 / total as f64);
             gauge!("rlx:kv_cache_used_bytes").set(get(&load.kv_used_bytes) as f64);
+            gauge!("rlx:prefix_cache_blocks").set(get(&load.cached_blocks) as f64);
             counter!("rlx:busy_seconds_total").absolute(load.busy_secs() as u64);
         });
         self.handle.render()

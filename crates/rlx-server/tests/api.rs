@@ -769,6 +769,8 @@ fn metrics_report_tokens_and_a_freed_slot() {
     assert!(value(&text, "llamacpp:prompt_tokens_total") > 0.0, "{text}");
     let ratio = value(&text, "llamacpp:kv_cache_usage_ratio");
     assert!((0.0..=1.0).contains(&ratio), "{text}");
+    // The finished requests' full blocks stay in the prefix cache.
+    assert!(value(&text, "rlx:prefix_cache_blocks") >= 1.0, "{text}");
 }
 
 #[test]
