@@ -104,3 +104,58 @@ fn perplexity_prints_llama_style_final_estimate() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 32"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn run_holds_its_output_to_a_schema_or_an_expression() {
+    let schema = r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "required": ["name", "age"], "additionalProperties": false}"#;
+    for seed in ["1", "2", "3"] {
+        let out = ok(rlx()
+            .args(["run", "-m"])
+            .arg(real_model())
+            .args([
+                "A person:",
+                "-n",
+                "60",
+                "--temp",
+                "1",
+                "--seed",
+                seed,
+                "--json",
+                "-t",
+                "2",
+            ])
+            .args(["--json-schema", schema]));
+        let v = json(&out);
+        assert_eq!(v["stop"], "complete", "{v}");
+        let person: serde_json::Value = serde_json::from_str(v["text"].as_str().unwrap()).unwrap();
+        assert!(
+            person["name"].is_string() && person["age"].is_u64(),
+            "{person}"
+        );
+        assert_eq!(person.as_object().unwrap().len(), 2, "{person}");
+    }
+    let out = ok(rlx()
+        .args(["run", "-m"])
+        .arg(real_model())
+        .args(["Call me at", "-n", "20", "--temp", "1", "--json", "-t", "2"])
+        .args(["--regex", "[0-9]{3}-[0-9]{4}"]));
+    let text = json(&out)["text"].as_str().unwrap().to_owned();
+    assert!(
+        text.len() == 8
+            && text.as_bytes()[3] == b'-'
+            && text.replace('-', "").bytes().all(|b| b.is_ascii_digit()),
+        "{text:?}"
+    );
+    // A bad expression is a clear error, not a crash.
+    let out = rlx()
+        .args(["run", "-m"])
+        .arg(real_model())
+        .args(["x", "-n", "4", "--regex", "(unclosed"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("regular expression"), "{err}");
+}

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use rlx_gemma::generate::{generate_with_progress, StopReason};
+use rlx_gemma::generate::{generate_constrained, Constraint, StopReason};
 use rlx_gemma::SessionOptions;
 use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Tokenizer};
 use serde_json::json;
@@ -38,6 +38,40 @@ pub struct RunArgs {
     /// Print one JSON object (text, token ids, timings) instead of streaming.
     #[arg(long)]
     pub json: bool,
+    /// Output a JSON value valid under this JSON schema (a file, or the
+    /// schema itself); `{}` or `'{"type": "object"}'` for any object.
+    #[arg(long, value_name = "FILE|JSON", conflicts_with_all = ["regex", "grammar"])]
+    pub json_schema: Option<String>,
+    /// Output text matching this regular expression (whole).
+    #[arg(long, value_name = "REGEX", conflicts_with = "grammar")]
+    pub regex: Option<String>,
+    /// Output text in the language of this Lark grammar file (llguidance's
+    /// Lark dialect: rules, tokens as regular expressions, `%json{...}`).
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<PathBuf>,
+}
+
+/// The constraint the flags ask for, if any.
+fn spec(args: &RunArgs) -> Result<Option<rlx_guide::Spec>> {
+    if let Some(s) = &args.json_schema {
+        let text = if std::path::Path::new(s).is_file() {
+            std::fs::read_to_string(s).with_context(|| format!("cannot read {s}"))?
+        } else {
+            s.clone()
+        };
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("--json-schema: not a file or JSON: {s}"))?;
+        return Ok(Some(rlx_guide::Spec::JsonSchema(v)));
+    }
+    if let Some(r) = &args.regex {
+        return Ok(Some(rlx_guide::Spec::Regex(r.clone())));
+    }
+    if let Some(f) = &args.grammar {
+        let g = std::fs::read_to_string(f)
+            .with_context(|| format!("--grammar: cannot read {}", f.display()))?;
+        return Ok(Some(rlx_guide::Spec::Lark(g)));
+    }
+    Ok(None)
 }
 
 /// Whether the file carries a chat template (instruction-tuned models do).
@@ -87,10 +121,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
             s
         }
     };
+    let spec = spec(args)?;
     let t_load = Instant::now();
     let spinner = super::progress::spinner("loading model");
     let model = args.model.load()?;
-    let tok = Tokenizer::from_gguf(model.file())?;
+    let tok = std::sync::Arc::new(Tokenizer::from_gguf(model.file())?);
+    let mut guide = match &spec {
+        Some(spec) => Some(rlx_guide::Vocabulary::new(std::sync::Arc::clone(&tok))?.guide(spec)?),
+        None => None,
+    };
     let load_secs = t_load.elapsed().as_secs_f64();
     if let Some(s) = spinner {
         s.finish_and_clear();
@@ -117,12 +156,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let stream = !args.json;
     let bar = super::progress::prefill_bar(ids.len());
-    let (tokens, reason, stats) = generate_with_progress(
+    let (tokens, reason, stats) = generate_constrained(
         &mut session,
         &ids,
         args.sample.n,
         &mut sampler,
         &stops,
+        guide.as_mut().map(|g| g as &mut dyn Constraint),
         &mut |t| {
             if let Some(b) = &bar {
                 b.finish_and_clear();
@@ -161,13 +201,26 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "text": text,
             "tokens": tokens,
             "prompt_tokens": ids.len(),
-            "stop": match reason { StopReason::StopToken => "eog", StopReason::Length => "length", StopReason::Caller => "stop_string" },
+            "stop": match reason { StopReason::StopToken => "eog", StopReason::Length => "length", StopReason::Caller => "stop_string", StopReason::Complete => "complete" },
             "timings": {"load_s": load_secs, "prefill_s": stats.prefill_secs, "decode_s": stats.decode_secs,
                         "prefill_tokens_per_s": prefill_tps, "decode_tokens_per_s": decode_tps},
         });
         serde_json::to_writer(&mut stdout, &v)?;
     }
     writeln!(stdout)?;
+    if let Some(g) = &guide {
+        let (secs, n) = g.mask_seconds();
+        if reason == StopReason::Length {
+            eprintln!(
+                "warning: the output is incomplete: -n {} tokens ran out",
+                args.sample.n
+            );
+        }
+        eprintln!(
+            "constraint: {n} masks, {:.2} ms each",
+            1e3 * secs / n.max(1) as f64
+        );
+    }
     eprintln!(
         "prompt {} tokens, generated {} tokens | prefill {:.1} t/s, decode {:.1} t/s | load {:.0} ms",
         ids.len(),
