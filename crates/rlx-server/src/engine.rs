@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use rlx_gemma::generate::Constraint;
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 use rlx_gemma::{Feed, Model, ModelError, SeqId, Sequences, SequencesOptions, Want};
 use rlx_runtime::KvDType;
@@ -37,6 +38,10 @@ pub struct Job {
     /// Where the text goes; generation stops when the receiver is dropped
     /// (the client went away).
     pub events: UnboundedSender<Event>,
+    /// What the output must match (structured output): tokens it rules out
+    /// are masked before each sample, and the request ends when the output
+    /// is complete.
+    pub constraint: Option<Box<dyn Constraint + Send>>,
 }
 
 /// What the engine sends back for a job: text pieces (with log-probabilities
@@ -636,7 +641,25 @@ impl Running {
         if self.job.max_tokens == 0 {
             return Next::Done(FinishReason::Length);
         }
-        let t = match self.sampler.sample(logits) {
+        // Within a constraint, the tokens it rules out are masked on a copy
+        // (log-probabilities stay the model's).
+        let masked = match self.job.constraint.as_mut() {
+            Some(c) => {
+                let mut m = logits.to_vec();
+                if let Err(e) = c.mask(&mut m) {
+                    let _ = self
+                        .job
+                        .events
+                        .send(Event::Error(JobError::Internal(format!(
+                            "structured output: {e}"
+                        ))));
+                    return Next::Dropped;
+                }
+                Some(m)
+            }
+            None => None,
+        };
+        let t = match self.sampler.sample(masked.as_deref().unwrap_or(logits)) {
             Ok(t) => t,
             Err(e) => {
                 let _ = self
@@ -653,6 +676,19 @@ impl Running {
             self.flush();
             return Next::Done(FinishReason::Stop);
         }
+        let mut complete = false;
+        if let Some(c) = self.job.constraint.as_mut() {
+            if let Err(e) = c.accept(t) {
+                let _ = self
+                    .job
+                    .events
+                    .send(Event::Error(JobError::Internal(format!(
+                        "structured output: {e}"
+                    ))));
+                return Next::Dropped;
+            }
+            complete = c.is_complete();
+        }
         let (text, stopped) = self.filter.push(&self.decoder.push(tok, t));
         let event = match self.job.logprobs {
             Some(k) => Some(Event::Token {
@@ -665,6 +701,10 @@ impl Running {
             return Next::Dropped;
         }
         if stopped {
+            return Next::Done(FinishReason::Stop);
+        }
+        if complete {
+            self.flush();
             return Next::Done(FinishReason::Stop);
         }
         if self.generated == self.job.max_tokens {

@@ -124,11 +124,15 @@ pub enum ServerError {
     Start(#[from] StartError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Guide(#[from] rlx_guide::GuideError),
 }
 
 /// The model, its tokenizer and chat template, and the engine running it.
 pub struct Server {
     engine: Engine,
+    /// The vocabulary compiled for structured output, built at start.
+    vocab: rlx_guide::Vocabulary,
     template: ChatTemplate,
     opts: ServerOptions,
     created: u64,
@@ -166,9 +170,11 @@ impl Server {
     ) -> Result<Server, ServerError> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(model.file())?);
         let template = ChatTemplate::from_gguf(model.file())?;
+        let vocab = rlx_guide::Vocabulary::new(Arc::clone(&tokenizer))?;
         let engine = Engine::start(model, tokenizer, engine)?;
         Ok(Server {
             engine,
+            vocab,
             template,
             opts,
             created: now(),
@@ -355,6 +361,24 @@ impl Server {
         };
         let room = self.engine.context() - prompt.len();
         let max_tokens = params.max_tokens.unwrap_or(self.opts.max_tokens).min(room);
+        // A guide per choice, compiled before anything is queued: a bad
+        // schema or grammar is the client's error.
+        let mut guides = Vec::new();
+        if let Some((field, spec)) = &params.constraint {
+            for _ in 0..params.n {
+                match self.vocab.guide(spec) {
+                    Ok(g) => {
+                        guides.push(Box::new(g) as Box<dyn rlx_gemma::generate::Constraint + Send>)
+                    }
+                    Err(e) => {
+                        let e = ApiError::from(BadRequest::param(field, e.to_string()));
+                        self.log(&id, endpoint, false, e.status, Err(e.message.clone()));
+                        return e.into_response();
+                    }
+                }
+            }
+        }
+        let mut guides = guides.into_iter();
         // One job per choice; they share the prompt's blocks in the engine.
         // Choice i samples with seed + i, so a seeded request repeats.
         let mut receivers = Vec::with_capacity(params.n);
@@ -370,6 +394,7 @@ impl Server {
                 ignore_eos: params.ignore_eos,
                 logprobs: params.logprobs,
                 events: tx,
+                constraint: guides.next(),
             };
             if let Err(e) = self.engine.submit(job) {
                 if let JobError::Busy(_) = e {

@@ -44,6 +44,8 @@ pub struct Params {
     /// Log-probabilities of the sampled tokens with this many alternatives
     /// each; `None` when not asked for.
     pub logprobs: Option<usize>,
+    /// Structured output, and the field that asked for it.
+    pub constraint: Option<(&'static str, rlx_guide::Spec)>,
 }
 
 /// The most choices a request may ask for.
@@ -252,7 +254,8 @@ pub fn params(
             ))
         }
     };
-    for unsupported in ["tools", "functions", "response_format"] {
+    let constraint = constraint(body)?;
+    for unsupported in ["tools", "functions"] {
         if field(body, unsupported).is_some() {
             return Err(BadRequest::param(
                 unsupported,
@@ -269,7 +272,81 @@ pub fn params(
         ignore_eos: boolean(body, "ignore_eos")?,
         n,
         logprobs,
+        constraint,
     })
+}
+
+/// Structured output from OpenAI's `response_format` (`text`,
+/// `json_object`, `json_schema`) or llama-server's `json_schema` (a schema)
+/// and `grammar` (here a Lark grammar in llguidance's dialect); at most one.
+fn constraint(body: &Map<String, Value>) -> Result<Option<(&'static str, rlx_guide::Spec)>> {
+    use rlx_guide::Spec;
+    let mut found: Vec<(&'static str, Spec)> = Vec::new();
+    match field(body, "response_format") {
+        None => {}
+        Some(Value::Object(o)) => match o.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("json_object") => found.push(("response_format", Spec::JsonObject)),
+            Some("json_schema") => {
+                let schema = o
+                    .get("json_schema")
+                    .and_then(|j| j.get("schema"))
+                    .filter(|s| s.is_object() || s.is_boolean())
+                    .ok_or_else(|| {
+                        BadRequest::param(
+                            "response_format",
+                            "`json_schema.schema` must be a JSON schema object",
+                        )
+                    })?;
+                found.push(("response_format", Spec::JsonSchema(schema.clone())));
+            }
+            other => {
+                return Err(BadRequest::param(
+                    "response_format",
+                    format!(
+                        "type {}; expected \"text\", \"json_object\" or \"json_schema\"",
+                        other.map_or("missing".into(), |t| format!("{t:?}"))
+                    ),
+                ))
+            }
+        },
+        Some(v) => {
+            return Err(BadRequest::param(
+                "response_format",
+                format!("expected an object, got {}", kind(v)),
+            ))
+        }
+    }
+    match field(body, "json_schema") {
+        None => {}
+        Some(v @ Value::Object(_)) => found.push(("json_schema", Spec::JsonSchema(v.clone()))),
+        Some(v) => {
+            return Err(BadRequest::param(
+                "json_schema",
+                format!("expected a JSON schema object, got {}", kind(v)),
+            ))
+        }
+    }
+    match field(body, "grammar") {
+        None => {}
+        Some(Value::String(g)) => found.push(("grammar", Spec::Lark(g.clone()))),
+        Some(v) => {
+            return Err(BadRequest::param(
+                "grammar",
+                format!("expected a string, got {}", kind(v)),
+            ))
+        }
+    }
+    if found.len() > 1 {
+        return Err(BadRequest::param(
+            found[1].0,
+            format!(
+                "give one of response_format, json_schema and grammar, not {} too",
+                found[0].0
+            ),
+        ));
+    }
+    Ok(found.pop())
 }
 
 /// `messages` as role and text; text parts of a content array are joined.

@@ -1018,3 +1018,87 @@ fn batch_invariant_q8_samples_the_same_text_whatever_else_runs() {
         assert_eq!(a, t, "request {i}");
     }
 }
+
+#[test]
+fn structured_output_follows_response_format_json_schema_and_grammar() {
+    let srv = TestServer::start_with(
+        EngineOptions {
+            parallel: 4,
+            context: 512,
+            ..EngineOptions::default()
+        },
+        None,
+    );
+    let schema = json!({"type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["ok", "n"], "additionalProperties": false});
+    let check = |text: &str| {
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let o = v.as_object().unwrap();
+        assert_eq!(o.len(), 2, "{v}");
+        assert!(v["ok"].is_boolean(), "{v}");
+        assert!(v["n"].as_u64().is_some_and(|n| n <= 99), "{v}");
+    };
+    // OpenAI's response_format on chat, sampled, two choices.
+    let body = chat_body(
+        json!({"temperature": 1.0, "n": 2, "max_tokens": 64, "ignore_eos": false,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}}),
+    );
+    let (status, v) = srv.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    for c in v["choices"].as_array().unwrap() {
+        check(c["message"]["content"].as_str().unwrap());
+        assert_eq!(c["finish_reason"], "stop", "{c}");
+    }
+    // llama-server's json_schema on completions, streamed.
+    let body = json!({"prompt": "x", "max_tokens": 64, "temperature": 1.0, "seed": 5,
+                      "json_schema": schema, "stream": true});
+    let text: String = srv
+        .post_stream("/v1/completions", &body)
+        .iter()
+        .filter(|c| c.as_str() != "[DONE]")
+        .map(|c| {
+            let v: Value = serde_json::from_str(c).unwrap();
+            v["choices"][0]["text"].as_str().unwrap_or("").to_owned()
+        })
+        .collect();
+    check(&text);
+    // json_object: any object.
+    let body = json!({"prompt": "x", "max_tokens": 64, "temperature": 0,
+                      "response_format": {"type": "json_object"}});
+    let (status, v) = srv.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with('{'), "{text:?}");
+    // A Lark grammar.
+    let body = json!({"prompt": "x", "max_tokens": 16, "temperature": 1.0,
+                      "grammar": "start: (\"yes\" | \"no\") \".\""});
+    let (status, v) = srv.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert!(text == "yes." || text == "no.", "{text:?}");
+    // Bad ones are 400s naming the field.
+    for (body, field) in [
+        (
+            json!({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}}),
+            "response_format",
+        ),
+        (
+            json!({"prompt": "x", "response_format": {"type": "xml"}}),
+            "response_format",
+        ),
+        (
+            json!({"prompt": "x", "grammar": "start: undefined_rule"}),
+            "grammar",
+        ),
+        (json!({"prompt": "x", "json_schema": 3}), "json_schema"),
+        (
+            json!({"prompt": "x", "json_schema": {}, "grammar": "start: \"a\""}),
+            "grammar",
+        ),
+    ] {
+        let (status, v) = srv.post("/v1/completions", &body);
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], field, "{v}");
+    }
+}

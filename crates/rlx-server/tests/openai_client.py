@@ -103,6 +103,31 @@ if len(full) > 2:
     check(cut.text == full[: full.index(stop)], f"stop {stop!r} cuts the text")
     check(cut.finish_reason == "stop", "a stop string finishes with 'stop'")
 
+# Structured output through response_format.
+import json
+
+schema = {"type": "object",
+          "properties": {"color": {"enum": ["red", "green", "blue"]},
+                         "count": {"type": "integer", "minimum": 0, "maximum": 9}},
+          "required": ["color", "count"], "additionalProperties": False}
+r = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=48, temperature=1.0, n=2,
+    response_format={"type": "json_schema",
+                     "json_schema": {"name": "pick", "schema": schema, "strict": True}},
+)
+for c in r.choices:
+    v = json.loads(c.message.content)
+    check(set(v) == {"color", "count"} and v["color"] in ("red", "green", "blue")
+          and 0 <= v["count"] <= 9, f"response_format json_schema: {v}")
+try:
+    client.chat.completions.create(
+        model=model, messages=messages, max_tokens=4,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+    )
+    check(False, "a bad schema is refused")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and "response_format" in str(e), f"400 naming response_format: {e}")
+
 # Errors are OpenAI errors the client raises as such.
 try:
     client.chat.completions.create(model=model, messages=[], max_tokens=4)
