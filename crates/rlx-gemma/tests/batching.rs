@@ -269,6 +269,16 @@ mod interleavings {
     }
 }
 
+fn load_invariant(path: &std::path::Path) -> Model {
+    let opts = ModelOptions {
+        threads: 2,
+        precision: Precision::Quantized,
+        batch_invariant: true,
+        ..Default::default()
+    };
+    Model::load(path, opts).unwrap()
+}
+
 #[test]
 fn batch_invariant_q8_gives_each_sequence_the_logits_it_gets_alone() {
     // With `batch_invariant`, `q8` products take the row kernels at every
@@ -284,33 +294,14 @@ fn batch_invariant_q8_gives_each_sequence_the_logits_it_gets_alone() {
         ("gemma2", "model-Q8_0.gguf"),
         ("gemma4-moe", "model-Q8_0.gguf"),
     ] {
-        let path = fixtures().join("tiny").join(name).join(file);
-        let model = Model::load(
-            &path,
-            ModelOptions {
-                threads: 2,
-                precision: Precision::Quantized,
-                batch_invariant: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let model = load_invariant(&fixtures().join("tiny").join(name).join(file));
         let err = worst_error(&model, &script);
         println!("{name}/{file} q8, batch-invariant: worst relative L2 {err:.2e}");
         if err != 0.0 {
             failures.push(format!("{name}/{file}: {err:.2e}"));
         }
     }
-    let model = Model::load(
-        real_model(),
-        ModelOptions {
-            threads: 2,
-            precision: Precision::Quantized,
-            batch_invariant: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let model = load_invariant(&real_model());
     let err = worst_error(&model, &Script::LONG);
     println!("gemma3-270m q8, batch-invariant: worst relative L2 {err:.2e}");
     if err != 0.0 {

@@ -647,13 +647,7 @@ impl Running {
             Some(c) => {
                 let mut m = logits.to_vec();
                 if let Err(e) = c.mask(&mut m) {
-                    let _ = self
-                        .job
-                        .events
-                        .send(Event::Error(JobError::Internal(format!(
-                            "structured output: {e}"
-                        ))));
-                    return Next::Dropped;
+                    return self.fail(format!("structured output: {e}"));
                 }
                 Some(m)
             }
@@ -661,13 +655,7 @@ impl Running {
         };
         let t = match self.sampler.sample(masked.as_deref().unwrap_or(logits)) {
             Ok(t) => t,
-            Err(e) => {
-                let _ = self
-                    .job
-                    .events
-                    .send(Event::Error(JobError::Internal(e.to_string())));
-                return Next::Dropped;
-            }
+            Err(e) => return self.fail(e.to_string()),
         };
         self.sampler.accept(t);
         self.generated += 1;
@@ -679,13 +667,7 @@ impl Running {
         let mut complete = false;
         if let Some(c) = self.job.constraint.as_mut() {
             if let Err(e) = c.accept(t) {
-                let _ = self
-                    .job
-                    .events
-                    .send(Event::Error(JobError::Internal(format!(
-                        "structured output: {e}"
-                    ))));
-                return Next::Dropped;
+                return self.fail(format!("structured output: {e}"));
             }
             complete = c.is_complete();
         }
@@ -717,6 +699,12 @@ impl Running {
         }
         self.pending = Some(t);
         Next::Going
+    }
+
+    /// Tells the client about an engine error; the request ends.
+    fn fail(&self, msg: String) -> Next {
+        let _ = self.job.events.send(Event::Error(JobError::Internal(msg)));
+        Next::Dropped
     }
 
     /// Sends the bytes of an unfinished character and what the stop filter

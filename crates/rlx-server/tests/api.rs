@@ -183,6 +183,18 @@ impl Drop for TestServer {
     }
 }
 
+/// The text of a streamed text completion's chunks.
+fn completion_text(chunks: &[String]) -> String {
+    chunks
+        .iter()
+        .filter(|c| c.as_str() != "[DONE]")
+        .map(|c| {
+            let v: Value = serde_json::from_str(c).unwrap();
+            v["choices"][0]["text"].as_str().unwrap_or("").to_owned()
+        })
+        .collect()
+}
+
 fn dechunk(mut s: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = s.split_once("\r\n") {
@@ -517,15 +529,7 @@ fn sixteen_concurrent_streams_each_get_what_they_get_alone() {
             })
             .collect();
         for (h, want) in handles.into_iter().zip(&want) {
-            let chunks = h.join().unwrap();
-            let text: String = chunks
-                .iter()
-                .filter(|c| c.as_str() != "[DONE]")
-                .map(|c| {
-                    let v: Value = serde_json::from_str(c).unwrap();
-                    v["choices"][0]["text"].as_str().unwrap_or("").to_owned()
-                })
-                .collect();
+            let text = completion_text(&h.join().unwrap());
             assert_eq!(&text, want);
         }
     });
@@ -1053,16 +1057,7 @@ fn structured_output_follows_response_format_json_schema_and_grammar() {
     // llama-server's json_schema on completions, streamed.
     let body = json!({"prompt": "x", "max_tokens": 64, "temperature": 1.0, "seed": 5,
                       "json_schema": schema, "stream": true});
-    let text: String = srv
-        .post_stream("/v1/completions", &body)
-        .iter()
-        .filter(|c| c.as_str() != "[DONE]")
-        .map(|c| {
-            let v: Value = serde_json::from_str(c).unwrap();
-            v["choices"][0]["text"].as_str().unwrap_or("").to_owned()
-        })
-        .collect();
-    check(&text);
+    check(&completion_text(&srv.post_stream("/v1/completions", &body)));
     // json_object: any object.
     let body = json!({"prompt": "x", "max_tokens": 64, "temperature": 0,
                       "response_format": {"type": "json_object"}});

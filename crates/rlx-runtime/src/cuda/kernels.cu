@@ -70,6 +70,16 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, float* sc, floa
     }
 }
 
+// Scale and offset of sub-block j (32 elements) of the Q4_K/Q5_K super-block
+// at b: element = d1 · q − m1.
+__device__ __forceinline__ void k4_sub(const u8* b, int j, float* d1, float* m1) {
+    float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+    float sc, mn;
+    scale_min_k4(j, b + 4, &sc, &mn);
+    *d1 = d * sc;
+    *m1 = dmin * mn;
+}
+
 // Unit `u` (elements 32u .. 32u+32) of a row of type `t` into v[32].
 template <int T>
 __device__ __forceinline__ void unit(const u8* row, int u, float* v) {
@@ -111,10 +121,8 @@ __device__ __forceinline__ void unit(const u8* row, int u, float* v) {
     } else if (T == T_Q4_K || T == T_Q5_K) {
         int j = u & 7;
         const u8* b = row + (T == T_Q4_K ? 144 : 176) * (u >> 3);
-        float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
-        float sc, mn;
-        scale_min_k4(j, b + 4, &sc, &mn);
-        float d1 = d * sc, m1 = dmin * mn;
+        float d1, m1;
+        k4_sub(b, j, &d1, &m1);
         const u8* qs = b + (T == T_Q4_K ? 16 : 48) + 32 * (j >> 1);
         int shift = (j & 1) * 4;
         #pragma unroll
@@ -185,10 +193,8 @@ __device__ __forceinline__ float elem(const u8* __restrict__ row, int u, int l) 
     } else if (T == T_Q4_K || T == T_Q5_K) {
         int j = u & 7;
         const u8* b = row + (T == T_Q4_K ? 144 : 176) * (u >> 3);
-        float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
-        float sc, mn;
-        scale_min_k4(j, b + 4, &sc, &mn);
-        float d1 = d * sc, m1 = dmin * mn;
+        float d1, m1;
+        k4_sub(b, j, &d1, &m1);
         const u8* qs = b + (T == T_Q4_K ? 16 : 48) + 32 * (j >> 1);
         int q = (qs[l] >> ((j & 1) * 4)) & 0xF;
         if (T == T_Q5_K) q += ((b[16 + l] >> j) & 1) << 4;
