@@ -186,6 +186,8 @@ pub struct Load {
     pub kv_used_bytes: AtomicUsize,
     /// Blocks the prefix cache holds.
     pub cached_blocks: AtomicUsize,
+    /// Generated tokens a constraint forced (taken without sampling).
+    pub forced_tokens: AtomicU64,
     pub kv_total_bytes: AtomicUsize,
     /// Prompt tokens run and taken from the cache, tokens generated.
     pub prompt_tokens: AtomicU64,
@@ -323,16 +325,22 @@ struct Running {
     filter: StopFilter,
     stop_tokens: Vec<u32>,
     generated: usize,
-    /// The last sampled token, to run in the next step.
-    pending: Option<u32>,
+    /// Generated tokens to run in the next step: the last sampled one and
+    /// any the constraint forced after it.
+    pending: Vec<u32>,
     started: Instant,
     first_token: Option<Instant>,
 }
 
 /// What one request contributes to a step.
 enum Part {
-    Prompt { end: usize },
-    Token(u32),
+    Prompt {
+        end: usize,
+    },
+    /// The first `n` pending generated tokens.
+    Generated {
+        n: usize,
+    },
 }
 
 struct Scheduler<'m> {
@@ -480,7 +488,7 @@ impl<'m> Scheduler<'m> {
             sampler,
             stop_tokens,
             generated: 0,
-            pending: None,
+            pending: Vec::new(),
             started: Instant::now(),
             first_token: None,
         })
@@ -505,37 +513,35 @@ impl<'m> Scheduler<'m> {
         let mut budget = self.seqs.max_step_tokens();
         let mut plan: Vec<(usize, Part)> = Vec::new();
         for (i, r) in self.running.iter().enumerate() {
-            if let (Some(t), true) = (r.pending, budget > 0) {
-                plan.push((i, Part::Token(t)));
-                budget -= 1;
+            let n = r.pending.len().min(budget);
+            if n > 0 {
+                plan.push((i, Part::Generated { n }));
+                budget -= n;
             }
         }
         for (i, r) in self.running.iter().enumerate() {
             let left = r.job.prompt.len() - r.fed;
-            if r.pending.is_none() && left > 0 && budget > 0 {
+            if r.pending.is_empty() && left > 0 && budget > 0 {
                 let n = left.min(budget);
                 plan.push((i, Part::Prompt { end: r.fed + n }));
                 budget -= n;
             }
         }
-        let tokens: Vec<[u32; 1]> = plan
-            .iter()
-            .map(|(_, p)| match p {
-                Part::Token(t) => [*t],
-                Part::Prompt { .. } => [0],
-            })
-            .collect();
         let running = &self.running;
         let feeds: Vec<Feed> = plan
             .iter()
-            .zip(&tokens)
-            .map(|((i, part), one)| {
+            .map(|(i, part)| {
                 let r = &running[*i];
                 match part {
-                    Part::Token(_) => Feed {
+                    // Logits once every pending token has run.
+                    Part::Generated { n } => Feed {
                         seq: r.seq,
-                        tokens: one,
-                        logits: Want::Last,
+                        tokens: &r.pending[..*n],
+                        logits: if *n == r.pending.len() {
+                            Want::Last
+                        } else {
+                            Want::None
+                        },
                     },
                     Part::Prompt { end } => Feed {
                         seq: r.seq,
@@ -562,16 +568,23 @@ impl<'m> Scheduler<'m> {
         let mut finished = Vec::new();
         for (k, (i, part)) in plan.into_iter().enumerate() {
             let r = &mut self.running[i];
-            if let Part::Prompt { end } = part {
-                self.load
-                    .prompt_tokens
-                    .fetch_add((end - r.fed) as u64, Ordering::Relaxed);
-                r.fed = end;
-                if end < r.job.prompt.len() {
-                    continue;
+            match part {
+                Part::Prompt { end } => {
+                    self.load
+                        .prompt_tokens
+                        .fetch_add((end - r.fed) as u64, Ordering::Relaxed);
+                    r.fed = end;
+                    if end < r.job.prompt.len() {
+                        continue;
+                    }
+                }
+                Part::Generated { n } => {
+                    r.pending.drain(..n);
+                    if !r.pending.is_empty() {
+                        continue;
+                    }
                 }
             }
-            r.pending = None;
             match r.next(out.get(k), &self.tok, &self.load) {
                 Next::Going => {}
                 Next::Done(reason) => finished.push((i, Some(reason))),
@@ -657,48 +670,79 @@ impl Running {
             Ok(t) => t,
             Err(e) => return self.fail(e.to_string()),
         };
+        if let Some(done) = self.emit(t, Some(logits), tok, load) {
+            return done;
+        }
+        self.pending = vec![t];
+        // Tokens the constraint forces next are taken without sampling and
+        // run in the next step together (not when log-probabilities are
+        // asked for: a forced token has none).
+        if self.job.logprobs.is_none() {
+            let forced = match self.job.constraint.as_mut() {
+                Some(c) => c.forced(),
+                None => Vec::new(),
+            };
+            for f in forced {
+                if let Some(done) = self.emit(f, None, tok, load) {
+                    return done;
+                }
+                self.pending.push(f);
+                load.forced_tokens.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Next::Going
+    }
+
+    /// Records a generated token (sampled from `logits`, or forced) and
+    /// streams its text; `Some` when the request ends with it.
+    fn emit(
+        &mut self,
+        t: u32,
+        logits: Option<&[f32]>,
+        tok: &Tokenizer,
+        load: &Load,
+    ) -> Option<Next> {
         self.sampler.accept(t);
         self.generated += 1;
         load.generated_tokens.fetch_add(1, Ordering::Relaxed);
         if self.stop_tokens.contains(&t) {
             self.flush();
-            return Next::Done(FinishReason::Stop);
+            return Some(Next::Done(FinishReason::Stop));
         }
         let mut complete = false;
         if let Some(c) = self.job.constraint.as_mut() {
             if let Err(e) = c.accept(t) {
-                return self.fail(format!("structured output: {e}"));
+                return Some(self.fail(format!("structured output: {e}")));
             }
             complete = c.is_complete();
         }
         let (text, stopped) = self.filter.push(&self.decoder.push(tok, t));
-        let event = match self.job.logprobs {
-            Some(k) => Some(Event::Token {
+        let event = match (self.job.logprobs, logits) {
+            (Some(k), Some(logits)) => Some(Event::Token {
                 text,
                 logprob: logprobs(logits, t, k, tok),
             }),
-            None => (!text.is_empty()).then_some(Event::Text(text)),
+            _ => (!text.is_empty()).then_some(Event::Text(text)),
         };
         if event.is_some_and(|e| self.job.events.send(e).is_err()) {
-            return Next::Dropped;
+            return Some(Next::Dropped);
         }
         if stopped {
-            return Next::Done(FinishReason::Stop);
+            return Some(Next::Done(FinishReason::Stop));
         }
         if complete {
             self.flush();
-            return Next::Done(FinishReason::Stop);
+            return Some(Next::Done(FinishReason::Stop));
         }
         if self.generated == self.job.max_tokens {
             let stopped = self.flush();
-            return Next::Done(if stopped {
+            return Some(Next::Done(if stopped {
                 FinishReason::Stop
             } else {
                 FinishReason::Length
-            });
+            }));
         }
-        self.pending = Some(t);
-        Next::Going
+        None
     }
 
     /// Tells the client about an engine error; the request ends.

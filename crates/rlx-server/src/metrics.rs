@@ -29,6 +29,10 @@ impl Default for Metrics {
                 "Prompt tokens taken from the prefix cache instead of run"
             );
             describe_counter!("llamacpp:tokens_predicted_total", "Tokens generated");
+            describe_counter!(
+                "rlx:tokens_forced_total",
+                "Generated tokens a structured-output constraint forced (no sampling)"
+            );
             describe_gauge!("llamacpp:requests_processing", "Requests being generated");
             describe_gauge!("llamacpp:requests_deferred", "Requests waiting for a place");
             describe_counter!(
@@ -66,6 +70,8 @@ impl Metrics {
                 .absolute(load.cached_tokens.load(Ordering::Relaxed));
             counter!("llamacpp:tokens_predicted_total")
                 .absolute(load.generated_tokens.load(Ordering::Relaxed));
+            counter!("rlx:tokens_forced_total")
+                .absolute(load.forced_tokens.load(Ordering::Relaxed));
             gauge!("llamacpp:requests_processing").set(get(&load.running) as f64);
             gauge!("llamacpp:requests_deferred").set(get(&load.waiting) as f64);
             counter!("rlx:requests_rejected_total").absolute(self.rejected.load(Ordering::Relaxed));

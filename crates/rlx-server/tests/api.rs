@@ -1072,6 +1072,30 @@ fn structured_output_follows_response_format_json_schema_and_grammar() {
     assert_eq!(status, 200, "{v}");
     let text = v["choices"][0]["text"].as_str().unwrap();
     assert!(text == "yes." || text == "no.", "{text:?}");
+    // A constant is forced: taken without sampling (counted in /metrics),
+    // the same text whether or not log-probabilities (which forced tokens
+    // lack, so they are then sampled under the mask) are asked for.
+    let forced = |text: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("rlx:tokens_forced_total "))
+            .map_or(0.0, |v| v.parse().unwrap())
+    };
+    let konst = json!({"type": "object", "properties": {"motto": {"const": "the quick brown fox jumps over the lazy dog"}},
+                       "required": ["motto"], "additionalProperties": false});
+    let before = forced(&srv.request("GET", "/metrics", None).1);
+    let body = json!({"prompt": "x", "max_tokens": 64, "temperature": 1.0, "json_schema": konst});
+    let (status, v) = srv.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let want = r#"{"motto": "the quick brown fox jumps over the lazy dog"}"#;
+    assert_eq!(v["choices"][0]["text"], want);
+    let after = forced(&srv.request("GET", "/metrics", None).1);
+    assert!(after - before >= 5.0, "{before} -> {after}");
+    let mut body = body;
+    body["logprobs"] = json!(1);
+    let (status, v) = srv.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], want);
+    assert_eq!(forced(&srv.request("GET", "/metrics", None).1), after);
     // Bad ones are 400s naming the field.
     for (body, field) in [
         (
