@@ -221,15 +221,7 @@ impl<'m> Sequences<'m> {
 
     /// A new, empty sequence.
     pub fn add(&mut self) -> Result<SeqId> {
-        if self.tokens.len() >= self.max_seqs {
-            return Err(ModelError::Invalid(format!(
-                "{} sequences are alive, the most this pool was sized for",
-                self.max_seqs
-            )));
-        }
-        let id = self.pool.add_sequence();
-        self.tokens.insert(id, Vec::new());
-        Ok(id)
+        Ok(self.add_cached(&[])?.0)
     }
 
     /// A new sequence continuing from what `seq` holds, sharing its K/V

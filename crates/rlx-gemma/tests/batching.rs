@@ -55,9 +55,14 @@ fn q8_rounding(path: &std::path::Path) -> f64 {
 }
 
 fn load(path: &std::path::Path, precision: Precision) -> Model {
+    load_with(path, precision, false)
+}
+
+fn load_with(path: &std::path::Path, precision: Precision, batch_invariant: bool) -> Model {
     let opts = ModelOptions {
         threads: 2,
         precision,
+        batch_invariant,
         ..Default::default()
     };
     Model::load(path, opts).unwrap()
@@ -270,13 +275,7 @@ mod interleavings {
 }
 
 fn load_invariant(path: &std::path::Path) -> Model {
-    let opts = ModelOptions {
-        threads: 2,
-        precision: Precision::Quantized,
-        batch_invariant: true,
-        ..Default::default()
-    };
-    Model::load(path, opts).unwrap()
+    load_with(path, Precision::Quantized, true)
 }
 
 #[test]

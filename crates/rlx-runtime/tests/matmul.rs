@@ -246,15 +246,11 @@ fn exact_matches_f64_reference_for_every_type() {
                             y1.iter().zip(&y3).all(|(a, b)| a.to_bits() == b.to_bits()),
                             "{ty} {isa} m={m} rows={rows} k={k}: 1 vs 3 threads differ"
                         );
-                        for (o, &v) in y1.iter().enumerate() {
-                            let err = (f64::from(v) - r.y[o]).abs();
-                            let tol = 1e-5 * r.abs[o] + 1e-30;
-                            assert!(
-                                err <= tol,
-                                "{ty} {isa} m={m} rows={rows} k={k} out {o}: {v} vs {} (err {err:e}, tol {tol:e})",
-                                r.y[o]
-                            );
-                        }
+                        assert_near_reference(
+                            &y1,
+                            &r,
+                            &format!("{ty} {isa} m={m} rows={rows} k={k}"),
+                        );
                     }
                 }
             }
