@@ -219,6 +219,26 @@ fn run(
     y
 }
 
+/// [`run`] on one thread and on three: the outputs must agree bit for bit
+/// (the task split changes nothing); returns them.
+fn run_split_invariant(
+    pools: &[ThreadPool; 2],
+    precision: Precision,
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    weights: &[WeightMatrix],
+    what: &str,
+) -> Vec<f32> {
+    let y = run(&pools[0], precision, isa, x, m, weights);
+    let y3 = run(&pools[1], precision, isa, x, m, weights);
+    assert!(
+        y.iter().zip(&y3).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{what}: 1 vs 3 threads differ"
+    );
+    y
+}
+
 /// Exact: every output within `1e-5 · Σ|w·x|` of the f64 reference — f32
 /// rounding of a few-hundred-term sum, far below any quantization effect.
 /// Also checks that the thread count does not change a single bit.
@@ -240,11 +260,14 @@ fn exact_matches_f64_reference_for_every_type() {
                         data: &data,
                     }];
                     for isa in Isa::supported() {
-                        let y1 = run(&pools[0], Precision::Exact, isa, &x, m, &w);
-                        let y3 = run(&pools[1], Precision::Exact, isa, &x, m, &w);
-                        assert!(
-                            y1.iter().zip(&y3).all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{ty} {isa} m={m} rows={rows} k={k}: 1 vs 3 threads differ"
+                        let y1 = run_split_invariant(
+                            &pools,
+                            Precision::Exact,
+                            isa,
+                            &x,
+                            m,
+                            &w,
+                            &format!("{ty} {isa} m={m} rows={rows} k={k}"),
                         );
                         assert_near_reference(
                             &y1,
@@ -281,11 +304,14 @@ fn quantized_stays_within_llama_budget_for_every_type() {
                             k,
                             data: &data,
                         }];
-                        let y = run(&pools[0], Precision::Quantized, isa, &x, m, &w);
-                        let y3 = run(&pools[1], Precision::Quantized, isa, &x, m, &w);
-                        assert!(
-                            y.iter().zip(&y3).all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{ty} {isa}: 1 vs 3 threads differ"
+                        let y = run_split_invariant(
+                            &pools,
+                            Precision::Quantized,
+                            isa,
+                            &x,
+                            m,
+                            &w,
+                            &format!("{ty} {isa}"),
                         );
                         let Some(act) = act else {
                             let exact = run(&pools[0], Precision::Exact, isa, &x, m, &w);
@@ -358,11 +384,14 @@ fn many_activation_rows_match_the_q8_0_activation_reference() {
                 k,
                 data: &data,
             }];
-            let y = run(&pools[0], Precision::Quantized, isa, &x, m, &w);
-            let y3 = run(&pools[1], Precision::Quantized, isa, &x, m, &w);
-            assert!(
-                y.iter().zip(&y3).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{ty} {isa}: 1 vs 3 threads differ"
+            let y = run_split_invariant(
+                &pools,
+                Precision::Quantized,
+                isa,
+                &x,
+                m,
+                &w,
+                &format!("{ty} {isa}"),
             );
             // Rows 17.. alone (still a GEMM-sized batch): the same bits as
             // inside the full batch.
@@ -433,11 +462,14 @@ fn decode_batches_match_the_q8_0_activation_reference() {
                     k,
                     data: &data,
                 }];
-                let y = run(&pools[0], Precision::Quantized, isa, &x, m, &w);
-                let y3 = run(&pools[1], Precision::Quantized, isa, &x, m, &w);
-                assert!(
-                    y.iter().zip(&y3).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{ty} {isa} m={m}: 1 vs 3 threads differ"
+                let y = run_split_invariant(
+                    &pools,
+                    Precision::Quantized,
+                    isa,
+                    &x,
+                    m,
+                    &w,
+                    &format!("{ty} {isa} m={m}"),
                 );
                 // The first row moved to the end: its outputs keep their bits.
                 let mut moved = x[k..].to_vec();
