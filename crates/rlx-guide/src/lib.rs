@@ -11,6 +11,13 @@
 //! names the tokens the grammar forces, which are taken without sampling.
 //! The grammar engine is llguidance's; the mask's cost per step is kept
 //! (`Guide::mask_seconds`).
+//!
+//! [`tools`] turns a request's functions into prompts and constraints and
+//! reads the calls back out of replies, in Gemma 4's own syntax
+//! ([`gemma4`]) or as JSON for the Gemma generations without tool tokens.
+
+pub mod gemma4;
+pub mod tools;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -13,6 +13,7 @@
 pub mod engine;
 mod metrics;
 pub mod openai;
+mod reply;
 mod response;
 mod stop;
 
@@ -33,7 +34,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use rlx_gemma::sampling::SamplerConfig;
 use rlx_gemma::Model;
-use rlx_tokenizer::{ChatOptions, ChatTemplate, EncodeOptions, Tokenizer, TokenizerError};
+use rlx_guide::gemma4;
+use rlx_guide::tools::{ReplyReader, Syntax, ToolChoice, ToolUse};
+use rlx_tokenizer::{
+    ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Tokenizer, TokenizerError,
+};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -42,7 +47,8 @@ use engine::{Engine, Event, Finish, Job, JobError, StartError, TokenLogprob};
 use response::{logprobs_json, timings, total, usage, ApiError, Choice};
 
 pub use engine::EngineOptions;
-use openai::{BadRequest, Params, Prompt};
+use openai::{BadRequest, Message, Params, Prompt};
+use reply::Reply;
 
 pub use engine::FinishReason;
 
@@ -134,6 +140,12 @@ pub struct Server {
     /// The vocabulary compiled for structured output, built at start.
     vocab: rlx_guide::Vocabulary,
     template: ChatTemplate,
+    /// How this model calls tools: Gemma 4's syntax when its vocabulary
+    /// has the tool tokens and its file a chat template to declare tools
+    /// with, JSON replies otherwise.
+    tool_syntax: Syntax,
+    /// Replies are read for Gemma 4's thinking channels and calls.
+    gemma4_replies: bool,
     opts: ServerOptions,
     created: u64,
     requests: AtomicU64,
@@ -171,11 +183,21 @@ impl Server {
         let tokenizer = Arc::new(Tokenizer::from_gguf(model.file())?);
         let template = ChatTemplate::from_gguf(model.file())?;
         let vocab = rlx_guide::Vocabulary::new(Arc::clone(&tokenizer))?;
+        let has = |piece: &str| tokenizer.id_of(piece).is_some();
+        let tool_tokens = has(gemma4::CALL_OPEN) && has(gemma4::CALL_CLOSE) && has(gemma4::QUOTE);
+        let tool_syntax = if tool_tokens && template.source().is_some() {
+            Syntax::Gemma4
+        } else {
+            Syntax::Json
+        };
+        let gemma4_replies = tool_tokens || has(gemma4::CHANNEL_OPEN);
         let engine = Engine::start(model, tokenizer, engine)?;
         Ok(Server {
             engine,
             vocab,
             template,
+            tool_syntax,
+            gemma4_replies,
             opts,
             created: now(),
             requests: AtomicU64::new(0),
@@ -215,10 +237,13 @@ impl Server {
             Endpoint::Chat => openai::Api::Chat,
             Endpoint::Completion => openai::Api::Completions,
         };
-        let params = openai::params(&body, api, &self.opts.sampling, seed)?;
+        let mut params = openai::params(&body, api, &self.opts.sampling, seed)?;
+        if let Some(spec) = calling(&params).and_then(|t| t.spec(self.tool_syntax)) {
+            params.constraint = Some(("tools", spec));
+        }
         let tok = self.engine.tokenizer();
         let ids = match endpoint {
-            Endpoint::Chat => self.chat_prompt(&body)?,
+            Endpoint::Chat => self.chat_prompt(&body, &params)?,
             Endpoint::Completion => match openai::prompt(&body)? {
                 Prompt::Text(t) => tok.encode(&t, EncodeOptions::default()),
                 Prompt::Tokens(t) => t,
@@ -248,19 +273,60 @@ impl Server {
         Ok((ids, params))
     }
 
-    fn chat_prompt(&self, body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+    /// The conversation rendered by the chat template: with Gemma 4's
+    /// syntax, messages, calls and tools as the template takes them; for
+    /// JSON replies, the tools described in the system text, earlier calls
+    /// as the JSON the model wrote and results as user turns.
+    fn chat_prompt(
+        &self,
+        body: &Map<String, Value>,
+        params: &Params,
+    ) -> Result<Vec<u32>, ApiError> {
         let messages = openai::messages(body)?;
-        let rendered = self
-            .template
-            .render(
-                &messages,
-                &ChatOptions {
-                    add_generation_prompt: true,
-                    enable_thinking: None,
-                },
-            )
-            .map_err(|e| BadRequest::new(format!("chat template: {e}")))?;
+        let opts = ChatOptions {
+            add_generation_prompt: true,
+            enable_thinking: params.enable_thinking,
+        };
+        let tools = calling(params);
+        let rendered = match self.tool_syntax {
+            Syntax::Gemma4 => {
+                let list: Vec<Value> = messages.iter().map(template_message).collect();
+                let tools = tools.map(|t| {
+                    let decls: Vec<Value> = t
+                        .tools
+                        .iter()
+                        .map(|t| {
+                            json!({"type": "function", "function": {"name": t.name,
+                                "description": t.description, "parameters": t.parameters}})
+                        })
+                        .collect();
+                    Value::Array(decls).to_string()
+                });
+                self.template
+                    .render_json(&Value::Array(list).to_string(), tools.as_deref(), &opts)
+            }
+            Syntax::Json => {
+                let plain = json_conversation(&messages, tools.and_then(ToolUse::instructions));
+                self.template.render(&plain, &opts)
+            }
+        }
+        .map_err(|e| BadRequest::new(format!("chat template: {e}")))?;
         Ok(self.engine.tokenizer().encode_chat(&rendered))
+    }
+
+    /// How a chat choice's text is read.
+    fn reply(&self, params: &Params, id: &str, index: usize) -> Reply {
+        let tools = calling(params);
+        let reader = if self.gemma4_replies {
+            ReplyReader::new(Some(Syntax::Gemma4))
+        } else if tools.is_some() {
+            ReplyReader::new(Some(Syntax::Json))
+        } else {
+            ReplyReader::new(None)
+        };
+        let parallel = tools.is_none_or(|t| t.parallel);
+        let suffix = id.rsplit('-').next().unwrap_or(id);
+        Reply::new(reader, parallel, format!("call_{suffix}_{index}_"))
     }
 
     fn id(&self, endpoint: Endpoint) -> String {
@@ -272,35 +338,25 @@ impl Server {
         format!("{prefix}-{:x}{n:06x}", self.created)
     }
 
-    /// One choice's object: its text (a delta when streaming), its
-    /// log-probabilities when asked for, and its finish reason.
+    /// One choice's object: `body` is the text of a text completion, or a
+    /// chat choice's message (its delta when streaming); log-probabilities
+    /// when asked for, and the finish reason.
     fn choice(
         &self,
         endpoint: Endpoint,
         index: usize,
-        text: &str,
+        body: Value,
         logprobs: Option<&[TokenLogprob]>,
-        finish: Option<FinishReason>,
+        reason: Option<&str>,
         streaming: bool,
     ) -> Value {
-        let reason = finish.map(FinishReason::as_str);
         let lp = logprobs.map_or(Value::Null, |l| logprobs_json(endpoint, l));
-        match (endpoint, streaming) {
-            (Endpoint::Chat, true) => {
-                let delta = if finish.is_some() && text.is_empty() {
-                    json!({})
-                } else {
-                    json!({"content": text})
-                };
-                json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason})
-            }
-            (Endpoint::Chat, false) => json!({"index": index,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": lp, "finish_reason": reason}),
-            (Endpoint::Completion, _) => {
-                json!({"index": index, "text": text, "logprobs": lp, "finish_reason": reason})
-            }
-        }
+        let key = match (endpoint, streaming) {
+            (Endpoint::Chat, true) => "delta",
+            (Endpoint::Chat, false) => "message",
+            (Endpoint::Completion, _) => "text",
+        };
+        json!({"index": index, key: body, "logprobs": lp, "finish_reason": reason})
     }
 
     /// A streamed chunk holding `choices`.
@@ -324,7 +380,11 @@ impl Server {
             .enumerate()
             .map(|(i, c)| {
                 let reason = c.finish.map(|f| f.reason);
-                self.choice(endpoint, i, &c.text, c.logprobs.as_deref(), reason, false)
+                let (body, reason) = match &c.reply {
+                    Some(r) => (r.message(), reason.map(|f| r.finish_reason(f))),
+                    None => (json!(c.text), reason.map(FinishReason::as_str)),
+                };
+                self.choice(endpoint, i, body, c.logprobs.as_deref(), reason, false)
             })
             .collect();
         json!({"id": id, "object": object, "created": now(), "model": self.opts.model_name,
@@ -425,26 +485,36 @@ impl Server {
             });
         }
         drop(merged_tx);
+        let replies: Vec<Option<Reply>> = (0..params.n)
+            .map(|i| (endpoint == Endpoint::Chat).then(|| self.reply(&params, &id, i)))
+            .collect();
         if params.stream {
-            return self.stream(endpoint, id, merged, params.n, params.include_usage);
+            return self.stream(endpoint, id, merged, replies, params.include_usage);
         }
-        let mut choices: Vec<Choice> = (0..params.n)
-            .map(|_| Choice {
+        let mut choices: Vec<Choice> = replies
+            .into_iter()
+            .map(|reply| Choice {
                 logprobs: params.logprobs.map(|_| Vec::new()),
+                reply,
                 ..Choice::default()
             })
             .collect();
         while let Some((i, ev)) = merged.recv().await {
             let c = &mut choices[i];
             match ev {
-                Event::Text(t) => c.text.push_str(&t),
+                Event::Text(t) => c.push(&t),
                 Event::Token { text, logprob } => {
-                    c.text.push_str(&text);
+                    c.push(&text);
                     if let Some(l) = &mut c.logprobs {
                         l.push(logprob);
                     }
                 }
-                Event::Done(f) => c.finish = Some(f),
+                Event::Done(f) => {
+                    if let Some(r) = &mut c.reply {
+                        r.finish();
+                    }
+                    c.finish = Some(f)
+                }
                 Event::Error(e) => {
                     let e = ApiError::from(e);
                     self.log(&id, endpoint, false, e.status, Err(e.message.clone()));
@@ -469,9 +539,10 @@ impl Server {
         endpoint: Endpoint,
         id: String,
         mut events: mpsc::UnboundedReceiver<(usize, Event)>,
-        n: usize,
+        mut replies: Vec<Option<Reply>>,
         include_usage: bool,
     ) -> Response {
+        let n = replies.len();
         let (out, sse) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
         let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
         let gone = move |s: &Server, id: &str| {
@@ -498,17 +569,41 @@ impl Server {
             }
             let mut finishes: Vec<Option<Finish>> = vec![None; n];
             while let Some((i, ev)) = events.recv().await {
-                let choice = match ev {
-                    Event::Text(t) => self.choice(endpoint, i, &t, None, None, true),
+                let mut chunks = Vec::with_capacity(2);
+                // A chat delta, or a text completion's text.
+                let mut body = |text: &str| match &mut replies[i] {
+                    Some(r) => Value::Object(r.push(text)),
+                    None => json!(text),
+                };
+                match ev {
+                    Event::Text(t) => {
+                        let b = body(&t);
+                        if b.as_object().is_none_or(|o| !o.is_empty()) {
+                            chunks.push(self.choice(endpoint, i, b, None, None, true));
+                        }
+                    }
                     Event::Token { text, logprob } => {
                         let lp = [logprob];
-                        self.choice(endpoint, i, &text, Some(&lp), None, true)
+                        let b = body(&text);
+                        chunks.push(self.choice(endpoint, i, b, Some(&lp), None, true));
                     }
                     Event::Done(f) => {
                         finishes[i] = Some(f);
-                        let mut last = self.choice(endpoint, i, "", None, Some(f.reason), true);
+                        let (rest, reason, last_body) = match &mut replies[i] {
+                            Some(r) => {
+                                let rest = r.finish();
+                                (Some(rest), r.finish_reason(f.reason), json!({}))
+                            }
+                            None => (None, f.reason.as_str(), json!("")),
+                        };
+                        if let Some(rest) = rest.filter(|r| !r.is_empty()) {
+                            let b = Value::Object(rest);
+                            chunks.push(self.choice(endpoint, i, b, None, None, true));
+                        }
+                        let mut last =
+                            self.choice(endpoint, i, last_body, None, Some(reason), true);
                         last["timings"] = timings(&f);
-                        last
+                        chunks.push(last);
                     }
                     Event::Error(e) => {
                         let e = ApiError::from(e);
@@ -516,12 +611,11 @@ impl Server {
                         let _ = out.send(data(e.body()));
                         return;
                     }
-                };
-                if out
-                    .send(data(self.chunk(endpoint, &id, vec![choice])))
-                    .is_err()
-                {
-                    return gone(&self, &id);
+                }
+                for c in chunks {
+                    if out.send(data(self.chunk(endpoint, &id, vec![c]))).is_err() {
+                        return gone(&self, &id);
+                    }
                 }
             }
             let Some(f) = total(finishes) else {
@@ -539,6 +633,91 @@ impl Server {
             .keep_alive(KeepAlive::default())
             .into_response()
     }
+}
+
+/// The request's tools when the model may call them.
+fn calling(params: &Params) -> Option<&ToolUse> {
+    params
+        .tools
+        .as_ref()
+        .filter(|t| t.choice != ToolChoice::None)
+}
+
+/// A message as chat templates take it (OpenAI's shape, arguments as
+/// objects).
+fn template_message(m: &Message) -> Value {
+    let mut v = json!({"role": m.role, "content": m.content});
+    if !m.tool_calls.is_empty() {
+        let calls: Vec<Value> = m
+            .tool_calls
+            .iter()
+            .map(|(id, c)| {
+                json!({"id": id, "type": "function",
+                       "function": {"name": c.name, "arguments": c.arguments}})
+            })
+            .collect();
+        v["tool_calls"] = Value::Array(calls);
+    }
+    if let Some(id) = &m.tool_call_id {
+        v["tool_call_id"] = json!(id);
+    }
+    if let Some(name) = &m.name {
+        v["name"] = json!(name);
+    }
+    v
+}
+
+/// The conversation for a model that calls tools in JSON: `instructions`
+/// added to the system text, an assistant's calls written as its JSON
+/// reply, tool results as user turns (joined with a neighbouring user turn,
+/// since Gemma's templates want turns to alternate).
+fn json_conversation(messages: &[Message], instructions: Option<String>) -> Vec<ChatMessage> {
+    let mut out: Vec<(ChatMessage, bool)> = Vec::with_capacity(messages.len() + 1);
+    for (i, m) in messages.iter().enumerate() {
+        let (role, text, from_tool) = match m.role {
+            "tool" => {
+                // The function's name from the call this answers.
+                let name = messages[..i]
+                    .iter()
+                    .rev()
+                    .flat_map(|p| p.tool_calls.iter())
+                    .find(|(id, _)| Some(id) == m.tool_call_id.as_ref())
+                    .map(|(_, c)| c.name.clone())
+                    .or_else(|| m.name.clone())
+                    .unwrap_or_else(|| "the function".to_owned());
+                ("user", format!("{name} returned: {}", m.content), true)
+            }
+            "assistant" if !m.tool_calls.is_empty() => {
+                let calls: Vec<_> = m.tool_calls.iter().map(|(_, c)| c.clone()).collect();
+                let reply = rlx_guide::tools::json_reply(&calls);
+                let text = if m.content.is_empty() {
+                    reply
+                } else {
+                    format!("{}\n{reply}", m.content)
+                };
+                ("assistant", text, true)
+            }
+            role => (role, m.content.clone(), false),
+        };
+        match out.last_mut() {
+            Some((prev, prev_tool)) if prev.role == role && (from_tool || *prev_tool) => {
+                prev.content.push_str("\n\n");
+                prev.content.push_str(&text);
+                *prev_tool = true;
+            }
+            _ => out.push((ChatMessage::new(role, text), from_tool)),
+        }
+    }
+    if let Some(text) = instructions {
+        match out.iter_mut().find(|(m, _)| m.role == "system") {
+            Some((m, _)) => {
+                m.content.push_str("\n\n");
+                m.content.push_str(&text);
+            }
+            None => out.insert(0, (ChatMessage::system(text), false)),
+        }
+    }
+    out.into_iter().map(|(m, _)| m).collect()
 }
 
 async fn health() -> Json<Value> {

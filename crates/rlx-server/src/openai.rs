@@ -1,8 +1,8 @@
 //! OpenAI request bodies read from JSON, with errors that name the field.
 
 use rlx_gemma::sampling::SamplerConfig;
-use rlx_tokenizer::ChatMessage;
-use serde_json::{Map, Value};
+use rlx_guide::tools::{Tool, ToolCall, ToolChoice, ToolUse};
+use serde_json::{json, Map, Value};
 
 /// A request the server refuses, as OpenAI reports it: HTTP 400 with an
 /// `invalid_request_error` naming the parameter.
@@ -46,6 +46,10 @@ pub struct Params {
     pub logprobs: Option<usize>,
     /// Structured output, and the field that asked for it.
     pub constraint: Option<(&'static str, rlx_guide::Spec)>,
+    /// Functions the model may call (chat only).
+    pub tools: Option<ToolUse>,
+    /// `chat_template_kwargs.enable_thinking` (chat only).
+    pub enable_thinking: Option<bool>,
 }
 
 /// The most choices a request may ask for.
@@ -255,11 +259,28 @@ pub fn params(
         }
     };
     let constraint = constraint(body)?;
-    for unsupported in ["tools", "functions"] {
-        if field(body, unsupported).is_some() {
+    if field(body, "functions").is_some() {
+        return Err(BadRequest::param(
+            "functions",
+            "the deprecated functions API is not supported; use `tools`",
+        ));
+    }
+    let (tools, enable_thinking) = match api {
+        Api::Chat => (tool_use(body)?, thinking(body)?),
+        Api::Completions => {
+            for chat_only in ["tools", "tool_choice", "chat_template_kwargs"] {
+                if field(body, chat_only).is_some() {
+                    return Err(BadRequest::param(chat_only, "only for chat completions"));
+                }
+            }
+            (None, None)
+        }
+    };
+    if let (Some((f, _)), Some(t)) = (&constraint, &tools) {
+        if t.choice != ToolChoice::None {
             return Err(BadRequest::param(
-                unsupported,
-                "not supported by this server",
+                f,
+                "structured output and tool calls together are not supported; give `tool_choice: \"none\"` or leave one out",
             ));
         }
     }
@@ -273,7 +294,168 @@ pub fn params(
         n,
         logprobs,
         constraint,
+        tools,
+        enable_thinking,
     })
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`; `None` without tools.
+fn tool_use(body: &Map<String, Value>) -> Result<Option<ToolUse>> {
+    let list = match field(body, "tools") {
+        None => None,
+        Some(Value::Array(a)) if a.is_empty() => None,
+        Some(Value::Array(a)) => Some(a),
+        Some(v) => {
+            return Err(BadRequest::param(
+                "tools",
+                format!("expected an array of tools, got {}", kind(v)),
+            ))
+        }
+    };
+    let parallel =
+        field(body, "parallel_tool_calls").is_none() || boolean(body, "parallel_tool_calls")?;
+    let Some(list) = list else {
+        return match field(body, "tool_choice") {
+            None => Ok(None),
+            Some(Value::String(s)) if s == "none" => Ok(None),
+            Some(_) => Err(BadRequest::param("tool_choice", "needs `tools`")),
+        };
+    };
+    let mut tools: Vec<Tool> = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let o = t
+            .as_object()
+            .ok_or_else(|| BadRequest::param(&at, "expected an object"))?;
+        match o.get("type").and_then(Value::as_str) {
+            Some("function") => {}
+            other => {
+                return Err(BadRequest::param(
+                    &format!("{at}.type"),
+                    format!("{other:?}; only \"function\" tools are supported"),
+                ))
+            }
+        }
+        let f = o
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(|| BadRequest::param(&format!("{at}.function"), "is required"))?;
+        let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+        let name_ok = (1..=64).contains(&name.len())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !name_ok {
+            return Err(BadRequest::param(
+                &format!("{at}.function.name"),
+                format!("{name:?}: 1 to 64 letters, digits, underscores, dashes or dots"),
+            ));
+        }
+        if tools.iter().any(|t| t.name == name) {
+            return Err(BadRequest::param(
+                &format!("{at}.function.name"),
+                format!("{name:?} is declared twice"),
+            ));
+        }
+        let description = match f.get("description") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(d)) => d.clone(),
+            Some(v) => {
+                return Err(BadRequest::param(
+                    &format!("{at}.function.description"),
+                    format!("expected a string, got {}", kind(v)),
+                ))
+            }
+        };
+        let parameters = match f.get("parameters") {
+            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(v) => {
+                return Err(BadRequest::param(
+                    &format!("{at}.function.parameters"),
+                    format!("expected a JSON schema object, got {}", kind(v)),
+                ))
+            }
+        };
+        tools.push(Tool {
+            name: name.to_owned(),
+            description,
+            parameters,
+        });
+    }
+    let choice = match field(body, "tool_choice") {
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(BadRequest::param(
+                    "tool_choice",
+                    format!("{other:?}; expected \"none\", \"auto\", \"required\" or a function"),
+                ))
+            }
+        },
+        Some(Value::Object(o)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    BadRequest::param(
+                        "tool_choice",
+                        "a named choice is {\"type\": \"function\", \"function\": {\"name\": …}}",
+                    )
+                })?;
+            if !tools.iter().any(|t| t.name == name) {
+                return Err(BadRequest::param(
+                    "tool_choice",
+                    format!("function {name:?} is not among `tools`"),
+                ));
+            }
+            ToolChoice::Named(name.to_owned())
+        }
+        Some(v) => {
+            return Err(BadRequest::param(
+                "tool_choice",
+                format!("expected a string or an object, got {}", kind(v)),
+            ))
+        }
+    };
+    Ok(Some(ToolUse {
+        tools,
+        choice,
+        parallel,
+    }))
+}
+
+/// `chat_template_kwargs`: only `enable_thinking` is read.
+fn thinking(body: &Map<String, Value>) -> Result<Option<bool>> {
+    match field(body, "chat_template_kwargs") {
+        None => Ok(None),
+        Some(Value::Object(o)) => {
+            for key in o.keys() {
+                if key != "enable_thinking" {
+                    return Err(BadRequest::param(
+                        "chat_template_kwargs",
+                        format!("{key:?}: only `enable_thinking` is supported"),
+                    ));
+                }
+            }
+            match o.get("enable_thinking") {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Bool(b)) => Ok(Some(*b)),
+                Some(v) => Err(BadRequest::param(
+                    "chat_template_kwargs",
+                    format!("`enable_thinking` must be a boolean, got {}", kind(v)),
+                )),
+            }
+        }
+        Some(v) => Err(BadRequest::param(
+            "chat_template_kwargs",
+            format!("expected an object, got {}", kind(v)),
+        )),
+    }
 }
 
 /// Structured output from OpenAI's `response_format` (`text`,
@@ -349,8 +531,25 @@ fn constraint(body: &Map<String, Value>) -> Result<Option<(&'static str, rlx_gui
     Ok(found.pop())
 }
 
-/// `messages` as role and text; text parts of a content array are joined.
-pub fn messages(body: &Map<String, Value>) -> Result<Vec<ChatMessage>> {
+/// One chat message: role, text, and the tool calls or tool result it
+/// carries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Message {
+    /// `system` (also for `developer`), `user`, `assistant` or `tool`.
+    pub role: &'static str,
+    /// The text; parts of a content array joined.
+    pub content: String,
+    /// An assistant's calls, with their ids.
+    pub tool_calls: Vec<(String, ToolCall)>,
+    /// A tool result's call id.
+    pub tool_call_id: Option<String>,
+    /// A tool result's function name, when the client gives it.
+    pub name: Option<String>,
+}
+
+/// `messages`, checked: roles, text, assistants' `tool_calls` (arguments a
+/// JSON object, or a string holding one) and tool results.
+pub fn messages(body: &Map<String, Value>) -> Result<Vec<Message>> {
     let list = match field(body, "messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => return Err(BadRequest::param("messages", "must not be empty")),
@@ -373,48 +572,131 @@ pub fn messages(body: &Map<String, Value>) -> Result<Vec<ChatMessage>> {
                 Some("developer") | Some("system") => "system",
                 Some("user") => "user",
                 Some("assistant") => "assistant",
+                Some("tool") => "tool",
                 Some(other) => {
                     return Err(BadRequest::param(
                         &format!("{at}.role"),
-                        format!("unknown role {other:?} (system, developer, user or assistant)"),
+                        format!(
+                            "unknown role {other:?} (system, developer, user, assistant or tool)"
+                        ),
                     ))
                 }
                 None => return Err(BadRequest::param(&format!("{at}.role"), "is required")),
             };
-            let content = match m.get("content") {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Null) | None => String::new(),
-                Some(Value::Array(parts)) => {
-                    let mut text = String::new();
-                    for (j, part) in parts.iter().enumerate() {
-                        let where_ = format!("{at}.content[{j}]");
-                        match part.get("type").and_then(Value::as_str) {
-                            Some("text") => {
-                                text.push_str(part.get("text").and_then(Value::as_str).ok_or_else(
-                                    || BadRequest::param(&where_, "a text part needs `text`"),
-                                )?)
-                            }
-                            Some(t) => {
-                                return Err(BadRequest::param(
-                                    &where_,
-                                    format!("content parts of type {t:?} are not supported"),
-                                ))
-                            }
-                            None => return Err(BadRequest::param(&where_, "needs a `type`")),
-                        }
-                    }
-                    text
-                }
-                Some(v) => {
+            let content = content_text(m.get("content"), &at)?;
+            let tool_calls = match (role, field(m, "tool_calls")) {
+                (_, None) => Vec::new(),
+                ("assistant", Some(Value::Array(calls))) => calls
+                    .iter()
+                    .enumerate()
+                    .map(|(j, c)| tool_call(c, &format!("{at}.tool_calls[{j}]")))
+                    .collect::<Result<_>>()?,
+                ("assistant", Some(v)) => {
                     return Err(BadRequest::param(
-                        &format!("{at}.content"),
-                        format!("expected a string or an array of parts, got {}", kind(v)),
+                        &format!("{at}.tool_calls"),
+                        format!("expected an array, got {}", kind(v)),
+                    ))
+                }
+                (_, Some(_)) => {
+                    return Err(BadRequest::param(
+                        &format!("{at}.tool_calls"),
+                        "only assistant messages carry tool calls",
                     ))
                 }
             };
-            Ok(ChatMessage::new(role, content))
+            let text_field = |key: &str| -> Result<Option<String>> {
+                match field(m, key) {
+                    None => Ok(None),
+                    Some(Value::String(s)) => Ok(Some(s.clone())),
+                    Some(v) => Err(BadRequest::param(
+                        &format!("{at}.{key}"),
+                        format!("expected a string, got {}", kind(v)),
+                    )),
+                }
+            };
+            Ok(Message {
+                role,
+                content,
+                tool_calls,
+                tool_call_id: text_field("tool_call_id")?,
+                name: text_field("name")?,
+            })
         })
         .collect()
+}
+
+/// A message's `content`: a string, null, or text parts.
+fn content_text(content: Option<&Value>, at: &str) -> Result<String> {
+    match content {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Null) | None => Ok(String::new()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let where_ = format!("{at}.content[{j}]");
+                match part.get("type").and_then(Value::as_str) {
+                    Some("text") => {
+                        text.push_str(part.get("text").and_then(Value::as_str).ok_or_else(
+                            || BadRequest::param(&where_, "a text part needs `text`"),
+                        )?)
+                    }
+                    Some(t) => {
+                        return Err(BadRequest::param(
+                            &where_,
+                            format!("content parts of type {t:?} are not supported"),
+                        ))
+                    }
+                    None => return Err(BadRequest::param(&where_, "needs a `type`")),
+                }
+            }
+            Ok(text)
+        }
+        Some(v) => Err(BadRequest::param(
+            &format!("{at}.content"),
+            format!("expected a string or an array of parts, got {}", kind(v)),
+        )),
+    }
+}
+
+/// One entry of an assistant's `tool_calls`: its id and the call.
+fn tool_call(c: &Value, at: &str) -> Result<(String, ToolCall)> {
+    let f = c
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or_else(|| BadRequest::param(&format!("{at}.function"), "is required"))?;
+    let name = f
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| BadRequest::param(&format!("{at}.function.name"), "is required"))?;
+    let bad_args = || {
+        BadRequest::param(
+            &format!("{at}.function.arguments"),
+            "expected a JSON object, or a string holding one",
+        )
+    };
+    let arguments = match f.get("arguments") {
+        None | Some(Value::Null) => json!({}),
+        Some(Value::String(s)) if s.trim().is_empty() => json!({}),
+        Some(Value::String(s)) => serde_json::from_str::<Value>(s)
+            .ok()
+            .filter(Value::is_object)
+            .ok_or_else(bad_args)?,
+        Some(o @ Value::Object(_)) => o.clone(),
+        Some(_) => return Err(bad_args()),
+    };
+    let id = c
+        .get("id")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    Ok((
+        id,
+        ToolCall {
+            name: name.to_owned(),
+            arguments,
+        },
+    ))
 }
 
 /// A completion prompt: a string, a one-string array, or token ids.

@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 
 use crate::engine::{Finish, JobError, TokenLogprob};
 use crate::openai::BadRequest;
+use crate::reply::Reply;
 use crate::Endpoint;
 
 /// An error response in OpenAI's shape.
@@ -82,12 +83,26 @@ impl IntoResponse for ApiError {
 }
 
 /// One choice of a request that does not stream, as it arrives.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub(crate) struct Choice {
+    /// A text completion's text.
     pub text: String,
+    /// A chat choice's reply.
+    pub reply: Option<Reply>,
     /// `Some` when the request asked for log-probabilities.
     pub logprobs: Option<Vec<TokenLogprob>>,
     pub finish: Option<Finish>,
+}
+
+impl Choice {
+    pub fn push(&mut self, text: &str) {
+        match &mut self.reply {
+            Some(r) => {
+                r.push(text);
+            }
+            None => self.text.push_str(text),
+        }
+    }
 }
 
 /// The request's figures over its choices: the prompt once (as the first

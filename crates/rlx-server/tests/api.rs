@@ -941,11 +941,13 @@ fn the_openai_python_client_round_trips() {
         return;
     }
     let server = TestServer::start();
+    let tools = tool_server("gemma4-tools");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
     let out = std::process::Command::new(&python)
         .arg(&script)
         .arg(format!("http://{}/v1", server.addr))
         .arg("tiny")
+        .arg(format!("http://{}/v1", tools.addr))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -1120,4 +1122,349 @@ fn structured_output_follows_response_format_json_schema_and_grammar() {
         assert_eq!(status, 400, "{body}: {v}");
         assert_eq!(v["error"]["param"], field, "{v}");
     }
+}
+
+fn tiny_at(dir: &str) -> Model {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny")
+        .join(dir)
+        .join("model-f32.gguf");
+    Model::load(
+        path,
+        ModelOptions {
+            threads: 1,
+            ..ModelOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn tool_server(dir: &str) -> TestServer {
+    TestServer::start_model(
+        tiny_at(dir),
+        EngineOptions {
+            parallel: 2,
+            context: 4096,
+            ..EngineOptions::default()
+        },
+        ServerOptions {
+            max_tokens: 200,
+            ..ServerOptions::new("tiny")
+        },
+    )
+}
+
+/// Functions whose arguments a random model can finish: no free text.
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather",
+            "description": "Current weather for a city.",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Tokyo", "Oslo"]},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                "detailed": {"type": "boolean"}},
+              "required": ["city", "days"]}}},
+        {"type": "function", "function": {"name": "book",
+            "description": "Book a table.",
+            "parameters": {"type": "object", "properties": {
+                "when": {"type": "object", "properties": {
+                    "day": {"type": "string", "enum": ["mon", "tue"]},
+                    "hour": {"type": "integer", "minimum": 0, "maximum": 23}}, "required": ["day"]},
+                "seats": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 12},
+                          "maxItems": 3}},
+              "required": ["when"]}}}
+    ])
+}
+
+/// Each call's arguments parse and validate against its function's schema;
+/// returns the calls' names.
+fn check_calls(calls: &Value, tools: &Value) -> Vec<String> {
+    let calls = calls
+        .as_array()
+        .unwrap_or_else(|| panic!("no tool_calls: {calls}"));
+    assert!(!calls.is_empty());
+    calls
+        .iter()
+        .map(|c| {
+            assert_eq!(c["type"], "function", "{c}");
+            assert!(c["id"].as_str().is_some_and(|id| !id.is_empty()), "{c}");
+            let name = c["function"]["name"].as_str().unwrap();
+            let args: Value = serde_json::from_str(c["function"]["arguments"].as_str().unwrap())
+                .unwrap_or_else(|e| panic!("{c}: {e}"));
+            let tool = tools
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["function"]["name"] == name)
+                .unwrap_or_else(|| panic!("{name} is not a tool"));
+            let schema = &tool["function"]["parameters"];
+            let validator = jsonschema::validator_for(schema).unwrap();
+            let errors: Vec<String> = validator
+                .iter_errors(&args)
+                .map(|e| e.to_string())
+                .collect();
+            assert!(errors.is_empty(), "{name}({args}): {errors:?}");
+            name.to_owned()
+        })
+        .collect()
+}
+
+/// The tool calls of a streamed chat answer, put together from the deltas
+/// (each carries a whole call here), and its finish reason.
+fn streamed_calls(chunks: &[String]) -> (Value, String, String) {
+    let mut calls = Vec::new();
+    let mut content = String::new();
+    let mut reason = String::new();
+    for c in chunks.iter().filter(|c| c.as_str() != "[DONE]") {
+        let v: Value = serde_json::from_str(c).unwrap();
+        let choice = &v["choices"][0];
+        let delta = &choice["delta"];
+        if let Some(t) = delta["content"].as_str() {
+            content.push_str(t);
+        }
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            assert_eq!(call["index"].as_u64(), Some(calls.len() as u64), "{call}");
+            let mut call = call.clone();
+            call.as_object_mut().unwrap().remove("index");
+            calls.push(call);
+        }
+        if let Some(r) = choice["finish_reason"].as_str() {
+            reason = r.to_owned();
+        }
+    }
+    (Value::Array(calls), content, reason)
+}
+
+#[test]
+fn gemma4_required_and_named_tool_calls_parse_and_validate() {
+    let srv = tool_server("gemma4-tools");
+    let tools = weather_tools();
+    let ask = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                              "tools": tools, "tool_choice": "required", "temperature": 1.0});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let mut names = std::collections::BTreeSet::new();
+    // One call each: a random model need not stop after a call, so with
+    // parallel calls it may run out of tokens in the middle of the next.
+    for seed in 0..8 {
+        let one = json!({"seed": seed, "parallel_tool_calls": false});
+        let (status, v) = srv.post("/v1/chat/completions", &ask(one));
+        assert_eq!(status, 200, "{v}");
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+        assert_eq!(c["message"]["content"], Value::Null, "{c}");
+        names.extend(check_calls(&c["message"]["tool_calls"], &tools));
+        // Streamed with the same seed: the same calls, one delta each.
+        let chunks = srv.post_stream(
+            "/v1/chat/completions",
+            &ask(json!({"seed": seed, "stream": true, "parallel_tool_calls": false})),
+        );
+        let (calls, content, reason) = streamed_calls(&chunks);
+        assert_eq!(reason, "tool_calls");
+        assert_eq!(content, "");
+        let whole: Vec<Value> = c["message"]["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| json!({"type": c["type"], "function": c["function"]}))
+            .collect();
+        let streamed: Vec<Value> = calls
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| json!({"type": c["type"], "function": c["function"]}))
+            .collect();
+        assert_eq!(whole, streamed, "seed {seed}");
+    }
+    eprintln!("functions called: {names:?}");
+    // Parallel calls: every call that finished parses; one cut off by the
+    // token limit is left as content, never a half-read call.
+    let (status, v) = srv.post(
+        "/v1/chat/completions",
+        &ask(json!({"seed": 1, "max_tokens": 120})),
+    );
+    assert_eq!(status, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    check_calls(&m["tool_calls"], &tools);
+    if v["choices"][0]["finish_reason"] == "length" {
+        let cut = m["content"].as_str().unwrap_or("");
+        assert!(cut.is_empty() || cut.starts_with("<|tool_call>"), "{m}");
+    }
+    // A named function, one call.
+    for seed in 0..4 {
+        let body = ask(json!({"seed": seed, "parallel_tool_calls": false,
+            "tool_choice": {"type": "function", "function": {"name": "book"}}}));
+        let (status, v) = srv.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        let calls = &v["choices"][0]["message"]["tool_calls"];
+        assert_eq!(check_calls(calls, &tools), ["book"], "{v}");
+    }
+}
+
+#[test]
+fn tool_turns_render_through_the_template() {
+    let model = tiny_at("gemma4-tools");
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    let template = ChatTemplate::from_gguf(model.file()).unwrap();
+    let srv = tool_server("gemma4-tools");
+    let tools = weather_tools();
+    // The client sends arguments as a JSON string, as OpenAI's API does;
+    // the template gets them as an object.
+    let messages = json!([
+        {"role": "system", "content": "You can call tools."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 1}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 18}"}
+    ]);
+    let body = json!({"messages": messages, "tools": tools, "max_tokens": 1, "temperature": 0});
+    let (status, v) = srv.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let mut as_template_takes_them = messages.clone();
+    as_template_takes_them[2]["content"] = json!("");
+    as_template_takes_them[2]["tool_calls"][0]["function"]["arguments"] =
+        json!({"city": "Paris", "days": 1});
+    let rendered = template
+        .render_json(
+            &as_template_takes_them.to_string(),
+            Some(&tools.to_string()),
+            &ChatOptions {
+                add_generation_prompt: true,
+                enable_thinking: None,
+            },
+        )
+        .unwrap();
+    assert!(
+        rendered.contains("<|tool>declaration:get_weather{"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:1}<tool_call|><|tool_response>response:get_weather{value:<|\"|>{\"temperature\": 18}<|\"|>}<tool_response|>"),
+        "{rendered}"
+    );
+    assert_eq!(
+        v["usage"]["prompt_tokens"].as_u64(),
+        Some(tok.encode_chat(&rendered).len() as u64)
+    );
+    // Thinking on through chat_template_kwargs changes the prompt.
+    let mut thinking = body.clone();
+    thinking["chat_template_kwargs"] = json!({"enable_thinking": true});
+    let (status, t) = srv.post("/v1/chat/completions", &thinking);
+    assert_eq!(status, 200, "{t}");
+    assert_ne!(t["usage"]["prompt_tokens"], v["usage"]["prompt_tokens"]);
+}
+
+#[test]
+fn gemma3_tool_calls_are_constrained_json() {
+    let srv = tool_server("gemma3");
+    let tools = weather_tools();
+    for seed in 0..6 {
+        let body = json!({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                          "tools": tools, "tool_choice": "required", "temperature": 1.0,
+                          "seed": seed, "max_tokens": 400, "parallel_tool_calls": false});
+        let (status, v) = srv.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+        check_calls(&c["message"]["tool_calls"], &tools);
+    }
+    // Auto: a call or an answer, whichever the model writes.
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "tools": tools,
+                      "temperature": 1.0, "seed": 3, "max_tokens": 400});
+    let (status, v) = srv.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let c = &v["choices"][0];
+    if c["finish_reason"] == "tool_calls" {
+        check_calls(&c["message"]["tool_calls"], &tools);
+    }
+    // A conversation with a call and its result renders for a template
+    // that wants turns to alternate.
+    let body = json!({"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "tool_calls": [{"id": "a", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 1}"}}]},
+        {"role": "tool", "tool_call_id": "a", "content": "18 C"},
+        {"role": "user", "content": "Thanks"}], "tools": tools, "max_tokens": 2});
+    let (status, v) = srv.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{v}");
+}
+
+#[test]
+fn bad_tool_requests_name_the_field() {
+    let srv = tool_server("gemma4-tools");
+    let tools = weather_tools();
+    let user = json!([{"role": "user", "content": "hi"}]);
+    for (body, param) in [
+        (json!({"messages": user, "tools": {"a": 1}}), "tools"),
+        (
+            json!({"messages": user, "tools": [{"type": "retrieval"}]}),
+            "tools[0].type",
+        ),
+        (
+            json!({"messages": user, "tools": [{"type": "function", "function": {"name": "a b"}}]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"messages": user, "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}),
+            "tools[0].function.parameters",
+        ),
+        (
+            json!({"messages": user, "tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": user, "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": user, "tools": tools, "tool_choice": "sometimes"}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": user, "tools": tools, "tool_choice": "required",
+                   "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            json!({"messages": [{"role": "assistant", "tool_calls": [{"type": "function",
+                "function": {"name": "f", "arguments": "not json"}}]}]}),
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}),
+            "messages[0].tool_calls",
+        ),
+        (
+            json!({"messages": user, "chat_template_kwargs": {"x": 1}}),
+            "chat_template_kwargs",
+        ),
+        (json!({"messages": user, "functions": []}), "functions"),
+    ] {
+        let (status, v) = srv.post("/v1/chat/completions", &body);
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
+    }
+    let (status, v) = srv.post("/v1/completions", &json!({"prompt": "x", "tools": tools}));
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("tools")),
+        "{v}"
+    );
+    // A schema llguidance cannot compile is the client's error too.
+    let bad = json!([{"type": "function", "function": {"name": "f",
+        "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "("}}}}}]);
+    let (status, v) = srv.post(
+        "/v1/chat/completions",
+        &json!({"messages": user, "tools": bad, "tool_choice": "required"}),
+    );
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("tools")),
+        "{v}"
+    );
 }

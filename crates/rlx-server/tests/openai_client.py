@@ -1,9 +1,11 @@
 """The official `openai` Python client against a running `rlx serve`.
 
-Usage: python3 openai_client.py BASE_URL MODEL
+Usage: python3 openai_client.py BASE_URL MODEL [TOOLS_BASE_URL]
 
 Run by `crates/rlx-server/tests/api.rs` (which starts the server on the tiny
-Gemma 3 model); exits non-zero with a message on the first check that fails.
+Gemma 3 model, and a second one on the tiny Gemma 4 model with Gemma 4's tool
+tokens for the tool-call checks); exits non-zero with a message on the first
+check that fails.
 """
 
 import sys
@@ -139,4 +141,44 @@ try:
     check(False, "n = 99 is refused")
 except openai.BadRequestError as e:
     check(e.status_code == 400 and "n" in str(e), f"400 naming n: {e}")
+# Tools: a required call, whole and streamed, then its result sent back.
+if len(sys.argv) > 3:
+    tools_client = openai.OpenAI(base_url=sys.argv[3], api_key="unused", max_retries=0,
+                                 timeout=60)
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "enum": ["Paris", "Tokyo"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "days"]}}}]
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    r = tools_client.chat.completions.create(
+        model=model, messages=ask, tools=tools, tool_choice="required",
+        parallel_tool_calls=False, temperature=1.0, seed=3, max_tokens=64)
+    msg = r.choices[0].message
+    check(r.choices[0].finish_reason == "tool_calls", "finish_reason tool_calls")
+    check(msg.tool_calls and len(msg.tool_calls) == 1, f"one tool call: {msg}")
+    call = msg.tool_calls[0]
+    args = json.loads(call.function.arguments)
+    check(call.function.name == "get_weather" and args["city"] in ("Paris", "Tokyo")
+          and 1 <= args["days"] <= 7, f"the call's arguments follow the schema: {args}")
+    stream = tools_client.chat.completions.create(
+        model=model, messages=ask, tools=tools, tool_choice="required",
+        parallel_tool_calls=False, temperature=1.0, seed=3, max_tokens=64, stream=True)
+    streamed, finish = {}, None
+    for chunk in stream:
+        for c in chunk.choices:
+            for d in c.delta.tool_calls or []:
+                entry = streamed.setdefault(d.index, {"name": "", "arguments": ""})
+                entry["name"] += d.function.name or ""
+                entry["arguments"] += d.function.arguments or ""
+            finish = c.finish_reason or finish
+    check(finish == "tool_calls" and streamed == {0: {"name": call.function.name,
+                                                      "arguments": call.function.arguments}},
+          f"streamed tool-call deltas add up to the same call: {streamed}")
+    follow = tools_client.chat.completions.create(
+        model=model, tools=tools, max_tokens=4, temperature=0,
+        messages=ask + [msg.model_dump(exclude_none=True),
+                        {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}])
+    check(follow.choices[0].message.role == "assistant", "a tool result is taken back")
 print("all checks passed")
