@@ -46,6 +46,10 @@ enum Command {
     Serve(cmd::serve::ServeArgs),
     /// List the models in the cache ($RLX_HOME or ~/.cache/rlx/models).
     Models,
+    /// Requantize a GGUF file as llama-quantize does (its type mixes).
+    ///
+    /// Example: rlx quantize model-f16.gguf model-q4_k_m.gguf --type Q4_K_M
+    Quantize(cmd::quantize::QuantizeArgs),
     /// Perplexity of a text file, computed as llama-perplexity does.
     ///
     /// Example: rlx perplexity -f wiki.txt -c 128
@@ -71,6 +75,7 @@ fn main() -> ExitCode {
         Command::Chat(args) => cmd::chat::run(&args),
         Command::Serve(args) => cmd::serve::run(&args),
         Command::Models => cmd::models::run(),
+        Command::Quantize(args) => cmd::quantize::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Tokenize(args) => cmd::tokenize::run_tokenize(&args),
         Command::Detokenize(args) => cmd::tokenize::run_detokenize(&args),

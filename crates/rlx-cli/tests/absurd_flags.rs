@@ -59,3 +59,67 @@ fn serve_refuses_a_pool_beyond_memory_and_exits() {
         "{err}"
     );
 }
+
+#[test]
+fn quantize_writes_a_loadable_file_and_refuses_what_it_cannot_do() {
+    let dir = std::env::temp_dir().join(format!("rlx-quantize-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("q4km.gguf");
+    let q = |args: &[&std::ffi::OsStr]| {
+        let o = rlx().arg("quantize").args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(!err.contains("panicked"), "{err}");
+        (o.status.code(), err)
+    };
+    let tiny = tiny();
+    let (code, err) = q(&[
+        tiny.as_os_str(),
+        out.as_os_str(),
+        "--type".as_ref(),
+        "Q4_K_M".as_ref(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("Q4_K_M") && err.contains("tensors"), "{err}");
+    let (code, err) = run_model(&out, &["-n", "2", "--temp", "0", "--raw", "Hello"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = q(&[
+        tiny.as_os_str(),
+        out.as_os_str(),
+        "--type".as_ref(),
+        "Q9_K".as_ref(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("Q9_K") && err.contains("Q4_K_M"), "{err}");
+    let (code, err) = q(&[
+        tiny.as_os_str(),
+        tiny.as_os_str(),
+        "--type".as_ref(),
+        "Q8_0".as_ref(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("overwrite"), "{err}");
+    let missing = dir.join("missing.gguf");
+    let (code, err) = q(&[
+        missing.as_os_str(),
+        out.as_os_str(),
+        "--type".as_ref(),
+        "Q8_0".as_ref(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("missing.gguf"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `rlx run -m MODEL ARGS…`: exit code and stderr.
+fn run_model(model: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = rlx()
+        .args(["run", "-m"])
+        .arg(model)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

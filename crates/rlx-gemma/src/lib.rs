@@ -11,6 +11,7 @@ pub mod builder;
 pub mod config;
 pub mod generate;
 pub mod model;
+pub mod quantize;
 pub mod sampling;
 pub mod sequences;
 

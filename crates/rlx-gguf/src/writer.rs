@@ -14,10 +14,14 @@ struct PendingTensor {
     name: String,
     ty: GgmlType,
     dims: Vec<u64>,
-    data: Vec<u8>,
+    bytes: u64,
+    /// `None` for a tensor declared to be written by
+    /// [`GgufWriter::write_streamed`].
+    data: Option<Vec<u8>>,
 }
 
-/// Builds a GGUF file in memory and writes it out.
+/// Builds a GGUF file in memory and writes it out; or writes the header and
+/// then each tensor's bytes as they are made, for files larger than memory.
 #[derive(Default)]
 pub struct GgufWriter {
     metadata: Vec<(String, Value)>,
@@ -69,6 +73,46 @@ impl GgufWriter {
         dims: &[u64],
         data: Vec<u8>,
     ) -> Result<&mut Self> {
+        let bytes = self.check_tensor(name, ty, dims)?;
+        if bytes != data.len() as u64 {
+            return Err(writer_err(format!(
+                "tensor {name:?}: {ty} shape {dims:?} needs {bytes} bytes, got {}",
+                data.len()
+            )));
+        }
+        self.push_tensor(name, ty, dims, bytes, Some(data));
+        Ok(self)
+    }
+
+    /// Declares a tensor whose bytes [`GgufWriter::write_streamed`] asks
+    /// for when it gets to it.
+    pub fn declare_tensor(&mut self, name: &str, ty: GgmlType, dims: &[u64]) -> Result<&mut Self> {
+        let bytes = self.check_tensor(name, ty, dims)?;
+        self.push_tensor(name, ty, dims, bytes, None);
+        Ok(self)
+    }
+
+    fn push_tensor(
+        &mut self,
+        name: &str,
+        ty: GgmlType,
+        dims: &[u64],
+        bytes: u64,
+        data: Option<Vec<u8>>,
+    ) {
+        self.names.insert(name.to_owned());
+        self.tensors.push(PendingTensor {
+            name: name.to_owned(),
+            ty,
+            dims: dims.to_vec(),
+            bytes,
+            data,
+        });
+    }
+
+    /// The byte size of a tensor of this type and shape, after checking the
+    /// name and shape.
+    fn check_tensor(&self, name: &str, ty: GgmlType, dims: &[u64]) -> Result<u64> {
         if name.len() > MAX_TENSOR_NAME {
             return Err(writer_err(format!(
                 "tensor name {name:?} is longer than {MAX_TENSOR_NAME} bytes"
@@ -83,7 +127,6 @@ impl GgufWriter {
         if self.names.contains(name) {
             return Err(writer_err(format!("duplicate tensor name {name:?}")));
         }
-        let n: Option<u64> = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
         if !dims[0].is_multiple_of(ty.block_elems() as u64) {
             return Err(writer_err(format!(
                 "tensor {name:?}: row length {} is not a multiple of the {ty} block size {}",
@@ -91,21 +134,12 @@ impl GgufWriter {
                 ty.block_elems()
             )));
         }
-        let expected = n.and_then(|n| ty.bytes_for(n));
-        if expected != Some(data.len() as u64) {
-            return Err(writer_err(format!(
-                "tensor {name:?}: {ty} shape {dims:?} needs {expected:?} bytes, got {}",
-                data.len()
-            )));
-        }
-        self.names.insert(name.to_owned());
-        self.tensors.push(PendingTensor {
-            name: name.to_owned(),
-            ty,
-            dims: dims.to_vec(),
-            data,
-        });
-        Ok(self)
+        let n: Option<u64> = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        n.and_then(|n| ty.bytes_for(n)).ok_or_else(|| {
+            writer_err(format!(
+                "tensor {name:?}: {ty} shape {dims:?} has no byte size"
+            ))
+        })
     }
 
     fn alignment(&self) -> u64 {
@@ -118,8 +152,8 @@ impl GgufWriter {
             .unwrap_or(DEFAULT_ALIGNMENT)
     }
 
-    /// Serialises the whole file.
-    pub fn to_bytes(&self) -> Vec<u8> {
+    /// The header: metadata and tensor records, padded to the alignment.
+    fn header(&self) -> Vec<u8> {
         let align = self.alignment();
         let mut out = Vec::new();
         out.extend_from_slice(b"GGUF");
@@ -140,11 +174,22 @@ impl GgufWriter {
             }
             out.extend_from_slice(&t.ty.id().to_le_bytes());
             out.extend_from_slice(&offset.to_le_bytes());
-            offset += (t.data.len() as u64).div_ceil(align) * align;
+            offset += t.bytes.div_ceil(align) * align;
         }
         pad_to(&mut out, align);
+        out
+    }
+
+    /// Serialises the whole file. A tensor only declared (its bytes to come
+    /// through [`GgufWriter::write_streamed`]) is written as zeros.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let align = self.alignment();
+        let mut out = self.header();
         for t in &self.tensors {
-            out.extend_from_slice(&t.data);
+            match &t.data {
+                Some(d) => out.extend_from_slice(d),
+                None => out.resize(out.len() + t.bytes as usize, 0),
+            }
             pad_to(&mut out, align);
         }
         out
@@ -159,6 +204,41 @@ impl GgufWriter {
         let path = path.as_ref();
         std::fs::write(path, self.to_bytes())
             .map_err(|e| GgufError::from(ErrorKind::Io(e)).with_path(path))
+    }
+
+    /// Writes the header, then every tensor in order: the bytes it was
+    /// added with, or for a declared one what `data(index)` returns (which
+    /// must be its exact size).
+    pub fn write_streamed(
+        &self,
+        mut w: impl Write,
+        mut data: impl FnMut(usize) -> Result<Vec<u8>>,
+    ) -> Result<()> {
+        let io = |e| GgufError::from(ErrorKind::Io(e));
+        let align = self.alignment();
+        w.write_all(&self.header()).map_err(io)?;
+        for (i, t) in self.tensors.iter().enumerate() {
+            let made;
+            let bytes = match &t.data {
+                Some(d) => d.as_slice(),
+                None => {
+                    made = data(i)?;
+                    made.as_slice()
+                }
+            };
+            if bytes.len() as u64 != t.bytes {
+                return Err(writer_err(format!(
+                    "tensor {:?}: {} bytes given for {} declared",
+                    t.name,
+                    bytes.len(),
+                    t.bytes
+                )));
+            }
+            w.write_all(bytes).map_err(io)?;
+            let pad = t.bytes.div_ceil(align) * align - t.bytes;
+            w.write_all(&vec![0u8; pad as usize]).map_err(io)?;
+        }
+        Ok(())
     }
 }
 

@@ -7,6 +7,7 @@ pub mod info;
 pub mod models;
 pub mod perplexity;
 pub mod progress;
+pub mod quantize;
 pub mod run;
 pub mod sample_args;
 pub mod score;

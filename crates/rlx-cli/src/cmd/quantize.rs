@@ -1,0 +1,106 @@
+//! `rlx quantize`: a GGUF file requantized as llama-quantize would write it.
+
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use rlx_gemma::quantize::{quantize_gguf, FileType, QuantizeOptions};
+use rlx_gguf::GgufFile;
+
+#[derive(clap::Args)]
+pub struct QuantizeArgs {
+    /// The GGUF file to read.
+    pub input: PathBuf,
+    /// The GGUF file to write.
+    pub output: PathBuf,
+    /// File type: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S,
+    /// Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M or Q6_K (llama-quantize's
+    /// mixes: some tensors get more bits, norms and small tensors stay).
+    #[arg(long = "type", value_name = "TYPE")]
+    pub file_type: String,
+    /// Every quantizable tensor gets the type itself (llama-quantize --pure).
+    #[arg(long)]
+    pub pure: bool,
+    /// Threads.
+    #[arg(short = 't', long, default_value_t = default_threads())]
+    pub threads: usize,
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+pub fn run(args: &QuantizeArgs) -> Result<()> {
+    let Some(file_type) = FileType::from_name(&args.file_type) else {
+        let names: Vec<&str> = FileType::ALL.iter().map(|t| t.name()).collect();
+        bail!(
+            "--type {:?}: expected one of {}",
+            args.file_type,
+            names.join(", ")
+        );
+    };
+    if args.input == args.output {
+        bail!("the output would overwrite the input");
+    }
+    let file = GgufFile::open(&args.input)
+        .with_context(|| format!("cannot read {}", args.input.display()))?;
+    let opts = QuantizeOptions {
+        file_type,
+        pure: args.pure,
+        threads: args.threads.max(1),
+    };
+    let out = std::fs::File::create(&args.output)
+        .with_context(|| format!("cannot create {}", args.output.display()))?;
+    let total = file.tensors().len() as u64;
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = ProgressBar::new(total);
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} tensors {msg}")
+                .expect("valid template"),
+        );
+        b
+    });
+    let start = Instant::now();
+    let mut writer = BufWriter::new(out);
+    let result = quantize_gguf(&file, &opts, &mut writer, &mut |i, p| {
+        if let Some(b) = &bar {
+            b.set_position(i as u64);
+            b.set_message(format!("{} {} -> {}", p.name, p.from, p.to));
+        }
+    });
+    let plan = match result.and_then(|p| {
+        writer
+            .flush()
+            .map_err(|e| rlx_gemma::quantize::QuantizeError::Model(e.to_string()))?;
+        Ok(p)
+    }) {
+        Ok(p) => p,
+        Err(e) => {
+            drop(writer);
+            let _ = std::fs::remove_file(&args.output);
+            return Err(e).with_context(|| format!("quantizing {}", args.input.display()));
+        }
+    };
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let mut counts = std::collections::BTreeMap::new();
+    for p in &plan {
+        *counts.entry(p.to.name()).or_insert(0) += 1;
+    }
+    let mix: Vec<String> = counts.iter().map(|(t, n)| format!("{n} {t}")).collect();
+    let size = std::fs::metadata(&args.output).map_or(0, |m| m.len());
+    eprintln!(
+        "{} -> {} ({file_type}{}): {} tensors ({}), {:.1} MiB in {:.1} s",
+        args.input.display(),
+        args.output.display(),
+        if args.pure { ", pure" } else { "" },
+        plan.len(),
+        mix.join(", "),
+        size as f64 / (1 << 20) as f64,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
