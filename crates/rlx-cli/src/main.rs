@@ -44,7 +44,8 @@ enum Command {
     /// Example: rlx serve --port 8080 -c 4096, then
     /// curl localhost:8080/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'
     Serve(cmd::serve::ServeArgs),
-    /// List the models in the cache ($RLX_HOME or ~/.cache/rlx/models).
+    /// List the models found by name: rlx's cache ($RLX_HOME or
+    /// ~/.cache/rlx/models), Ollama, LM Studio, the Hugging Face cache.
     Models,
     /// Requantize a GGUF file as llama-quantize does (its type mixes).
     ///

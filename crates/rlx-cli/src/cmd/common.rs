@@ -104,20 +104,7 @@ impl ModelArgs {
 
 /// A path as given, or a file of that name in the model cache.
 pub fn resolve_model(given: &std::path::Path) -> Result<PathBuf> {
-    if given.exists() {
-        return Ok(given.to_owned());
-    }
-    if let Some(dir) = super::models::cache_dir() {
-        for candidate in [dir.join(given), dir.join(given).with_extension("gguf")] {
-            if candidate.exists() {
-                return Ok(candidate);
-            }
-        }
-    }
-    bail!(
-        "model {} not found (give a GGUF path, or fetch the default model with scripts/fetch-model.sh)",
-        given.display()
-    )
+    super::stores::resolve(given, &super::stores::Roots::from_env())
 }
 
 /// Parses `2,818,5279` into token ids.

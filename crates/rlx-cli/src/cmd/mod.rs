@@ -12,4 +12,5 @@ pub mod run;
 pub mod sample_args;
 pub mod score;
 pub mod serve;
+pub mod stores;
 pub mod tokenize;

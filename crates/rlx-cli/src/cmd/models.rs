@@ -1,51 +1,33 @@
-//! `rlx models`: the cached models.
+//! `rlx models`: the GGUF models rlx can find by name.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::Result;
 
-/// `$RLX_HOME`, else `~/.cache/rlx/models`.
-pub fn cache_dir() -> Option<PathBuf> {
-    std::env::var_os("RLX_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models")))
-}
+use super::stores::{list, Roots};
 
 pub fn run() -> Result<()> {
+    let roots = Roots::from_env();
+    let found = list(&roots);
     let mut out = std::io::stdout().lock();
-    let Some(dir) = cache_dir() else {
-        writeln!(out, "no model cache (set RLX_HOME)")?;
-        return Ok(());
-    };
-    let mut found = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(&dir) {
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.extension().is_some_and(|x| x == "gguf") {
-                let bytes = e.metadata().map(|m| m.len()).unwrap_or(0);
-                found.push((p, bytes));
-            }
-        }
-    }
-    found.sort();
     if found.is_empty() {
         writeln!(
             out,
-            "no models in {} (fetch the default one with scripts/fetch-model.sh)",
-            dir.display()
+            "no models in rlx's cache ({}), Ollama, LM Studio or the Hugging Face cache (fetch the default one with scripts/fetch-model.sh)",
+            roots
+                .rlx
+                .as_ref()
+                .map_or("RLX_HOME unset".into(), |d| d.display().to_string())
         )?;
     }
-    for (p, bytes) in found {
-        let name = p
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
+    for f in found {
         writeln!(
             out,
-            "{name}\t{:.1} MiB\t{}",
-            bytes as f64 / 1048576.0,
-            p.display()
+            "{}\t{}\t{:.1} MiB\t{}",
+            f.name,
+            f.store,
+            f.bytes as f64 / 1048576.0,
+            f.path.display()
         )?;
     }
     Ok(())
