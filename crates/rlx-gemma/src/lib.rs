@@ -10,6 +10,7 @@ mod altup;
 pub mod builder;
 pub mod config;
 pub mod generate;
+pub mod hf;
 pub mod model;
 pub mod quantize;
 pub mod sampling;

@@ -19,6 +19,8 @@ pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] rlx_gguf::GgufError),
     #[error(transparent)]
+    Checkpoint(#[from] crate::hf::HfError),
+    #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
     Build(#[from] BuildError),
@@ -119,10 +121,18 @@ pub struct Model {
     options: ModelOptions,
 }
 
+/// A GGUF file, or a Hugging Face checkpoint directory read as one.
+pub fn open_file(path: &Path) -> Result<GgufFile> {
+    if crate::hf::is_checkpoint(path) {
+        return Ok(crate::hf::open(path)?);
+    }
+    Ok(GgufFile::open(path)?)
+}
+
 impl Model {
+    /// A model from a GGUF file or a Hugging Face checkpoint directory.
     pub fn load(path: impl AsRef<Path>, options: ModelOptions) -> Result<Model> {
-        let file = GgufFile::open(path)?;
-        Self::from_file(file, options)
+        Self::from_file(open_file(path.as_ref())?, options)
     }
 
     pub fn from_file(file: GgufFile, options: ModelOptions) -> Result<Model> {

@@ -14,8 +14,8 @@ mod writer;
 pub use error::{ErrorKind, GgufError, Result};
 pub use quant::{dequantize, dequantize_to_vec, quantize, quantize_to_vec, QuantError};
 pub use reader::{
-    parse_header, GgufFile, Header, TensorInfo, DEFAULT_ALIGNMENT, MAX_COUNT, MAX_DIMS,
-    MAX_TENSOR_NAME,
+    parse_header, GgufFile, Header, TensorBytes, TensorInfo, TensorPart, DEFAULT_ALIGNMENT,
+    MAX_COUNT, MAX_DIMS, MAX_TENSOR_NAME,
 };
 pub use types::{GgmlType, QK_K};
 pub use value::{Array, Value, ValueType};

@@ -49,6 +49,34 @@ impl TensorInfo {
 enum Storage {
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
+    /// Tensors gathered from other files (a checkpoint's safetensors
+    /// shards) or made in memory; each tensor's bytes are found through
+    /// `GgufFile::locations`.
+    Parts(Vec<TensorBytes>),
+}
+
+/// A tensor for [`GgufFile::from_parts`]: name, type, GGUF dims, bytes.
+pub type TensorPart = (String, GgmlType, Vec<u64>, TensorBytes);
+
+/// Where a tensor assembled with [`GgufFile::from_parts`] keeps its bytes.
+pub enum TensorBytes {
+    /// A range of a memory-mapped file, shared with the other tensors in it.
+    Mapped {
+        map: std::sync::Arc<memmap2::Mmap>,
+        start: usize,
+        len: usize,
+    },
+    /// Bytes made in memory (converted, or small).
+    Owned(Vec<u8>),
+}
+
+impl TensorBytes {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            TensorBytes::Mapped { map, start, len } => &map[*start..*start + *len],
+            TensorBytes::Owned(v) => v,
+        }
+    }
 }
 
 impl Storage {
@@ -56,6 +84,7 @@ impl Storage {
         match self {
             Storage::Mapped(m) => m,
             Storage::Owned(v) => v,
+            Storage::Parts(_) => &[],
         }
     }
 }
@@ -156,13 +185,75 @@ impl GgufFile {
         self.storage.bytes()
     }
 
+    /// Bytes of the file, or of all tensors when assembled from parts.
     pub fn file_len(&self) -> u64 {
-        self.bytes().len() as u64
+        match &self.storage {
+            Storage::Parts(parts) => parts.iter().map(|p| p.bytes().len() as u64).sum(),
+            s => s.bytes().len() as u64,
+        }
     }
 
     /// True if the file is memory-mapped rather than held in a buffer.
     pub fn is_mapped(&self) -> bool {
         matches!(self.storage, Storage::Mapped(_))
+    }
+
+    /// A file assembled from metadata and tensors whose bytes live
+    /// elsewhere (memory-mapped checkpoint shards, converted buffers), for
+    /// formats that are not GGUF but load as if they were. The tensors are
+    /// checked as the reader checks a file's: names unique, sizes matching
+    /// their type and shape.
+    pub fn from_parts(
+        path: Option<PathBuf>,
+        metadata: Vec<(String, Value)>,
+        tensors: Vec<TensorPart>,
+    ) -> Result<Self> {
+        let bad = |msg: String| GgufError::from(ErrorKind::Writer(msg));
+        let mut key_index = HashMap::new();
+        for (i, (k, _)) in metadata.iter().enumerate() {
+            if key_index.insert(k.clone(), i).is_some() {
+                return Err(bad(format!("duplicate key {k:?}")));
+            }
+        }
+        let mut infos = Vec::with_capacity(tensors.len());
+        let mut parts = Vec::with_capacity(tensors.len());
+        let mut tensor_index = HashMap::new();
+        for (i, (name, ty, dims, bytes)) in tensors.into_iter().enumerate() {
+            let n_elements: u64 = dims.iter().product();
+            let n_bytes = ty
+                .bytes_for(n_elements)
+                .filter(|&n| n == bytes.bytes().len() as u64);
+            let Some(n_bytes) = n_bytes else {
+                return Err(bad(format!(
+                    "tensor {name:?}: {ty} {dims:?} does not fit its {} bytes",
+                    bytes.bytes().len()
+                )));
+            };
+            if tensor_index.insert(name.clone(), i).is_some() {
+                return Err(bad(format!("duplicate tensor {name:?}")));
+            }
+            infos.push(TensorInfo {
+                name,
+                ty,
+                dims,
+                offset: 0,
+                n_elements,
+                n_bytes,
+            });
+            parts.push(bytes);
+        }
+        let alignment = DEFAULT_ALIGNMENT;
+        Ok(GgufFile {
+            path,
+            storage: Storage::Parts(parts),
+            version: 3,
+            metadata,
+            key_index,
+            tensors: infos,
+            tensor_index,
+            alignment,
+            data_offset: 0,
+        })
     }
 
     /// Metadata in file order.
@@ -237,8 +328,22 @@ impl GgufFile {
 
     /// The tensor's packed bytes, borrowed from the mapping.
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
+        if let Storage::Parts(parts) = &self.storage {
+            return self
+                .tensor_index
+                .get(&info.name)
+                .map_or(&[][..], |&i| parts[i].bytes());
+        }
         let start = (self.data_offset + info.offset) as usize;
         &self.bytes()[start..start + info.n_bytes as usize]
+    }
+
+    /// The bytes of the `i`-th tensor of [`GgufFile::tensors`].
+    pub fn tensor_data_at(&self, i: usize) -> &[u8] {
+        match &self.storage {
+            Storage::Parts(parts) => parts[i].bytes(),
+            _ => self.tensor_data(&self.tensors[i]),
+        }
     }
 
     /// The named tensor's record and bytes.

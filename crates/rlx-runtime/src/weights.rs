@@ -15,8 +15,8 @@ pub struct WeightInfo {
     /// IR shape: `[rows, row_len]` for matrices (GGUF dims reversed), `[len]`
     /// for vectors, higher ranks likewise reversed.
     pub shape: Vec<usize>,
-    /// Byte range in the mapped file.
-    offset: usize,
+    /// Index in the file's tensor table.
+    index: usize,
     len: usize,
 }
 
@@ -39,15 +39,15 @@ pub enum WeightError {
 impl WeightStore {
     /// Registers every tensor of the file, in file order.
     pub fn new(file: Arc<GgufFile>) -> Self {
-        let data_offset = file.data_offset() as usize;
         let weights: Vec<WeightInfo> = file
             .tensors()
             .iter()
-            .map(|t| WeightInfo {
+            .enumerate()
+            .map(|(i, t)| WeightInfo {
                 name: t.name.clone(),
                 ty: t.ty,
                 shape: t.dims.iter().rev().map(|&d| d as usize).collect(),
-                offset: data_offset + t.offset as usize,
+                index: i,
                 len: t.n_bytes as usize,
             })
             .collect();
@@ -86,7 +86,7 @@ impl WeightStore {
     /// The weight's packed bytes, borrowed from the mapping.
     pub fn bytes(&self, id: WeightId) -> &[u8] {
         let w = &self.weights[id.0 as usize];
-        &self.file.bytes()[w.offset..w.offset + w.len]
+        self.file.tensor_data_at(w.index)
     }
 
     /// Heap bytes this store owns beyond the mapping (repacked layouts would

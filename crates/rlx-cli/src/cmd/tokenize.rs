@@ -4,7 +4,6 @@ use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use rlx_gguf::GgufFile;
 use rlx_tokenizer::{EncodeOptions, Tokenizer};
 use serde_json::json;
 
@@ -52,7 +51,8 @@ pub struct DetokenizeArgs {
 
 pub fn load_tokenizer(model: &std::path::Path) -> Result<Tokenizer> {
     let path = resolve_model(model)?;
-    let file = GgufFile::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file = rlx_gemma::model::open_file(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
     Tokenizer::from_gguf(&file)
         .with_context(|| format!("no usable tokenizer in {}", path.display()))
 }

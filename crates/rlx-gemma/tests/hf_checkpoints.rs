@@ -1,0 +1,129 @@
+//! Hugging Face checkpoints read directly (`Model::load(DIR)`): the tiny
+//! models' transformers-saved directories against the f32 GGUFs llama.cpp
+//! converted from the same weights — the resolved config, and the logits of
+//! every prompt (exact path); the tokenizer against transformers' ids on
+//! the committed corpus, and the chat template against
+//! `apply_chat_template` (both committed by scripts/tiny/hf_reference.py).
+
+mod common;
+
+use common::{fixtures, rel_l2};
+use rlx_gemma::model::open_file;
+use rlx_gemma::{GemmaConfig, Model, ModelOptions, Precision, SessionOptions};
+use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Tokenizer};
+use serde_json::Value;
+
+const MODELS: [&str; 3] = ["gemma", "gemma2", "gemma3"];
+
+fn jsonl(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .split('\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn exact(path: &std::path::Path) -> Model {
+    Model::load(
+        path,
+        ModelOptions {
+            precision: Precision::Exact,
+            threads: 1,
+            ..ModelOptions::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn checkpoints_give_the_converted_files_config_and_logits() {
+    for m in MODELS {
+        let dir = fixtures().join("tiny").join(m);
+        let hf = dir.join("hf");
+        let gguf = dir.join("model-f32.gguf");
+        let a = GemmaConfig::from_gguf(&open_file(&hf).unwrap()).unwrap();
+        let b = GemmaConfig::from_gguf(&open_file(&gguf).unwrap()).unwrap();
+        assert_eq!(format!("{a:?}"), format!("{b:?}"), "{m}: configs differ");
+        let prompts: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap())
+                .unwrap();
+        let (ma, mb) = (exact(&hf), exact(&gguf));
+        for (name, ids) in prompts.as_object().unwrap() {
+            let ids: Vec<u32> = ids
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let score = |model: &Model| {
+                let mut s = model.session(SessionOptions::default()).unwrap();
+                s.score(&ids).unwrap()
+            };
+            let d = rel_l2(&score(&ma), &score(&mb));
+            assert!(d <= 1e-6, "{m} {name}: rel L2 {d:e}");
+            eprintln!("{m} {name}: checkpoint against converted GGUF, rel L2 {d:e}");
+        }
+    }
+}
+
+#[test]
+fn tokenizer_and_chat_template_are_transformers() {
+    let corpus: std::collections::HashMap<String, String> =
+        jsonl(&fixtures().join("tokenizer/corpus.jsonl"))
+            .into_iter()
+            .filter_map(|c| {
+                Some((
+                    c["name"].as_str()?.to_owned(),
+                    c["text"].as_str()?.to_owned(),
+                ))
+            })
+            .collect();
+    for m in MODELS {
+        let dir = fixtures().join("tiny").join(m);
+        let file = open_file(&dir.join("hf")).unwrap();
+        let tok = Tokenizer::from_gguf(&file).unwrap();
+        let mut checked = 0;
+        for case in jsonl(&dir.join("hf-tokens.jsonl")) {
+            let name = case["name"].as_str().unwrap();
+            let want: Vec<u32> = case["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let got = tok.encode(
+                &corpus[name],
+                EncodeOptions {
+                    add_bos: false,
+                    parse_special: true,
+                },
+            );
+            assert_eq!(got, want, "{m} {name}: {:?}", corpus[name]);
+            checked += 1;
+        }
+        assert!(checked > 400, "{m}: {checked} strings");
+        let template = ChatTemplate::from_gguf(&file).unwrap();
+        assert!(
+            !template.is_builtin(),
+            "{m}: the checkpoint's template was not read"
+        );
+        for case in jsonl(&dir.join("hf-chat.jsonl")) {
+            let messages: Vec<ChatMessage> = case["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
+                })
+                .collect();
+            let opts = ChatOptions {
+                add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+                enable_thinking: None,
+            };
+            let got = template.render(&messages, &opts).unwrap();
+            assert_eq!(got, case["text"].as_str().unwrap(), "{m}");
+        }
+        eprintln!("{m}: {checked} corpus strings tokenized as transformers does");
+    }
+}
