@@ -127,3 +127,34 @@ fn tokenizer_and_chat_template_are_transformers() {
         eprintln!("{m}: {checked} corpus strings tokenized as transformers does");
     }
 }
+
+#[test]
+fn a_checkpoint_quantizes_to_llama_quantizes_tensors() {
+    use rlx_gemma::quantize::{quantize_gguf, FileType, QuantizeOptions};
+    for m in MODELS {
+        let dir = fixtures().join("tiny").join(m);
+        let hf = open_file(&dir.join("hf")).unwrap();
+        let mut out = Vec::new();
+        let opts = QuantizeOptions {
+            file_type: FileType::Q8_0,
+            pure: true,
+            threads: 2,
+        };
+        quantize_gguf(&hf, &opts, &mut out, &mut |_, _| {}).unwrap();
+        let ours = rlx_gguf::GgufFile::from_bytes(out).unwrap();
+        // llama.cpp's: convert_hf_to_gguf.py, then llama-quantize --pure.
+        let theirs = rlx_gguf::GgufFile::open(dir.join("model-Q8_0.gguf")).unwrap();
+        assert_eq!(ours.tensors().len(), theirs.tensors().len(), "{m}");
+        for t in theirs.tensors() {
+            let o = ours
+                .tensor(&t.name)
+                .unwrap_or_else(|| panic!("{m}: no {}", t.name));
+            assert_eq!((o.ty, &o.dims), (t.ty, &t.dims), "{m} {}", t.name);
+            assert!(
+                ours.tensor_data(o) == theirs.tensor_data(t),
+                "{m} {}: bytes differ",
+                t.name
+            );
+        }
+    }
+}

@@ -12,9 +12,15 @@ pub const DEFAULT_MODEL: &str = "gemma-3-270m-q4_k_m";
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Model: a GGUF path or the name of a cached model.
+    /// Model: a GGUF path, a Hugging Face checkpoint directory, or a name
+    /// (`rlx models` lists them).
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
+    /// Quantize the weights as they load, with llama-quantize's mix for this
+    /// file type (Q8_0, Q4_0, Q4_K_M, Q6_K, …; see `rlx quantize`): for a
+    /// checkpoint of f32/f16/bf16 weights, or to requantize a GGUF.
+    #[arg(long, value_name = "TYPE")]
+    pub quantize: Option<String>,
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
@@ -93,8 +99,14 @@ impl ModelArgs {
             _ => Precision::Exact,
         };
         opts.batch_invariant = self.batch_invariant;
-        let model =
-            Model::load(&path, opts).with_context(|| format!("cannot load {}", path.display()))?;
+        let model = match &self.quantize {
+            None => Model::load(&path, opts),
+            Some(ty) => {
+                let file = super::quantize::quantized_in_memory(&path, ty, opts.threads)?;
+                Model::from_file(file, opts)
+            }
+        }
+        .with_context(|| format!("cannot load {}", path.display()))?;
         for w in model.config().warnings() {
             eprintln!("warning: {}: {w}", path.display());
         }

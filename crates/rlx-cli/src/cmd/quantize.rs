@@ -1,4 +1,5 @@
-//! `rlx quantize`: a GGUF file requantized as llama-quantize would write it.
+//! `rlx quantize`: a GGUF file or a Hugging Face checkpoint quantized as
+//! llama-quantize would write it; and quantizing at load (`--quantize`).
 
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
@@ -11,7 +12,7 @@ use rlx_gguf::GgufFile;
 
 #[derive(clap::Args)]
 pub struct QuantizeArgs {
-    /// The GGUF file to read.
+    /// The GGUF file or Hugging Face checkpoint directory to read.
     pub input: PathBuf,
     /// The GGUF file to write.
     pub output: PathBuf,
@@ -32,19 +33,55 @@ fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-pub fn run(args: &QuantizeArgs) -> Result<()> {
-    let Some(file_type) = FileType::from_name(&args.file_type) else {
+fn file_type(name: &str, flag: &str) -> Result<FileType> {
+    FileType::from_name(name).ok_or_else(|| {
         let names: Vec<&str> = FileType::ALL.iter().map(|t| t.name()).collect();
-        bail!(
-            "--type {:?}: expected one of {}",
-            args.file_type,
-            names.join(", ")
+        anyhow::anyhow!("{flag} {name:?}: expected one of {}", names.join(", "))
+    })
+}
+
+fn bar(total: usize) -> Option<ProgressBar> {
+    std::io::stderr().is_terminal().then(|| {
+        let b = ProgressBar::new(total as u64);
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} tensors {msg}")
+                .expect("valid template"),
         );
+        b
+    })
+}
+
+/// The model at `path` quantized in memory, with a progress bar.
+pub fn quantized_in_memory(path: &std::path::Path, ty: &str, threads: usize) -> Result<GgufFile> {
+    let file_type = file_type(ty, "--quantize")?;
+    let file = rlx_gemma::model::open_file(path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let opts = QuantizeOptions {
+        file_type,
+        pure: false,
+        threads,
     };
+    let bar = bar(file.tensors().len());
+    let mut out = Vec::new();
+    quantize_gguf(&file, &opts, &mut out, &mut |i, p| {
+        if let Some(b) = &bar {
+            b.set_position(i as u64);
+            b.set_message(format!("{} -> {}", p.name, p.to));
+        }
+    })
+    .with_context(|| format!("quantizing {} to {file_type}", path.display()))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(GgufFile::from_bytes(out)?)
+}
+
+pub fn run(args: &QuantizeArgs) -> Result<()> {
+    let file_type = file_type(&args.file_type, "--type")?;
     if args.input == args.output {
         bail!("the output would overwrite the input");
     }
-    let file = GgufFile::open(&args.input)
+    let file = rlx_gemma::model::open_file(&args.input)
         .with_context(|| format!("cannot read {}", args.input.display()))?;
     let opts = QuantizeOptions {
         file_type,
@@ -53,15 +90,7 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     };
     let out = std::fs::File::create(&args.output)
         .with_context(|| format!("cannot create {}", args.output.display()))?;
-    let total = file.tensors().len() as u64;
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let b = ProgressBar::new(total);
-        b.set_style(
-            ProgressStyle::with_template("{bar:40} {pos}/{len} tensors {msg}")
-                .expect("valid template"),
-        );
-        b
-    });
+    let bar = bar(file.tensors().len());
     let start = Instant::now();
     let mut writer = BufWriter::new(out);
     let result = quantize_gguf(&file, &opts, &mut writer, &mut |i, p| {
