@@ -66,12 +66,8 @@ pub fn open(dir: &Path) -> Result<GgufFile, HfError> {
         "gemma" => "gemma",
         "gemma2" => "gemma2",
         "gemma3" | "gemma3_text" => "gemma3",
-        "gemma3n" | "gemma3n_text" | "gemma4" | "gemma4_text" => {
-            return Err(HfError::Unsupported(format!(
-                "{}: {model_type} checkpoints are not read yet (convert with llama.cpp's convert_hf_to_gguf.py)",
-                dir.display()
-            )))
-        }
+        "gemma3n" | "gemma3n_text" => "gemma3n",
+        "gemma4" | "gemma4_text" => "gemma4",
         other => {
             return Err(HfError::Config {
                 key: "model_type".into(),
@@ -94,7 +90,12 @@ pub fn open(dir: &Path) -> Result<GgufFile, HfError> {
         ));
     }
     c.model_metadata(&mut meta)?;
-    let tokenizer = tokenizer_metadata(dir, &read_json)?;
+    let vocab_size = c.get("vocab_size").and_then(Json::as_u64).unwrap_or(0) as usize;
+    let tokenizer = if arch == "gemma4" {
+        bpe_tokenizer_metadata(dir, &read_json)?
+    } else {
+        tokenizer_metadata(dir, &read_json, vocab_size)?
+    };
     let n_vocab = tokenizer.n_vocab;
     meta.extend(tokenizer.meta);
 
@@ -103,7 +104,10 @@ pub fn open(dir: &Path) -> Result<GgufFile, HfError> {
         .or_else(|| text_config.get("tie_word_embeddings"))
         .and_then(Json::as_bool)
         .unwrap_or(true);
-    let tensors = tensors(dir, &read_json, arch, tied, n_vocab)?;
+    let mut tensors = tensors(dir, &read_json, arch, tied, n_vocab)?;
+    if let Some(freqs) = c.rope_freqs()? {
+        tensors.push(freqs);
+    }
     Ok(GgufFile::from_parts(Some(dir.to_owned()), meta, tensors)?)
 }
 
@@ -132,6 +136,48 @@ impl Cfg<'_> {
         self.get(key).and_then(Json::as_f64).map(|v| v as f32)
     }
 
+    fn list(&self, key: &str) -> Option<&Vec<Json>> {
+        self.get(key).and_then(Json::as_array)
+    }
+
+    /// Which layers slide, from `layer_types`.
+    fn sliding(&self, layers: u32) -> Result<Option<Vec<bool>>, HfError> {
+        let Some(types) = self.list("layer_types") else {
+            return Ok(None);
+        };
+        let sliding: Vec<bool> = types
+            .iter()
+            .map(|t| t.as_str() == Some("sliding_attention"))
+            .collect();
+        if sliding.len() != layers as usize {
+            return Err(HfError::Config {
+                key: "layer_types".into(),
+                msg: format!("{} entries for {layers} layers", sliding.len()),
+            });
+        }
+        Ok(Some(sliding))
+    }
+
+    /// A Gemma 4 value for the global layers: the top-level key, else the
+    /// first global layer's entry in `per_layer_config`.
+    fn global(&self, top: &str, per_layer: &str) -> Option<u64> {
+        if let Some(v) = self.get(top).and_then(Json::as_u64) {
+            return Some(v);
+        }
+        let types = self.list("layer_types")?;
+        let per = self.get("per_layer_config")?.as_object()?;
+        let mut entries: Vec<(usize, &Json)> = per
+            .iter()
+            .filter_map(|(k, v)| Some((k.parse().ok()?, v)))
+            .collect();
+        entries.sort_by_key(|(i, _)| *i);
+        entries.into_iter().find_map(|(i, v)| {
+            (types.get(i)?.as_str() == Some("full_attention"))
+                .then(|| v.get(per_layer)?.as_u64())
+                .flatten()
+        })
+    }
+
     fn model_metadata(&self, meta: &mut Vec<(String, Value)>) -> Result<(), HfError> {
         let a = self.arch;
         let mut put = |k: &str, v: Value| meta.push((format!("{a}.{k}"), v));
@@ -144,66 +190,204 @@ impl Cfg<'_> {
         );
         put("embedding_length", Value::U32(hidden));
         put("block_count", Value::U32(layers));
-        put(
-            "feed_forward_length",
-            Value::U32(self.uint("intermediate_size")?),
-        );
+        let shared_kv = match self.get("num_kv_shared_layers") {
+            Some(_) => self.uint("num_kv_shared_layers")?,
+            None => 0,
+        };
+        let ff = match self.list("intermediate_size") {
+            Some(per_layer) => {
+                let v: Option<Vec<i32>> = per_layer
+                    .iter()
+                    .map(|x| x.as_u64().and_then(|n| i32::try_from(n).ok()))
+                    .collect();
+                Value::Array(Array::I32(v.ok_or_else(|| HfError::Config {
+                    key: "intermediate_size".into(),
+                    msg: "expected integers".into(),
+                })?))
+            }
+            None => {
+                let n = self.uint("intermediate_size")?;
+                if self.get("use_double_wide_mlp").and_then(Json::as_bool) == Some(true) {
+                    let first_shared = layers.saturating_sub(shared_kv);
+                    let v = (0..layers)
+                        .map(|l| if l < first_shared { n } else { 2 * n } as i32)
+                        .collect();
+                    Value::Array(Array::I32(v))
+                } else {
+                    Value::U32(n)
+                }
+            }
+        };
+        put("feed_forward_length", ff);
         put("attention.head_count", Value::U32(heads));
         let kv = match self.get("num_key_value_heads") {
             Some(_) => self.uint("num_key_value_heads")?,
             None => heads,
         };
-        put("attention.head_count_kv", Value::U32(kv));
-        let eps = self.float("rms_norm_eps").ok_or_else(|| HfError::Config {
-            key: "rms_norm_eps".into(),
-            msg: "expected a number".into(),
-        })?;
-        put("attention.layer_norm_rms_epsilon", Value::F32(eps));
-        let head_dim = match self.get("head_dim") {
-            Some(_) => self.uint("head_dim")?,
-            None => hidden / heads.max(1),
-        };
-        put("attention.key_length", Value::U32(head_dim));
-        put("attention.value_length", Value::U32(head_dim));
-        if let Some(cap) = self.float("attn_logit_softcapping") {
-            put("attn_logit_softcapping", Value::F32(cap));
+        let sliding = self.sliding(layers)?;
+        let kv_global = (a == "gemma4")
+            .then(|| self.global("num_global_key_value_heads", "num_key_value_heads"))
+            .flatten();
+        match (kv_global, &sliding) {
+            (Some(g), Some(sl)) => put(
+                "attention.head_count_kv",
+                Value::Array(Array::I32(
+                    sl.iter()
+                        .map(|&s| if s { kv } else { g as u32 } as i32)
+                        .collect(),
+                )),
+            ),
+            _ => put("attention.head_count_kv", Value::U32(kv)),
         }
-        if let Some(cap) = self.float("final_logit_softcapping") {
-            put("final_logit_softcapping", Value::F32(cap));
-        }
-        if self.arch != "gemma" {
-            if let Some(w) = self.get("sliding_window").and_then(Json::as_u64) {
-                put("attention.sliding_window", Value::U32(w as u32));
-            }
-        }
-        if self.arch == "gemma3" {
+        if matches!(a, "gemma3" | "gemma3n" | "gemma4") {
             let (global, local, scaling) = self.rope();
-            if let Some((kind, factor)) = scaling {
+            if let Some((kind, factor)) = scaling.filter(|(k, _)| k != "proportional") {
                 put("rope.scaling.type", Value::String(kind));
                 put("rope.scaling.factor", Value::F32(factor));
             }
             put("rope.freq_base", Value::F32(global));
             put("rope.freq_base_swa", Value::F32(local));
-            if let Some(types) = self.get("layer_types").and_then(Json::as_array) {
-                let sliding: Vec<bool> = types
-                    .iter()
-                    .map(|t| t.as_str() == Some("sliding_attention"))
-                    .collect();
-                if sliding.len() != layers as usize {
-                    return Err(HfError::Config {
-                        key: "layer_types".into(),
-                        msg: format!("{} entries for {layers} layers", sliding.len()),
-                    });
-                }
-                put(
-                    "attention.sliding_window_pattern",
-                    Value::Array(Array::Bool(sliding)),
-                );
-            }
         } else if let Some(theta) = self.float("rope_theta") {
             put("rope.freq_base", Value::F32(theta));
         }
+        let eps = self.float("rms_norm_eps").ok_or_else(|| HfError::Config {
+            key: "rms_norm_eps".into(),
+            msg: "expected a number".into(),
+        })?;
+        put("attention.layer_norm_rms_epsilon", Value::F32(eps));
+        if a == "gemma4" {
+            if let Some(n) = self.get("num_experts").and_then(Json::as_u64) {
+                put("expert_count", Value::U32(n as u32));
+                if let Some(k) = self.get("top_k_experts").and_then(Json::as_u64) {
+                    put("expert_used_count", Value::U32(k as u32));
+                }
+            }
+        }
+        let head_dim = match self.get("head_dim") {
+            Some(_) => self.uint("head_dim")?,
+            None => hidden / heads.max(1),
+        };
+        let head_dim_global = if a == "gemma4" {
+            self.global("global_head_dim", "head_dim")
+                .map_or(head_dim, |v| v as u32)
+        } else {
+            head_dim
+        };
+        put("attention.key_length", Value::U32(head_dim_global));
+        put("attention.value_length", Value::U32(head_dim_global));
+        if let Some(cap) = self.float("attn_logit_softcapping") {
+            put("attn_logit_softcapping", Value::F32(cap));
+        }
+        if let Some(cap) = self.float("final_logit_softcapping").filter(|&c| c != 0.0) {
+            put("final_logit_softcapping", Value::F32(cap));
+        }
+        if a != "gemma" {
+            if let Some(w) = self.get("sliding_window").and_then(Json::as_u64) {
+                put("attention.sliding_window", Value::U32(w as u32));
+            }
+        }
+        if a == "gemma3n" {
+            put(
+                "altup.active_idx",
+                Value::U32(self.uint("altup_active_idx")?),
+            );
+            put(
+                "altup.num_inputs",
+                Value::U32(self.uint("altup_num_inputs")?),
+            );
+        }
+        if matches!(a, "gemma3n" | "gemma4") {
+            put("attention.shared_kv_layers", Value::U32(shared_kv));
+            let ple = self
+                .get("hidden_size_per_layer_input")
+                .and_then(Json::as_u64)
+                .unwrap_or(0);
+            put("embedding_length_per_layer_input", Value::U32(ple as u32));
+        }
+        if a == "gemma3n" {
+            let pattern =
+                self.list("activation_sparsity_pattern")
+                    .ok_or_else(|| HfError::Config {
+                        key: "activation_sparsity_pattern".into(),
+                        msg: "missing".into(),
+                    })?;
+            let scales: Option<Vec<f32>> = pattern
+                .iter()
+                .map(|p| p.as_f64().map(|p| sparsity_scale(p as f32)))
+                .collect();
+            put(
+                "activation_sparsity_scale",
+                Value::Array(Array::F32(scales.ok_or_else(|| HfError::Config {
+                    key: "activation_sparsity_pattern".into(),
+                    msg: "expected numbers".into(),
+                })?)),
+            );
+        }
+        if let Some(sl) = sliding.filter(|_| a != "gemma2") {
+            put(
+                "attention.sliding_window_pattern",
+                Value::Array(Array::Bool(sl)),
+            );
+        }
+        if a == "gemma4" {
+            put("attention.key_length_swa", Value::U32(head_dim));
+            put("attention.value_length_swa", Value::U32(head_dim));
+            if let Some(n) = self.get("moe_intermediate_size").and_then(Json::as_u64) {
+                put("expert_feed_forward_length", Value::U32(n as u32));
+            }
+            let partial_swa = self
+                .rope_params("sliding_attention")
+                .and_then(|p| p.get("partial_rotary_factor"))
+                .and_then(Json::as_f64)
+                .unwrap_or(1.0);
+            put("rope.dimension_count", Value::U32(head_dim_global));
+            put(
+                "rope.dimension_count_swa",
+                Value::U32((f64::from(head_dim) * partial_swa) as u32),
+            );
+        }
         Ok(())
+    }
+
+    fn rope_params(&self, layer_type: &str) -> Option<&Json> {
+        self.get("rope_parameters")?.get(layer_type)
+    }
+
+    /// Gemma 4's `rope_freqs`: the global layers rotate only the first
+    /// `partial_rotary_factor` of each head ("proportional" RoPE), which
+    /// llama.cpp expresses as a frequency factor of 1 for rotated pairs and
+    /// 1e30 (no rotation) for the rest.
+    fn rope_freqs(&self) -> Result<Option<TensorPart>, HfError> {
+        let Some(full) = self.rope_params("full_attention") else {
+            return Ok(None);
+        };
+        if self.arch != "gemma4"
+            || full.get("rope_type").and_then(Json::as_str) != Some("proportional")
+        {
+            return Ok(None);
+        }
+        let head_dim = match self.get("head_dim") {
+            Some(_) => u64::from(self.uint("head_dim")?),
+            None => 0,
+        };
+        let hd = self
+            .global("global_head_dim", "head_dim")
+            .unwrap_or(head_dim);
+        let factor = full
+            .get("partial_rotary_factor")
+            .and_then(Json::as_f64)
+            .unwrap_or(1.0);
+        let rotated = (hd as f64 * factor / 2.0) as usize;
+        let pairs = (hd / 2) as usize;
+        let values: Vec<u8> = (0..pairs)
+            .flat_map(|i| if i < rotated { 1.0f32 } else { 1e30f32 }.to_le_bytes())
+            .collect();
+        Ok(Some((
+            "rope_freqs.weight".into(),
+            GgmlType::F32,
+            vec![pairs as u64],
+            TensorBytes::Owned(values),
+        )))
     }
 
     /// Global and local RoPE bases and the global layers' scaling, from
@@ -244,6 +428,7 @@ struct Tokenizer {
 fn tokenizer_metadata(
     dir: &Path,
     read_json: &dyn Fn(&str) -> Result<Option<Json>, HfError>,
+    vocab_size: usize,
 ) -> Result<Tokenizer, HfError> {
     let model_path = dir.join("tokenizer.model");
     let bytes = std::fs::read(&model_path).map_err(|e| HfError::File {
@@ -255,8 +440,15 @@ fn tokenizer_metadata(
         msg: "not a SentencePiece model".into(),
     })?;
     let mut tokens: Vec<String> = pieces.iter().map(|p| p.text.clone()).collect();
-    let scores: Vec<f32> = pieces.iter().map(|p| p.score).collect();
+    let mut scores: Vec<f32> = pieces.iter().map(|p| p.score).collect();
     let mut types: Vec<i32> = pieces.iter().map(|p| p.kind).collect();
+    // A model whose embedding has more rows than the tokenizer has pieces
+    // gets unused placeholders, as the converter writes them.
+    for i in tokens.len()..vocab_size {
+        tokens.push(format!("[PAD{i}]"));
+        scores.push(-1000.0);
+        types.push(5);
+    }
     let tc = read_json("tokenizer_config.json")?.unwrap_or(Json::Null);
     if let Some(added) = tc.get("added_tokens_decoder").and_then(Json::as_object) {
         for (id, t) in added {
@@ -327,6 +519,198 @@ fn tokenizer_metadata(
     Ok(Tokenizer { meta, n_vocab })
 }
 
+/// Gemma 4's vocabulary from `tokenizer.json` (byte-fallback BPE): tokens
+/// by id with the added ones, control for special tokens, byte pieces,
+/// the tags its chat parser reads kept visible (user-defined), the merges.
+fn bpe_tokenizer_metadata(
+    dir: &Path,
+    read_json: &dyn Fn(&str) -> Result<Option<Json>, HfError>,
+) -> Result<Tokenizer, HfError> {
+    const VISIBLE: [&str; 7] = [
+        "<|channel>",
+        "<channel|>",
+        "<|tool_call>",
+        "<tool_call|>",
+        "<|tool_response>",
+        "<tool_response|>",
+        "<|\"|>",
+    ];
+    let path = dir.join("tokenizer.json");
+    let bad = |msg: &str| HfError::File {
+        path: path.clone(),
+        msg: msg.to_owned(),
+    };
+    let tj = read_json("tokenizer.json")?
+        .ok_or_else(|| bad("missing (Gemma 4 reads its vocabulary from it)"))?;
+    let model = &tj["model"];
+    if model["type"].as_str() != Some("BPE") {
+        return Err(bad("the model is not BPE"));
+    }
+    let vocab = model["vocab"]
+        .as_object()
+        .ok_or_else(|| bad("no model.vocab"))?;
+    let mut by_id: BTreeMap<usize, (String, i32)> = BTreeMap::new();
+    for (text, id) in vocab {
+        let id = id
+            .as_u64()
+            .ok_or_else(|| bad("a vocabulary id is not a number"))? as usize;
+        let is_byte = text.len() == 6 && text.starts_with("<0x") && text.ends_with('>');
+        by_id.insert(id, (text.clone(), if is_byte { 6 } else { 1 }));
+    }
+    for t in tj["added_tokens"].as_array().into_iter().flatten() {
+        let (Some(id), Some(text)) = (t["id"].as_u64(), t["content"].as_str()) else {
+            continue;
+        };
+        let kind = if t["special"].as_bool() == Some(true) {
+            3
+        } else {
+            4
+        };
+        by_id.insert(id as usize, (text.to_owned(), kind));
+    }
+    let n = by_id.keys().next_back().map_or(0, |&k| k + 1);
+    if by_id.len() != n {
+        return Err(bad("token ids have gaps"));
+    }
+    let mut tokens = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
+    for (_, (text, kind)) in by_id {
+        types.push(if VISIBLE.contains(&text.as_str()) {
+            4
+        } else {
+            kind
+        });
+        tokens.push(text);
+    }
+    let merges: Option<Vec<String>> = model["merges"]
+        .as_array()
+        .ok_or_else(|| bad("no model.merges"))?
+        .iter()
+        .map(|m| match m {
+            Json::String(s) => Some(s.clone()),
+            Json::Array(p) => Some(format!("{} {}", p.first()?.as_str()?, p.get(1)?.as_str()?)),
+            _ => None,
+        })
+        .collect();
+    let merges = merges.ok_or_else(|| bad("a merge is neither \"a b\" nor [a, b]"))?;
+    let tc = read_json("tokenizer_config.json")?.unwrap_or(Json::Null);
+    let id_of = |key: &str| -> Option<u32> {
+        let v = tc.get(key)?;
+        let text = v.as_str().or_else(|| v.get("content")?.as_str())?;
+        tokens.iter().position(|t| t == text).map(|i| i as u32)
+    };
+    let n_vocab = tokens.len();
+    let mut meta = vec![
+        (
+            "tokenizer.ggml.model".to_owned(),
+            Value::String("gemma4".into()),
+        ),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(Array::String(tokens.clone())),
+        ),
+        (
+            "tokenizer.ggml.scores".into(),
+            Value::Array(Array::F32(vec![-1000.0; n_vocab])),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(Array::I32(types)),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(Array::String(merges)),
+        ),
+    ];
+    for (key, gguf) in [
+        ("bos_token", "bos_token_id"),
+        ("eos_token", "eos_token_id"),
+        ("unk_token", "unknown_token_id"),
+        ("pad_token", "padding_token_id"),
+        ("mask_token", "mask_token_id"),
+    ] {
+        if let Some(id) = id_of(key) {
+            meta.push((format!("tokenizer.ggml.{gguf}"), Value::U32(id)));
+        }
+    }
+    meta.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(true)));
+    let add_eos = tc
+        .get("add_eos_token")
+        .and_then(Json::as_bool)
+        .unwrap_or(false);
+    meta.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(add_eos)));
+    if let Some(t) = chat_template(dir, &tc)? {
+        meta.push(("tokenizer.chat_template".into(), Value::String(t)));
+    }
+    meta.push(("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false)));
+    Ok(Tokenizer { meta, n_vocab })
+}
+
+/// The standard normal quantile of `p` the way the converter computes it
+/// (PyTorch's `Normal.icdf` in f32: erfinv(2p − 1)·√2, each step rounded to
+/// f32), so the GGUF value is matched to the bit.
+fn sparsity_scale(p: f32) -> f32 {
+    let x = 2.0 * p - 1.0;
+    let erfinv = (normal_quantile((f64::from(x) + 1.0) / 2.0) / std::f64::consts::SQRT_2) as f32;
+    erfinv * std::f32::consts::SQRT_2
+}
+
+/// The standard normal distribution's quantile (Acklam's approximation,
+/// relative error below 1.2e-9: exact once rounded to f32 but for values
+/// within that of a rounding boundary).
+fn normal_quantile(p: f64) -> f64 {
+    if p <= 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if p >= 1.0 {
+        return f64::INFINITY;
+    }
+    const A: [f64; 6] = [
+        -3.969683028665376e1,
+        2.209460984245205e2,
+        -2.759285104469687e2,
+        1.383_577_518_672_69e2,
+        -3.066479806614716e1,
+        2.506628277459239,
+    ];
+    const B: [f64; 5] = [
+        -5.447609879822406e1,
+        1.615858368580409e2,
+        -1.556989798598866e2,
+        6.680131188771972e1,
+        -1.328068155288572e1,
+    ];
+    const C: [f64; 6] = [
+        -7.784894002430293e-3,
+        -3.223964580411365e-1,
+        -2.400758277161838,
+        -2.549732539343734,
+        4.374664141464968,
+        2.938163982698783,
+    ];
+    const D: [f64; 4] = [
+        7.784695709041462e-3,
+        3.224671290700398e-1,
+        2.445134137142996,
+        3.754408661907416,
+    ];
+    let tail = |q: f64| {
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+    };
+    let x = if p < 0.02425 {
+        tail((-2.0 * p.ln()).sqrt())
+    } else if p > 1.0 - 0.02425 {
+        -tail((-2.0 * (1.0 - p).ln()).sqrt())
+    } else {
+        let q = p - 0.5;
+        let r = q * q;
+        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
+            / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
+    };
+    x
+}
+
 /// `chat_template.jinja`, else `tokenizer_config.json`'s `chat_template`
 /// (a string, or named templates of which `default` is taken).
 fn chat_template(dir: &Path, tc: &Json) -> Result<Option<String>, HfError> {
@@ -393,9 +777,15 @@ fn tensors(
         all.extend(safetensors::read(f)?);
     }
     let mut out = Vec::with_capacity(all.len());
+    let mut stacks: BTreeMap<&'static str, BTreeMap<usize, safetensors::Tensor>> = BTreeMap::new();
     for (hf_name, t) in all {
-        let Some((name, shift)) = gguf_name(&hf_name, arch, tied)? else {
-            continue;
+        let (name, shift) = match gguf_name(&hf_name, arch, tied)? {
+            Target::Skip => continue,
+            Target::Stack(name, i) => {
+                stacks.entry(name).or_default().insert(i, t);
+                continue;
+            }
+            Target::Tensor(name, shift) => (name, shift),
         };
         let dims: Vec<u64> = t.shape.iter().rev().copied().collect();
         if shift {
@@ -429,23 +819,65 @@ fn tensors(
             },
         ));
     }
+    for (name, parts) in stacks {
+        let first = parts
+            .values()
+            .next()
+            .ok_or_else(|| HfError::Unsupported(format!("{name}: no matrices to stack")))?;
+        let (ty, shape) = (first.ty, first.shape.clone());
+        let complete = parts.keys().copied().eq(0..parts.len())
+            && parts.values().all(|p| p.ty == ty && p.shape == shape);
+        if !complete {
+            return Err(HfError::Unsupported(format!(
+                "{name}: the checkpoint's matrices are not 0..{} of one type and shape",
+                parts.len()
+            )));
+        }
+        let mut dims: Vec<u64> = shape.iter().rev().copied().collect();
+        dims.push(parts.len() as u64);
+        let bytes: Vec<u8> = parts
+            .values()
+            .flat_map(|p| p.bytes().iter().copied())
+            .collect();
+        out.push((name.to_owned(), ty, dims, TensorBytes::Owned(bytes)));
+    }
     Ok(out)
 }
 
-/// The GGUF name of a checkpoint tensor, and whether its values need the
-/// norm shift; `None` for tensors the language model does not use.
-fn gguf_name(hf: &str, arch: &str, tied: bool) -> Result<Option<(String, bool)>, HfError> {
+/// Where a checkpoint tensor goes in the GGUF file.
+enum Target {
+    /// A tensor of this name; `true` when its values need the norm shift.
+    Tensor(String, bool),
+    /// The `index`-th matrix of a stacked tensor (Gemma 3n's AltUp
+    /// projections, one HF tensor each, are one GGUF tensor).
+    Stack(&'static str, usize),
+    /// Not used by the language model.
+    Skip,
+}
+
+/// The GGUF place of a checkpoint tensor.
+fn gguf_name(hf: &str, arch: &str, tied: bool) -> Result<Target, HfError> {
     let skip = [
         "vision_tower.",
         "multi_modal_projector.",
+        "audio_tower.",
+        "embed_vision.",
+        "embed_audio.",
         "model.vision_tower.",
         "model.multi_modal_projector.",
+        "model.audio_tower.",
+        "model.embed_vision.",
+        "model.embed_audio.",
     ];
     if skip.iter().any(|s| hf.starts_with(s)) {
-        return Ok(None);
+        return Ok(Target::Skip);
     }
     if hf == "lm_head.weight" {
-        return Ok((!tied).then(|| ("output.weight".into(), false)));
+        return Ok(if tied || arch == "gemma" {
+            Target::Skip
+        } else {
+            Target::Tensor("output.weight".into(), false)
+        });
     }
     let name = ["model.language_model.", "language_model.model.", "model."]
         .iter()
@@ -453,34 +885,72 @@ fn gguf_name(hf: &str, arch: &str, tied: bool) -> Result<Option<(String, bool)>,
         .unwrap_or(hf);
     let unknown = || HfError::Unsupported(format!("tensor {hf} has no place in a {arch} model"));
     let norm_shift = matches!(arch, "gemma" | "gemma2" | "gemma3");
+    let top = |g: &str, shift: bool| Ok(Target::Tensor(g.to_owned(), shift));
     match name {
-        "embed_tokens.weight" => return Ok(Some(("token_embd.weight".into(), false))),
-        "norm.weight" => return Ok(Some(("output_norm.weight".into(), norm_shift))),
+        "embed_tokens.weight" => return top("token_embd.weight", false),
+        "norm.weight" => return top("output_norm.weight", norm_shift),
+        "embed_tokens_per_layer.weight" => return top("per_layer_token_embd.weight", false),
+        "per_layer_model_projection.weight" => return top("per_layer_model_proj.weight", false),
+        "per_layer_projection_norm.weight" => return top("per_layer_proj_norm.weight", false),
         _ => {}
+    }
+    for (prefix, stacked) in [
+        ("altup_projections.", "altup_proj.weight"),
+        ("altup_unembed_projections.", "altup_unembd_proj.weight"),
+    ] {
+        if let Some(rest) = name.strip_prefix(prefix) {
+            let i = rest
+                .strip_suffix(".weight")
+                .and_then(|i| i.parse().ok())
+                .ok_or_else(unknown)?;
+            return Ok(Target::Stack(stacked, i));
+        }
     }
     let rest = name.strip_prefix("layers.").ok_or_else(unknown)?;
     let (layer, part) = rest.split_once('.').ok_or_else(unknown)?;
     let layer: usize = layer.parse().map_err(|_| unknown())?;
     let post_attention = if arch == "gemma" {
-        "ffn_norm"
+        "ffn_norm.weight"
     } else {
-        "post_attention_norm"
+        "post_attention_norm.weight"
     };
     let (gguf, shift) = match part {
-        "input_layernorm.weight" => ("attn_norm", norm_shift),
-        "self_attn.q_proj.weight" => ("attn_q", false),
-        "self_attn.k_proj.weight" => ("attn_k", false),
-        "self_attn.v_proj.weight" => ("attn_v", false),
-        "self_attn.o_proj.weight" => ("attn_output", false),
-        "self_attn.q_norm.weight" => ("attn_q_norm", norm_shift),
-        "self_attn.k_norm.weight" => ("attn_k_norm", norm_shift),
+        "input_layernorm.weight" => ("attn_norm.weight", norm_shift),
+        "self_attn.q_proj.weight" => ("attn_q.weight", false),
+        "self_attn.k_proj.weight" => ("attn_k.weight", false),
+        "self_attn.v_proj.weight" => ("attn_v.weight", false),
+        "self_attn.o_proj.weight" => ("attn_output.weight", false),
+        "self_attn.q_norm.weight" => ("attn_q_norm.weight", norm_shift),
+        "self_attn.k_norm.weight" => ("attn_k_norm.weight", norm_shift),
         "post_attention_layernorm.weight" => (post_attention, norm_shift),
-        "pre_feedforward_layernorm.weight" => ("ffn_norm", norm_shift),
-        "post_feedforward_layernorm.weight" => ("post_ffw_norm", norm_shift),
-        "mlp.gate_proj.weight" => ("ffn_gate", false),
-        "mlp.up_proj.weight" => ("ffn_up", false),
-        "mlp.down_proj.weight" => ("ffn_down", false),
+        "pre_feedforward_layernorm.weight" => ("ffn_norm.weight", norm_shift),
+        "post_feedforward_layernorm.weight" => ("post_ffw_norm.weight", norm_shift),
+        "mlp.gate_proj.weight" => ("ffn_gate.weight", false),
+        "mlp.up_proj.weight" => ("ffn_up.weight", false),
+        "mlp.down_proj.weight" => ("ffn_down.weight", false),
+        // Gemma 3n
+        "altup.correct_output_scale" => ("altup_correct_scale.weight", false),
+        "altup.correction_coefs.weight" => ("altup_correct_coef.weight", false),
+        "altup.modality_router.weight" => ("altup_router.weight", false),
+        "altup.prediction_coefs.weight" => ("altup_predict_coef.weight", false),
+        "altup.router_norm.weight" => ("altup_router_norm.weight", false),
+        "laurel.linear_left.weight" => ("laurel_l.weight", false),
+        "laurel.linear_right.weight" => ("laurel_r.weight", false),
+        "laurel.post_laurel_norm.weight" => ("laurel_post_norm.weight", false),
+        "per_layer_input_gate.weight" => ("inp_gate.weight", false),
+        "per_layer_projection.weight" => ("proj.weight", false),
+        "post_per_layer_input_norm.weight" => ("post_norm.weight", false),
+        // Gemma 4
+        "layer_scalar" => ("layer_output_scale.weight", false),
+        "experts.gate_up_proj" => ("ffn_gate_up_exps.weight", false),
+        "experts.down_proj" => ("ffn_down_exps.weight", false),
+        "router.proj.weight" => ("ffn_gate_inp.weight", false),
+        "router.scale" => ("ffn_gate_inp.scale", false),
+        "router.per_expert_scale" => ("ffn_down_exps.scale", false),
+        "post_feedforward_layernorm_1.weight" => ("post_ffw_norm_1.weight", false),
+        "post_feedforward_layernorm_2.weight" => ("post_ffw_norm_2.weight", false),
+        "pre_feedforward_layernorm_2.weight" => ("pre_ffw_norm_2.weight", false),
         _ => return Err(unknown()),
     };
-    Ok(Some((format!("blk.{layer}.{gguf}.weight"), shift)))
+    Ok(Target::Tensor(format!("blk.{layer}.{gguf}"), shift))
 }
