@@ -698,7 +698,7 @@ fn normal_quantile(p: f64) -> f64 {
         (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
             / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
     };
-    let x = if p < 0.02425 {
+    if p < 0.02425 {
         tail((-2.0 * p.ln()).sqrt())
     } else if p > 1.0 - 0.02425 {
         -tail((-2.0 * (1.0 - p).ln()).sqrt())
@@ -707,8 +707,7 @@ fn normal_quantile(p: f64) -> f64 {
         let r = q * q;
         (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
             / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
-    };
-    x
+    }
 }
 
 /// `chat_template.jinja`, else `tokenizer_config.json`'s `chat_template`
