@@ -529,6 +529,10 @@ fn convert(src: &[u8], p: &TensorPlan, threads: usize) -> Result<Vec<u8>, rlx_gg
     Ok(dst)
 }
 
+/// Rows converted through an f32 buffer of at most this many values, so a
+/// large tensor (an embedding table) never needs its whole f32 copy.
+const STEP_ELEMS: usize = 1 << 16;
+
 fn convert_rows(
     src: &[u8],
     dst: &mut [u8],
@@ -536,26 +540,34 @@ fn convert_rows(
     to: GgmlType,
     ne0: usize,
 ) -> Result<(), rlx_gguf::QuantError> {
-    let n = src.len() / (ne0 / from.block_elems() * from.block_bytes()) * ne0;
-    let mut f = vec![0f32; n];
-    rlx_gguf::dequantize(from, src, &mut f)?;
-    match to {
-        GgmlType::F32 => {
-            for (d, x) in dst.chunks_exact_mut(4).zip(&f) {
-                d.copy_from_slice(&x.to_le_bytes());
+    let src_row = ne0 / from.block_elems() * from.block_bytes();
+    let dst_row = ne0 / to.block_elems() * to.block_bytes();
+    let rows_per_step = (STEP_ELEMS / ne0).max(1);
+    let mut f = vec![0f32; rows_per_step * ne0];
+    for (s, d) in src
+        .chunks(rows_per_step * src_row)
+        .zip(dst.chunks_mut(rows_per_step * dst_row))
+    {
+        let f = &mut f[..s.len() / src_row * ne0];
+        rlx_gguf::dequantize(from, s, f)?;
+        match to {
+            GgmlType::F32 => {
+                for (d, x) in d.chunks_exact_mut(4).zip(f.iter()) {
+                    d.copy_from_slice(&x.to_le_bytes());
+                }
             }
-        }
-        GgmlType::F16 => {
-            for (d, x) in dst.chunks_exact_mut(2).zip(&f) {
-                d.copy_from_slice(&half::f16::from_f32(*x).to_le_bytes());
+            GgmlType::F16 => {
+                for (d, x) in d.chunks_exact_mut(2).zip(f.iter()) {
+                    d.copy_from_slice(&half::f16::from_f32(*x).to_le_bytes());
+                }
             }
-        }
-        GgmlType::BF16 => {
-            for (d, x) in dst.chunks_exact_mut(2).zip(&f) {
-                d.copy_from_slice(&bf16_bits(*x).to_le_bytes());
+            GgmlType::BF16 => {
+                for (d, x) in d.chunks_exact_mut(2).zip(f.iter()) {
+                    d.copy_from_slice(&bf16_bits(*x).to_le_bytes());
+                }
             }
+            _ => rlx_gguf::quantize(to, f, d)?,
         }
-        _ => rlx_gguf::quantize(to, &f, dst)?,
     }
     Ok(())
 }
