@@ -172,3 +172,71 @@ fn names_resolve_in_every_store_and_are_listed() {
         "{err}"
     );
 }
+
+#[test]
+fn a_checkpoint_directory_works_with_every_command() {
+    let dir = tiny().parent().unwrap().join("hf");
+    let out = std::env::temp_dir().join(format!("rlx-hf-score-{}.npy", std::process::id()));
+    let ok = |args: &[&std::ffi::OsStr]| {
+        let o = rlx().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{args:?}: {err}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let d = dir.as_os_str();
+    let s = |x: &'static str| std::ffi::OsStr::new(x);
+    ok(&[
+        s("run"),
+        s("-m"),
+        d,
+        s("-n"),
+        s("2"),
+        s("--temp"),
+        s("0"),
+        s("--raw"),
+        s("Hello"),
+    ]);
+    ok(&[
+        s("run"),
+        s("-m"),
+        d,
+        s("--quantize"),
+        s("Q4_K"),
+        s("-n"),
+        s("2"),
+        s("--raw"),
+        s("Hello"),
+    ]);
+    ok(&[
+        s("score"),
+        s("-m"),
+        d,
+        s("--tokens"),
+        s("2,5,6"),
+        s("--out"),
+        out.as_os_str(),
+    ]);
+    ok(&[
+        s("bench"),
+        s("-m"),
+        d,
+        s("-p"),
+        s("8"),
+        s("-n"),
+        s("2"),
+        s("-r"),
+        s("1"),
+    ]);
+    let ids = ok(&[
+        s("tokenize"),
+        s("-m"),
+        d,
+        s("--text"),
+        s("Hello world"),
+        s("--ids"),
+    ]);
+    assert!(ids.trim().starts_with("2,"), "{ids}");
+    let info = ok(&[s("info"), d]);
+    assert!(info.contains("gemma3.block_count"), "{info}");
+    let _ = std::fs::remove_file(out);
+}

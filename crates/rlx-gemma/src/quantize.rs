@@ -78,11 +78,20 @@ impl FileType {
         }
     }
 
-    /// By name, any case.
+    /// By name, any case; `Q3_K`, `Q4_K` and `Q5_K` mean the `_M` mixes, as
+    /// in llama-quantize.
     pub fn from_name(name: &str) -> Option<FileType> {
-        FileType::ALL
-            .into_iter()
-            .find(|t| t.name().eq_ignore_ascii_case(name))
+        let alias = match name.to_ascii_uppercase().as_str() {
+            "Q3_K" => Some(FileType::Q3_K_M),
+            "Q4_K" => Some(FileType::Q4_K_M),
+            "Q5_K" => Some(FileType::Q5_K_M),
+            _ => None,
+        };
+        alias.or_else(|| {
+            FileType::ALL
+                .into_iter()
+                .find(|t| t.name().eq_ignore_ascii_case(name))
+        })
     }
 
     /// The number `general.file_type` holds (llama.cpp's `llama_ftype`).

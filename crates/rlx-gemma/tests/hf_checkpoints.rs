@@ -168,3 +168,83 @@ fn a_checkpoint_quantizes_to_llama_quantizes_tensors() {
         }
     }
 }
+
+/// `tests/fixtures/tiny/gemma/hf` with its matrices stored as `dtype`
+/// (`"BF16"` or `"F16"`, rounded to nearest even), vectors kept in f32, in a
+/// new directory.
+fn half_checkpoint(dtype: &str) -> std::path::PathBuf {
+    let src = fixtures().join("tiny/gemma/hf");
+    let dst = std::env::temp_dir().join(format!("rlx-hf-{dtype}-{}", std::process::id()));
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        if e.file_name() != "model.safetensors" {
+            std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+        }
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let mut out_header = serde_json::Map::new();
+    let mut out_data = Vec::new();
+    for (name, t) in &header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let shape = t["shape"].as_array().unwrap().clone();
+        let off = t["data_offsets"].as_array().unwrap();
+        let (a, b) = (
+            off[0].as_u64().unwrap() as usize,
+            off[1].as_u64().unwrap() as usize,
+        );
+        let values: Vec<f32> = data[a..b]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let start = out_data.len();
+        let ty = if shape.len() >= 2 { dtype } else { "F32" };
+        for x in values {
+            match ty {
+                "BF16" => out_data.extend(half::bf16::from_f32(x).to_le_bytes()),
+                "F16" => out_data.extend(half::f16::from_f32(x).to_le_bytes()),
+                _ => out_data.extend(x.to_le_bytes()),
+            }
+        }
+        out_header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": ty, "shape": shape, "data_offsets": [start, out_data.len()]}),
+        );
+    }
+    let h = Value::Object(out_header).to_string().into_bytes();
+    let mut file = (h.len() as u64).to_le_bytes().to_vec();
+    file.extend(h);
+    file.extend(out_data);
+    std::fs::write(dst.join("model.safetensors"), file).unwrap();
+    dst
+}
+
+#[test]
+fn bf16_and_f16_checkpoints_give_the_converted_half_files_logits() {
+    let dir = fixtures().join("tiny/gemma");
+    let prompts: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
+    for (dtype, gguf) in [("BF16", "model-bf16.gguf"), ("F16", "model-f16.gguf")] {
+        let hf = half_checkpoint(dtype);
+        let (ma, mb) = (exact(&hf), exact(&dir.join(gguf)));
+        for (name, ids) in prompts.as_object().unwrap() {
+            let ids: Vec<u32> = ids
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let score = |model: &Model| {
+                let mut s = model.session(SessionOptions::default()).unwrap();
+                s.score(&ids).unwrap()
+            };
+            let d = rel_l2(&score(&ma), &score(&mb));
+            assert!(d <= 1e-6, "{dtype} {name}: rel L2 {d:e}");
+        }
+        std::fs::remove_dir_all(&hf).unwrap();
+    }
+}

@@ -15,7 +15,8 @@ const ARRAY_HEAD: usize = 8;
 
 #[derive(clap::Args)]
 pub struct InfoArgs {
-    /// Path to the GGUF file.
+    /// Path to the GGUF file (or a Hugging Face checkpoint directory, shown
+    /// as the GGUF it reads as).
     pub model: PathBuf,
     /// Print one JSON object instead of tables.
     #[arg(long)]
@@ -23,7 +24,7 @@ pub struct InfoArgs {
 }
 
 pub fn run(args: &InfoArgs) -> Result<()> {
-    let file = GgufFile::open(&args.model)
+    let file = rlx_gemma::model::open_file(&args.model)
         .with_context(|| format!("cannot read {}", args.model.display()))?;
     let mut out = std::io::stdout().lock();
     if args.json {
