@@ -1,16 +1,21 @@
-//! Run-time detection of the x86 instruction-set levels the CPU kernels use.
+//! Run-time detection of the instruction-set levels the CPU kernels use.
 //!
 //! Kernels never check CPU features themselves: callers pick an [`Isa`] (at
 //! most [`Isa::detect`]) and the kernel dispatch maps it to functions.
 
 /// Instruction-set level a kernel may use, detected once at run time.
 ///
-/// Levels are ordered and each implies the ones below it, so `isa >= Isa::Avx2`
-/// is the test for "AVX2 kernels may run".
+/// The x86 levels are ordered and each implies the ones below it, so
+/// `isa >= Isa::Avx2` is the test for "AVX2 kernels may run". [`Isa::Neon`]
+/// is ARM's and sits below them: an x86 machine never detects it (asked for,
+/// it runs the portable code there), an ARM machine never detects more.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {
     /// Portable Rust, no explicit SIMD.
     Scalar,
+    /// 64-bit ARM's Advanced SIMD (every AArch64 CPU). Kernels that also want
+    /// the 8-bit dot product (`SDOT`) check [`has_neon_dotprod`] themselves.
+    Neon,
     /// AVX2 + FMA + F16C.
     Avx2,
     /// AVX-512 F + BW + VL, on top of everything [`Isa::Avx2`] needs.
@@ -30,28 +35,39 @@ impl Isa {
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vl");
             if avx2 && avx512 {
-                return Isa::Avx512;
-            }
-            if avx2 {
-                return Isa::Avx2;
+                Isa::Avx512
+            } else if avx2 {
+                Isa::Avx2
+            } else {
+                Isa::Scalar
             }
         }
-        Isa::Scalar
+        #[cfg(target_arch = "aarch64")]
+        {
+            Isa::Neon
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            Isa::Scalar
+        }
     }
 
     /// Every level this machine can run, `Scalar` first.
     pub fn supported() -> Vec<Isa> {
         let best = Isa::detect();
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
-            .into_iter()
-            .filter(|&isa| isa <= best)
-            .collect()
+        let levels = if cfg!(target_arch = "aarch64") {
+            &[Isa::Scalar, Isa::Neon][..]
+        } else {
+            &[Isa::Scalar, Isa::Avx2, Isa::Avx512][..]
+        };
+        levels.iter().copied().filter(|&isa| isa <= best).collect()
     }
 
     /// Lower-case name, e.g. `avx2`.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
+            Isa::Neon => "neon",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
         }
@@ -61,6 +77,19 @@ impl Isa {
 impl std::fmt::Display for Isa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// True if the CPU has the 8-bit dot product (`SDOT`, Armv8.2's dotprod:
+/// every Apple M-series and Graviton 2 on) in addition to [`Isa::Neon`].
+pub fn has_neon_dotprod() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("dotprod")
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        false
     }
 }
 

@@ -66,7 +66,7 @@ pub fn exp_f32(x: f32) -> f32 {
 
 /// Defines `pub fn name(isa, args…)` that runs a loop body compiled for
 /// `isa` (lowered to what this CPU has), so plain Rust loops vectorise at
-/// that width. The result is the same at every width: the loops have no
+/// that width (on ARM, NEON is the baseline the body is compiled for). The result is the same at every width: the loops have no
 /// reductions and Rust does not contract `a·b + c`.
 macro_rules! widest {
     ($(#[$m:meta])* $name:ident($($arg:ident: $ty:ty),*) $body:block) => {
@@ -90,7 +90,7 @@ macro_rules! widest {
                     Isa::Avx512 => return unsafe { avx512($($arg),*) },
                     // SAFETY: as above.
                     Isa::Avx2 => return unsafe { avx2($($arg),*) },
-                    Isa::Scalar => {}
+                    Isa::Scalar | Isa::Neon => {}
                 }
             }
             #[cfg(not(target_arch = "x86_64"))]

@@ -50,7 +50,7 @@ const ROWS_PER_TASK: usize = 8;
 
 /// Quantizes the `m` rows of `x` (each `k` long) into `buf`, byte-identical
 /// to ggml's reference quantizer (and so to llama.cpp's blocks); Q8_0 has a
-/// SIMD version at `isa` ≥ AVX2.
+/// SIMD version at `isa` ≥ AVX2 and on NEON.
 pub(super) fn quantize_rows(
     pool: &ThreadPool,
     isa: Isa,
@@ -107,6 +107,9 @@ fn q8_0_simd(isa: Isa, x: &[f32], out: &mut [u8]) -> bool {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { q8_0_avx2(x, out) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: NEON is every AArch64 CPU's; lengths asserted above.
+        Isa::Neon => unsafe { super::neon::q8_0(x, out) },
         _ => return false,
     }
     true
@@ -114,11 +117,12 @@ fn q8_0_simd(isa: Isa, x: &[f32], out: &mut [u8]) -> bool {
 
 /// `roundf` (half away from zero) for |v| < 2²³: adding the largest float
 /// below ½ with `v`'s sign and truncating rounds exactly like `roundf`.
+#[cfg(target_arch = "x86_64")]
 const JUST_BELOW_HALF: f32 = 0.499_999_97;
 
 /// The reference `d` and `1/d` of a block with absolute maximum `amax`.
 #[inline]
-fn scale(amax: f32) -> (u16, f32) {
+pub(super) fn scale(amax: f32) -> (u16, f32) {
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     (half::f16::from_f32(d).to_bits(), id)

@@ -38,6 +38,8 @@ pub(super) type PanelDot =
 #[derive(Clone, Copy)]
 pub(super) enum QuantDot {
     Row(VecDot),
+    // Written for AVX-512 VNNI only so far.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Rows {
         rows: RowsDot,
         panel: Option<PanelDot>,
@@ -226,7 +228,26 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
     }))
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+/// NEON kernels where written, `SDOT` ones where the CPU has it.
+#[cfg(target_arch = "aarch64")]
+fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
+    use super::super::features::has_neon_dotprod;
+    use super::neon as n;
+    use GgmlType as T;
+    if isa != Isa::Neon {
+        return None;
+    }
+    let sdot = has_neon_dotprod();
+    let pick = |plain: VecDot, dot: VecDot| if sdot { dot } else { plain };
+    Some(QuantDot::Row(match ty {
+        T::Q8_0 => pick(n::vec_dot_q8_0, n::vec_dot_q8_0_sdot),
+        T::Q4_0 => pick(n::vec_dot_q4_0, n::vec_dot_q4_0_sdot),
+        T::Q5_0 => pick(n::vec_dot_q5_0, n::vec_dot_q5_0_sdot),
+        _ => return None,
+    }))
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn simd_quant_dot(_ty: GgmlType, _isa: Isa) -> Option<QuantDot> {
     None
 }
@@ -254,6 +275,8 @@ pub(super) fn f32_dot(isa: Isa) -> DotF32 {
         Isa::Avx512 => super::avx512::dot_f32,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => super::avx2::dot_f32,
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => super::neon::dot_f32,
         _ => exact::dot_f32,
     }
 }

@@ -44,6 +44,8 @@ mod avx512_fused;
 mod exact;
 mod gemm;
 mod kernels;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod scalar;
 mod table;
 #[cfg(target_arch = "x86_64")]

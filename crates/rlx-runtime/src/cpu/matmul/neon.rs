@@ -1,0 +1,256 @@
+//! AArch64 NEON kernels: activations quantized to Q8_0, integer dot
+//! products of Q8_0, Q4_0 and Q5_0 weight blocks with them, and the f32 dot
+//! of the exact path.
+//!
+//! The integer kernels share one shape: a block's weights are unpacked to
+//! two vectors of 16 signed 8-bit values (`Unpack`, one per weight type),
+//! then multiplied with the activation block's and summed in 32-bit lanes
+//! by `Dot` — `SDOT` where the CPU has the dot-product extension (through
+//! `asm!`: Rust's intrinsic for it is not stable), widening multiplies
+//! otherwise — so a new weight type is one unpack function, and each block
+//! is scaled and summed in the reference's order.
+
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+use super::scalar::Q8_0_BYTES;
+use super::table::f16_table;
+
+/// # Safety
+/// `out.len() == x.len() / 32 * 34`; `x.len()` a multiple of 32.
+pub(super) unsafe fn q8_0(x: &[f32], out: &mut [u8]) {
+    for (xb, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
+        // SAFETY: eight 4-lane loads of a 32-element block.
+        let v: [float32x4_t; 8] = std::array::from_fn(|i| vld1q_f32(xb.as_ptr().add(4 * i)));
+        let mut m = vabsq_f32(v[0]);
+        for r in &v[1..] {
+            m = vmaxq_f32(m, vabsq_f32(*r));
+        }
+        let (d, id) = super::act::scale(vmaxvq_f32(m));
+        b[..2].copy_from_slice(&d.to_le_bytes());
+        let idv = vdupq_n_f32(id);
+        for (i, pair) in v.chunks_exact(2).enumerate() {
+            // Rounding to nearest, ties away from zero: C's `roundf`, as
+            // the reference quantizer rounds.
+            let lo = vcvtaq_s32_f32(vmulq_f32(pair[0], idv));
+            let hi = vcvtaq_s32_f32(vmulq_f32(pair[1], idv));
+            let q16 = vcombine_s16(vmovn_s32(lo), vmovn_s32(hi));
+            let q8 = vmovn_s16(q16);
+            // SAFETY: 8 bytes at 2 + 8i, inside the 34-byte block.
+            vst1_s8(b.as_mut_ptr().add(2 + 8 * i) as *mut i8, q8);
+        }
+    }
+}
+
+/// 32 signed weights of one block as two vectors.
+type Unpack = unsafe fn(block: &[u8]) -> (int8x16_t, int8x16_t);
+
+/// Q8_0: the bytes after the scale.
+#[inline(always)]
+unsafe fn unpack_q8_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    // SAFETY: a 34-byte block; 32 bytes from offset 2.
+    let p = b.as_ptr().add(2) as *const i8;
+    (vld1q_s8(p), vld1q_s8(p.add(16)))
+}
+
+/// Q4_0: low nibbles are elements 0..16, high nibbles 16..32, minus 8.
+#[inline(always)]
+unsafe fn unpack_q4_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    // SAFETY: an 18-byte block; 16 bytes from offset 2.
+    let q = vld1q_u8(b.as_ptr().add(2));
+    let lo = vandq_u8(q, vdupq_n_u8(0x0f));
+    let hi = vshrq_n_u8::<4>(q);
+    let eight = vdupq_n_s8(8);
+    (
+        vsubq_s8(vreinterpretq_s8_u8(lo), eight),
+        vsubq_s8(vreinterpretq_s8_u8(hi), eight),
+    )
+}
+
+/// Q5_0: Q4_0's nibbles with a fifth bit from the 32-bit mask at offset 2,
+/// minus 16.
+#[inline(always)]
+unsafe fn unpack_q5_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    // SAFETY: a 22-byte block; 16 bytes from offset 6.
+    let q = vld1q_u8(b.as_ptr().add(6));
+    let lo = vandq_u8(q, vdupq_n_u8(0x0f));
+    let hi = vshrq_n_u8::<4>(q);
+    let bits = |shift: u32| -> uint8x16_t {
+        let v: [u8; 16] = std::array::from_fn(|j| (((qh >> (shift + j as u32)) & 1) << 4) as u8);
+        // SAFETY: a 16-byte array.
+        vld1q_u8(v.as_ptr())
+    };
+    let sixteen = vdupq_n_s8(16);
+    (
+        vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, bits(0))), sixteen),
+        vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(hi, bits(16))), sixteen),
+    )
+}
+
+/// Σ a·b over 16 signed bytes, added to `acc`'s 32-bit lanes.
+type Dot = unsafe fn(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t;
+
+/// # Safety
+/// The CPU has the dot-product extension.
+#[inline]
+#[target_feature(enable = "dotprod")]
+unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    // SAFETY: `SDOT Vd.4S, Vn.16B, Vm.16B` reads and writes only registers.
+    asm!(
+        "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+        acc = inout(vreg) acc,
+        a = in(vreg) a,
+        b = in(vreg) b,
+        options(pure, nomem, nostack),
+    );
+    acc
+}
+
+/// Baseline NEON: widening multiplies, pairwise-added into 32-bit lanes.
+#[inline(always)]
+unsafe fn widening(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+    let hi = vmull_high_s8(a, b);
+    vpadalq_s16(vpadalq_s16(acc, lo), hi)
+}
+
+/// Σ over blocks of `d_w·d_a·Σ w·a`, the reference's order of operations.
+#[inline(always)]
+unsafe fn vec_dot<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot: Dot) -> f32 {
+    let f16 = f16_table();
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(BLOCK).zip(a.chunks_exact(Q8_0_BYTES)) {
+        let (w0, w1) = unpack(wb);
+        let (a0, a1) = unpack_q8_0(ab);
+        let acc = dot(dot(vdupq_n_s32(0), w0, a0), w1, a1);
+        let sumi = vaddvq_s32(acc);
+        let dw = f16[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
+        let da = f16[usize::from(u16::from_le_bytes([ab[0], ab[1]]))];
+        sum += (dw * da) * sumi as f32;
+    }
+    sum
+}
+
+/// Defines `name` (baseline NEON) and `name_dot` (`SDOT`) for one format.
+macro_rules! dots {
+    ($name:ident, $name_dot:ident, $block:expr, $unpack:ident) => {
+        /// # Safety
+        /// Whole blocks of the weight type and Q8_0 activations.
+        pub(super) unsafe fn $name(w: &[u8], a: &[u8]) -> f32 {
+            vec_dot::<{ $block }>(w, a, $unpack, widening)
+        }
+
+        /// # Safety
+        /// As above, on a CPU with the dot-product extension.
+        #[target_feature(enable = "dotprod")]
+        pub(super) unsafe fn $name_dot(w: &[u8], a: &[u8]) -> f32 {
+            vec_dot::<{ $block }>(w, a, $unpack, sdot)
+        }
+    };
+}
+
+dots!(vec_dot_q8_0, vec_dot_q8_0_sdot, 34, unpack_q8_0);
+dots!(vec_dot_q4_0, vec_dot_q4_0_sdot, 18, unpack_q4_0);
+dots!(vec_dot_q5_0, vec_dot_q5_0_sdot, 22, unpack_q5_0);
+
+/// f32 dot product over `min(x.len(), w.len())` elements: four fused
+/// multiply-add accumulators, then the tail.
+///
+/// # Safety
+/// None beyond NEON, which every AArch64 CPU has.
+pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
+    let n = x.len().min(w.len());
+    let mut acc = [vdupq_n_f32(0.0); 4];
+    let mut i = 0;
+    while i + 16 <= n {
+        for (j, a) in acc.iter_mut().enumerate() {
+            // SAFETY: i + 4j + 4 <= n for both slices.
+            *a = vfmaq_f32(
+                *a,
+                vld1q_f32(x.as_ptr().add(i + 4 * j)),
+                vld1q_f32(w.as_ptr().add(i + 4 * j)),
+            );
+        }
+        i += 16;
+    }
+    let v = vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3]));
+    let mut sum = vaddvq_f32(v);
+    for j in i..n {
+        sum += x[j] * w[j];
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cpu::features::has_neon_dotprod;
+    use super::super::kernels::VecDot;
+    use super::super::scalar;
+    use super::*;
+
+    /// Random bytes from a seed (xorshift).
+    fn bytes(n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s as u8
+            })
+            .collect()
+    }
+
+    /// Blocks with finite f16 scales in the first two bytes of each.
+    fn blocks(block: usize, n: usize, seed: u64) -> Vec<u8> {
+        let mut b = bytes(block * n, seed);
+        for (i, blk) in b.chunks_exact_mut(block).enumerate() {
+            let d = half::f16::from_f32(0.01 * (1 + i % 7) as f32);
+            blk[..2].copy_from_slice(&d.to_le_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn activations_quantize_as_the_reference_does() {
+        for n in [1, 3, 17] {
+            let raw = bytes(n * 32 * 4, n as u64);
+            let x: Vec<f32> = raw
+                .chunks_exact(4)
+                .map(|c| (i32::from_le_bytes(c.try_into().unwrap()) as f32) * 1e-9)
+                .collect();
+            let mut ours = vec![0u8; n * 34];
+            // SAFETY: lengths as required; NEON is baseline.
+            unsafe { q8_0(&x, &mut ours) };
+            let reference = rlx_gguf::quantize_to_vec(rlx_gguf::GgmlType::Q8_0, &x).unwrap();
+            assert_eq!(ours, reference, "{n} blocks");
+        }
+    }
+
+    #[test]
+    fn every_dot_equals_the_scalar_reference_bit_for_bit() {
+        type Case = (usize, VecDot, VecDot, VecDot);
+        let cases: [(&str, Case); 3] = [
+            ("q8_0", (34, vec_dot_q8_0, vec_dot_q8_0_sdot, scalar::vec_dot_q8_0)),
+            ("q4_0", (18, vec_dot_q4_0, vec_dot_q4_0_sdot, scalar::vec_dot_q4_0)),
+            ("q5_0", (22, vec_dot_q5_0, vec_dot_q5_0_sdot, scalar::vec_dot_q5_0)),
+        ];
+        for (name, (block, plain, dot, reference)) in cases {
+            for n in [1, 2, 7, 33] {
+                let w = blocks(block, n, 3 * n as u64);
+                let a = blocks(Q8_0_BYTES, n, 5 * n as u64);
+                // SAFETY: the scalar reference has no requirement.
+                let want = unsafe { reference(&w, &a) };
+                // SAFETY: whole blocks; NEON is baseline.
+                let got = unsafe { plain(&w, &a) };
+                assert_eq!(got.to_bits(), want.to_bits(), "{name} × {n}: {got} vs {want}");
+                if has_neon_dotprod() {
+                    // SAFETY: as above, and the CPU has SDOT.
+                    let got = unsafe { dot(&w, &a) };
+                    assert_eq!(got.to_bits(), want.to_bits(), "{name} sdot × {n}");
+                }
+            }
+        }
+    }
+}
