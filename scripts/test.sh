@@ -14,3 +14,5 @@ python3 -c 'import openai' 2>/dev/null ||
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release
+# ARM kernels and parity under emulation.
+bash scripts/test-arm.sh
