@@ -184,10 +184,10 @@ pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use crate::cpu::features::has_neon_dotprod;
     use super::super::kernels::VecDot;
     use super::super::scalar;
     use super::*;
+    use crate::cpu::features::has_neon_dotprod;
 
     /// Random bytes from a seed (xorshift).
     fn bytes(n: usize, seed: u64) -> Vec<u8> {
@@ -232,9 +232,18 @@ mod tests {
     fn every_dot_equals_the_scalar_reference_bit_for_bit() {
         type Case = (usize, VecDot, VecDot, VecDot);
         let cases: [(&str, Case); 3] = [
-            ("q8_0", (34, vec_dot_q8_0, vec_dot_q8_0_sdot, scalar::vec_dot_q8_0)),
-            ("q4_0", (18, vec_dot_q4_0, vec_dot_q4_0_sdot, scalar::vec_dot_q4_0)),
-            ("q5_0", (22, vec_dot_q5_0, vec_dot_q5_0_sdot, scalar::vec_dot_q5_0)),
+            (
+                "q8_0",
+                (34, vec_dot_q8_0, vec_dot_q8_0_sdot, scalar::vec_dot_q8_0),
+            ),
+            (
+                "q4_0",
+                (18, vec_dot_q4_0, vec_dot_q4_0_sdot, scalar::vec_dot_q4_0),
+            ),
+            (
+                "q5_0",
+                (22, vec_dot_q5_0, vec_dot_q5_0_sdot, scalar::vec_dot_q5_0),
+            ),
         ];
         for (name, (block, plain, dot, reference)) in cases {
             for n in [1, 2, 7, 33] {
@@ -244,7 +253,11 @@ mod tests {
                 let want = unsafe { reference(&w, &a) };
                 // SAFETY: whole blocks; NEON is baseline.
                 let got = unsafe { plain(&w, &a) };
-                assert_eq!(got.to_bits(), want.to_bits(), "{name} × {n}: {got} vs {want}");
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{name} × {n}: {got} vs {want}"
+                );
                 if has_neon_dotprod() {
                     // SAFETY: as above, and the CPU has SDOT.
                     let got = unsafe { dot(&w, &a) };
