@@ -45,20 +45,16 @@ fn exact(path: &std::path::Path) -> Model {
     .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-#[test]
-fn checkpoints_give_the_converted_files_config_and_logits() {
-    for m in MODELS {
-        let dir = fixtures().join("tiny").join(m);
-        let hf = dir.join("hf");
-        let gguf = dir.join("model-f32.gguf");
-        let a = GemmaConfig::from_gguf(&open_file(&hf).unwrap()).unwrap();
-        let b = GemmaConfig::from_gguf(&open_file(&gguf).unwrap()).unwrap();
-        assert_eq!(format!("{a:?}"), format!("{b:?}"), "{m}: configs differ");
-        let prompts: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap())
-                .unwrap();
-        let (ma, mb) = (exact(&hf), exact(&gguf));
-        for (name, ids) in prompts.as_object().unwrap() {
+/// For each of the model's committed prompts, the relative L2 distance
+/// between the logits `a` and `b` give.
+fn prompt_distances(dir: &std::path::Path, a: &Model, b: &Model) -> Vec<(String, f64)> {
+    let prompts: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
+    prompts
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, ids)| {
             let ids: Vec<u32> = ids
                 .as_array()
                 .unwrap()
@@ -69,7 +65,21 @@ fn checkpoints_give_the_converted_files_config_and_logits() {
                 let mut s = model.session(SessionOptions::default()).unwrap();
                 s.score(&ids).unwrap()
             };
-            let d = rel_l2(&score(&ma), &score(&mb));
+            (name.clone(), rel_l2(&score(a), &score(b)))
+        })
+        .collect()
+}
+
+#[test]
+fn checkpoints_give_the_converted_files_config_and_logits() {
+    for m in MODELS {
+        let dir = fixtures().join("tiny").join(m);
+        let hf = dir.join("hf");
+        let gguf = dir.join("model-f32.gguf");
+        let a = GemmaConfig::from_gguf(&open_file(&hf).unwrap()).unwrap();
+        let b = GemmaConfig::from_gguf(&open_file(&gguf).unwrap()).unwrap();
+        assert_eq!(format!("{a:?}"), format!("{b:?}"), "{m}: configs differ");
+        for (name, d) in prompt_distances(&dir, &exact(&hf), &exact(&gguf)) {
             assert!(d <= 1e-6, "{m} {name}: rel L2 {d:e}");
             eprintln!("{m} {name}: checkpoint against converted GGUF, rel L2 {d:e}");
         }
@@ -226,23 +236,9 @@ fn half_checkpoint(dtype: &str) -> std::path::PathBuf {
 #[test]
 fn bf16_and_f16_checkpoints_give_the_converted_half_files_logits() {
     let dir = fixtures().join("tiny/gemma");
-    let prompts: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
     for (dtype, gguf) in [("BF16", "model-bf16.gguf"), ("F16", "model-f16.gguf")] {
         let hf = half_checkpoint(dtype);
-        let (ma, mb) = (exact(&hf), exact(&dir.join(gguf)));
-        for (name, ids) in prompts.as_object().unwrap() {
-            let ids: Vec<u32> = ids
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
-            let score = |model: &Model| {
-                let mut s = model.session(SessionOptions::default()).unwrap();
-                s.score(&ids).unwrap()
-            };
-            let d = rel_l2(&score(&ma), &score(&mb));
+        for (name, d) in prompt_distances(&dir, &exact(&hf), &exact(&dir.join(gguf))) {
             assert!(d <= 1e-6, "{dtype} {name}: rel L2 {d:e}");
         }
         std::fs::remove_dir_all(&hf).unwrap();

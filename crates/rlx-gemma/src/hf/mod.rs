@@ -466,11 +466,6 @@ fn tokenizer_metadata(
             }
         }
     }
-    let id_of = |key: &str| -> Option<u32> {
-        let v = tc.get(key)?;
-        let text = v.as_str().or_else(|| v.get("content")?.as_str())?;
-        tokens.iter().position(|t| t == text).map(|i| i as u32)
-    };
     let mut meta = vec![
         (
             "tokenizer.ggml.model".to_owned(),
@@ -494,15 +489,16 @@ fn tokenizer_metadata(
         "tokenizer.ggml.token_type".into(),
         Value::Array(Array::I32(types)),
     ));
-    for (key, gguf) in [
-        ("bos_token", "bos_token_id"),
-        ("eos_token", "eos_token_id"),
-        ("pad_token", "padding_token_id"),
-    ] {
-        if let Some(id) = id_of(key) {
-            meta.push((format!("tokenizer.ggml.{gguf}"), Value::U32(id)));
-        }
-    }
+    special_ids(
+        &mut meta,
+        &tc,
+        &tokens,
+        &[
+            ("bos_token", "bos_token_id"),
+            ("eos_token", "eos_token_id"),
+            ("pad_token", "padding_token_id"),
+        ],
+    );
     let flag = |k: &str, default: bool| tc.get(k).and_then(Json::as_bool).unwrap_or(default);
     meta.push((
         "tokenizer.ggml.add_bos_token".into(),
@@ -594,11 +590,6 @@ fn bpe_tokenizer_metadata(
         .collect();
     let merges = merges.ok_or_else(|| bad("a merge is neither \"a b\" nor [a, b]"))?;
     let tc = read_json("tokenizer_config.json")?.unwrap_or(Json::Null);
-    let id_of = |key: &str| -> Option<u32> {
-        let v = tc.get(key)?;
-        let text = v.as_str().or_else(|| v.get("content")?.as_str())?;
-        tokens.iter().position(|t| t == text).map(|i| i as u32)
-    };
     let n_vocab = tokens.len();
     let mut meta = vec![
         (
@@ -622,17 +613,18 @@ fn bpe_tokenizer_metadata(
             Value::Array(Array::String(merges)),
         ),
     ];
-    for (key, gguf) in [
-        ("bos_token", "bos_token_id"),
-        ("eos_token", "eos_token_id"),
-        ("unk_token", "unknown_token_id"),
-        ("pad_token", "padding_token_id"),
-        ("mask_token", "mask_token_id"),
-    ] {
-        if let Some(id) = id_of(key) {
-            meta.push((format!("tokenizer.ggml.{gguf}"), Value::U32(id)));
-        }
-    }
+    special_ids(
+        &mut meta,
+        &tc,
+        &tokens,
+        &[
+            ("bos_token", "bos_token_id"),
+            ("eos_token", "eos_token_id"),
+            ("unk_token", "unknown_token_id"),
+            ("pad_token", "padding_token_id"),
+            ("mask_token", "mask_token_id"),
+        ],
+    );
     meta.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(true)));
     let add_eos = tc
         .get("add_eos_token")
@@ -707,6 +699,25 @@ fn normal_quantile(p: f64) -> f64 {
         let r = q * q;
         (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
             / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
+    }
+}
+
+/// The ids of the special tokens `tokenizer_config.json` names (a string or
+/// an `AddedToken` object each), under their GGUF keys.
+fn special_ids(
+    meta: &mut Vec<(String, Value)>,
+    tc: &Json,
+    tokens: &[String],
+    keys: &[(&str, &str)],
+) {
+    for (key, gguf) in keys {
+        let Some(v) = tc.get(*key) else { continue };
+        let Some(text) = v.as_str().or_else(|| v.get("content")?.as_str()) else {
+            continue;
+        };
+        if let Some(id) = tokens.iter().position(|t| t == text) {
+            meta.push((format!("tokenizer.ggml.{gguf}"), Value::U32(id as u32)));
+        }
     }
 }
 
