@@ -1,6 +1,6 @@
 //! AArch64 NEON kernels: activations quantized to Q8_0, integer dot
-//! products of Q8_0, Q4_0 and Q5_0 weight blocks with them, and the f32 dot
-//! of the exact path.
+//! products of Q8_0, Q4_0 and Q5_0 weight blocks with them and of Q4_K and
+//! Q6_K blocks with Q8_K activations, and the f32 dot of the exact path.
 //!
 //! The integer kernels share one shape: a block's weights are unpacked to
 //! two vectors of 16 signed 8-bit values (`Unpack`, one per weight type),
@@ -13,7 +13,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::scalar::Q8_0_BYTES;
+use super::scalar::{scale_min_k4, Q8_0_BYTES, Q8_K_BYTES};
 use super::table::f16_table;
 
 /// # Safety
@@ -154,6 +154,117 @@ dots!(vec_dot_q8_0, vec_dot_q8_0_sdot, 34, unpack_q8_0);
 dots!(vec_dot_q4_0, vec_dot_q4_0_sdot, 18, unpack_q4_0);
 dots!(vec_dot_q5_0, vec_dot_q5_0_sdot, 22, unpack_q5_0);
 
+/// Σ over the 16 lanes of `v·a`.
+#[inline(always)]
+unsafe fn dot16(dot: Dot, v: int8x16_t, a: int8x16_t) -> i32 {
+    vaddvq_s32(dot(vdupq_n_s32(0), v, a))
+}
+
+/// One 256-element K-quant block against its Q8_K activation block.
+type KBlock = unsafe fn(wb: &[u8], ab: &[u8], dot: Dot) -> f32;
+
+/// Σ over blocks, in the reference's order.
+#[inline(always)]
+unsafe fn vec_dot_k<const BLOCK: usize>(w: &[u8], a: &[u8], block: KBlock, dot: Dot) -> f32 {
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(BLOCK).zip(a.chunks_exact(Q8_K_BYTES)) {
+        sum += block(wb, ab, dot);
+    }
+    sum
+}
+
+/// Q4_K: eight sub-blocks of 32 with 6-bit scales and mins; the nibbles of
+/// 32 bytes are two sub-blocks (low, then high).
+#[inline(always)]
+unsafe fn q4_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
+    let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+    let f16 = f16_table();
+    let d = f16[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
+    let dmin = f16[usize::from(u16::from_le_bytes([wb[2], wb[3]]))];
+    let scales = &wb[4..16];
+    let mask = vdupq_n_u8(0x0f);
+    let (mut sumi, mut summ) = (0i32, 0i32);
+    for p in 0..4 {
+        // SAFETY: a 144-byte block holds 128 bytes of nibbles from 16; a
+        // 292-byte Q8_K block 256 values from 4.
+        let q = wb.as_ptr().add(16 + 32 * p);
+        let (q0, q1) = (vld1q_u8(q), vld1q_u8(q.add(16)));
+        let a = ab.as_ptr().add(4 + 64 * p) as *const i8;
+        let a: [int8x16_t; 4] = std::array::from_fn(|i| vld1q_s8(a.add(16 * i)));
+        let lo = |x| vreinterpretq_s8_u8(vandq_u8(x, mask));
+        let hi = |x| vreinterpretq_s8_u8(vshrq_n_u8::<4>(x));
+        let low = dot16(dot, lo(q0), a[0]) + dot16(dot, lo(q1), a[1]);
+        let high = dot16(dot, hi(q0), a[2]) + dot16(dot, hi(q1), a[3]);
+        for (j, part) in [(2 * p, low), (2 * p + 1, high)] {
+            let (sc, mn) = scale_min_k4(j, scales);
+            sumi += i32::from(sc) * part;
+            let bsum = |i: usize| i32::from(i16::from_le_bytes([ab[260 + 2 * i], ab[261 + 2 * i]]));
+            summ += i32::from(mn) * (bsum(2 * j) + bsum(2 * j + 1));
+        }
+    }
+    (da * d) * sumi as f32 - (da * dmin) * summ as f32
+}
+
+/// Q6_K: sixteen sub-blocks of 16 with 8-bit scales; four bits from `ql`,
+/// two from `qh`, minus 32.
+#[inline(always)]
+unsafe fn q6_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
+    let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+    let d = f16_table()[usize::from(u16::from_le_bytes([wb[208], wb[209]]))];
+    let mask = vdupq_n_u8(0x0f);
+    let three = vdupq_n_u8(3);
+    let mut sumi = 0i32;
+    for h in 0..2 {
+        // SAFETY: a 210-byte block: `ql` 128 bytes from 0, `qh` 64 from 128.
+        let ql = wb.as_ptr().add(64 * h);
+        let qh = wb.as_ptr().add(128 + 32 * h);
+        let lo: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(ql.add(16 * i)));
+        let hb: [uint8x16_t; 2] = std::array::from_fn(|i| vld1q_u8(qh.add(16 * i)));
+        for quad in 0..4 {
+            for k in 0..2 {
+                let byte = lo[2 * (quad % 2) + k];
+                let low = if quad < 2 {
+                    vandq_u8(byte, mask)
+                } else {
+                    vshrq_n_u8::<4>(byte)
+                };
+                let shift = vdupq_n_s8(-2 * quad as i8);
+                let high = vandq_u8(vshlq_u8(hb[k], shift), three);
+                let v = vsubq_s8(
+                    vreinterpretq_s8_u8(vorrq_u8(low, vshlq_n_u8::<4>(high))),
+                    vdupq_n_s8(32),
+                );
+                // SAFETY: element 128h + 32·quad + 16k of the 256 from 4.
+                let a = vld1q_s8(ab.as_ptr().add(4 + 128 * h + 32 * quad + 16 * k) as *const i8);
+                let j = 8 * h + 2 * quad + k;
+                sumi += i32::from(wb[192 + j] as i8) * dot16(dot, v, a);
+            }
+        }
+    }
+    (da * d) * sumi as f32
+}
+
+/// Defines `name` (baseline NEON) and `name_dot` (`SDOT`) for a K-quant.
+macro_rules! k_dots {
+    ($name:ident, $name_dot:ident, $block:expr, $kernel:ident) => {
+        /// # Safety
+        /// Whole blocks of the weight type and Q8_K activations.
+        pub(super) unsafe fn $name(w: &[u8], a: &[u8]) -> f32 {
+            vec_dot_k::<{ $block }>(w, a, $kernel, widening)
+        }
+
+        /// # Safety
+        /// As above, on a CPU with the dot-product extension.
+        #[target_feature(enable = "dotprod")]
+        pub(super) unsafe fn $name_dot(w: &[u8], a: &[u8]) -> f32 {
+            vec_dot_k::<{ $block }>(w, a, $kernel, sdot)
+        }
+    };
+}
+
+k_dots!(vec_dot_q4_k, vec_dot_q4_k_sdot, 144, q4_k_block);
+k_dots!(vec_dot_q6_k, vec_dot_q6_k_sdot, 210, q6_k_block);
+
 /// f32 dot product over `min(x.len(), w.len())` elements: four fused
 /// multiply-add accumulators, then the tail.
 ///
@@ -225,6 +336,69 @@ mod tests {
             unsafe { q8_0(&x, &mut ours) };
             let reference = rlx_gguf::quantize_to_vec(rlx_gguf::GgmlType::Q8_0, &x).unwrap();
             assert_eq!(ours, reference, "{n} blocks");
+        }
+    }
+
+    /// Q8_K activation blocks: a finite f32 scale, any values and sums.
+    fn q8_k_blocks(n: usize, seed: u64) -> Vec<u8> {
+        let mut b = bytes(Q8_K_BYTES * n, seed);
+        for (i, blk) in b.chunks_exact_mut(Q8_K_BYTES).enumerate() {
+            blk[..4].copy_from_slice(&(0.003 * (1 + i % 5) as f32).to_le_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn k_quant_dots_equal_the_scalar_reference_bit_for_bit() {
+        type Case = (usize, usize, VecDot, VecDot, VecDot);
+        let cases: [(&str, Case); 2] = [
+            (
+                "q4_k",
+                (
+                    144,
+                    0,
+                    vec_dot_q4_k,
+                    vec_dot_q4_k_sdot,
+                    scalar::vec_dot_q4_k,
+                ),
+            ),
+            (
+                "q6_k",
+                (
+                    210,
+                    208,
+                    vec_dot_q6_k,
+                    vec_dot_q6_k_sdot,
+                    scalar::vec_dot_q6_k,
+                ),
+            ),
+        ];
+        for (name, (block, d_at, plain, dot, reference)) in cases {
+            for n in [1, 3, 8] {
+                let mut w = bytes(block * n, 11 * n as u64);
+                for (i, blk) in w.chunks_exact_mut(block).enumerate() {
+                    let d = half::f16::from_f32(0.02 * (1 + i % 3) as f32).to_le_bytes();
+                    blk[d_at..d_at + 2].copy_from_slice(&d);
+                    if d_at == 0 {
+                        blk[2..4].copy_from_slice(&half::f16::from_f32(0.005).to_le_bytes());
+                    }
+                }
+                let a = q8_k_blocks(n, 13 * n as u64);
+                // SAFETY: the scalar reference has no requirement.
+                let want = unsafe { reference(&w, &a) };
+                // SAFETY: whole blocks; NEON is baseline.
+                let got = unsafe { plain(&w, &a) };
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{name} × {n}: {got} vs {want}"
+                );
+                if has_neon_dotprod() {
+                    // SAFETY: as above, and the CPU has SDOT.
+                    let got = unsafe { dot(&w, &a) };
+                    assert_eq!(got.to_bits(), want.to_bits(), "{name} sdot × {n}");
+                }
+            }
         }
     }
 
