@@ -466,7 +466,7 @@ fn tokenizer_metadata(
             }
         }
     }
-    let mut meta = vec![
+    let meta = vec![
         (
             "tokenizer.ggml.model".to_owned(),
             Value::String("llama".into()),
@@ -476,43 +476,19 @@ fn tokenizer_metadata(
             Value::String("default".into()),
         ),
     ];
-    let n_vocab = tokens.len();
-    meta.push((
-        "tokenizer.ggml.tokens".into(),
-        Value::Array(Array::String(tokens.clone())),
-    ));
-    meta.push((
-        "tokenizer.ggml.scores".into(),
-        Value::Array(Array::F32(scores)),
-    ));
-    meta.push((
-        "tokenizer.ggml.token_type".into(),
-        Value::Array(Array::I32(types)),
-    ));
-    special_ids(
-        &mut meta,
-        &tc,
-        &tokens,
-        &[
+    let vocab = Vocab {
+        tokens,
+        scores,
+        types,
+        special: &[
             ("bos_token", "bos_token_id"),
             ("eos_token", "eos_token_id"),
             ("pad_token", "padding_token_id"),
         ],
-    );
-    let flag = |k: &str, default: bool| tc.get(k).and_then(Json::as_bool).unwrap_or(default);
-    meta.push((
-        "tokenizer.ggml.add_bos_token".into(),
-        Value::Bool(flag("add_bos_token", true)),
-    ));
-    meta.push((
-        "tokenizer.ggml.add_eos_token".into(),
-        Value::Bool(flag("add_eos_token", false)),
-    ));
-    if let Some(t) = chat_template(dir, &tc)? {
-        meta.push(("tokenizer.chat_template".into(), Value::String(t)));
-    }
-    meta.push(("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false)));
-    Ok(Tokenizer { meta, n_vocab })
+        // The converter writes the flag from tokenizer_config.json here.
+        always_bos: false,
+    };
+    vocab.into_metadata(meta, dir, &tc)
 }
 
 /// Gemma 4's vocabulary from `tokenizer.json` (byte-fallback BPE): tokens
@@ -590,52 +566,31 @@ fn bpe_tokenizer_metadata(
         .collect();
     let merges = merges.ok_or_else(|| bad("a merge is neither \"a b\" nor [a, b]"))?;
     let tc = read_json("tokenizer_config.json")?.unwrap_or(Json::Null);
-    let n_vocab = tokens.len();
-    let mut meta = vec![
+    let meta = vec![
         (
             "tokenizer.ggml.model".to_owned(),
             Value::String("gemma4".into()),
-        ),
-        (
-            "tokenizer.ggml.tokens".into(),
-            Value::Array(Array::String(tokens.clone())),
-        ),
-        (
-            "tokenizer.ggml.scores".into(),
-            Value::Array(Array::F32(vec![-1000.0; n_vocab])),
-        ),
-        (
-            "tokenizer.ggml.token_type".into(),
-            Value::Array(Array::I32(types)),
         ),
         (
             "tokenizer.ggml.merges".into(),
             Value::Array(Array::String(merges)),
         ),
     ];
-    special_ids(
-        &mut meta,
-        &tc,
-        &tokens,
-        &[
+    let vocab = Vocab {
+        scores: vec![-1000.0; tokens.len()],
+        tokens,
+        types,
+        special: &[
             ("bos_token", "bos_token_id"),
             ("eos_token", "eos_token_id"),
             ("unk_token", "unknown_token_id"),
             ("pad_token", "padding_token_id"),
             ("mask_token", "mask_token_id"),
         ],
-    );
-    meta.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(true)));
-    let add_eos = tc
-        .get("add_eos_token")
-        .and_then(Json::as_bool)
-        .unwrap_or(false);
-    meta.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(add_eos)));
-    if let Some(t) = chat_template(dir, &tc)? {
-        meta.push(("tokenizer.chat_template".into(), Value::String(t)));
-    }
-    meta.push(("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false)));
-    Ok(Tokenizer { meta, n_vocab })
+        // Gemma 4 needs BOS whatever its tokenizer_config.json says.
+        always_bos: true,
+    };
+    vocab.into_metadata(meta, dir, &tc)
 }
 
 /// The standard normal quantile of `p` the way the converter computes it
@@ -702,22 +657,69 @@ fn normal_quantile(p: f64) -> f64 {
     }
 }
 
-/// The ids of the special tokens `tokenizer_config.json` names (a string or
-/// an `AddedToken` object each), under their GGUF keys.
-fn special_ids(
-    meta: &mut Vec<(String, Value)>,
-    tc: &Json,
-    tokens: &[String],
-    keys: &[(&str, &str)],
-) {
-    for (key, gguf) in keys {
-        let Some(v) = tc.get(*key) else { continue };
-        let Some(text) = v.as_str().or_else(|| v.get("content")?.as_str()) else {
-            continue;
-        };
-        if let Some(id) = tokens.iter().position(|t| t == text) {
-            meta.push((format!("tokenizer.ggml.{gguf}"), Value::U32(id as u32)));
+/// A vocabulary read from a checkpoint, before it becomes metadata.
+struct Vocab<'a> {
+    tokens: Vec<String>,
+    scores: Vec<f32>,
+    types: Vec<i32>,
+    /// `tokenizer_config.json` keys of special tokens and their GGUF keys.
+    special: &'a [(&'a str, &'a str)],
+    /// BOS is added whatever `add_bos_token` says.
+    always_bos: bool,
+}
+
+impl Vocab<'_> {
+    /// `meta` with the tokens, scores, types, the special tokens' ids (each
+    /// named as a string or an `AddedToken` object), the BOS/EOS flags, the
+    /// chat template and no space prefix.
+    fn into_metadata(
+        self,
+        mut meta: Vec<(String, Value)>,
+        dir: &Path,
+        tc: &Json,
+    ) -> Result<Tokenizer, HfError> {
+        let n_vocab = self.tokens.len();
+        for (key, gguf) in self.special {
+            let text = tc
+                .get(*key)
+                .and_then(|v| v.as_str().or_else(|| v.get("content")?.as_str()));
+            let id = text.and_then(|t| self.tokens.iter().position(|x| x == t));
+            if let Some(id) = id {
+                meta.push((format!("tokenizer.ggml.{gguf}"), Value::U32(id as u32)));
+            }
         }
+        let flag = |k: &str, default: bool| tc.get(k).and_then(Json::as_bool).unwrap_or(default);
+        let add_bos = self.always_bos || flag("add_bos_token", true);
+        meta.extend([
+            (
+                "tokenizer.ggml.tokens".to_owned(),
+                Value::Array(Array::String(self.tokens)),
+            ),
+            (
+                "tokenizer.ggml.scores".to_owned(),
+                Value::Array(Array::F32(self.scores)),
+            ),
+            (
+                "tokenizer.ggml.token_type".to_owned(),
+                Value::Array(Array::I32(self.types)),
+            ),
+            (
+                "tokenizer.ggml.add_bos_token".to_owned(),
+                Value::Bool(add_bos),
+            ),
+            (
+                "tokenizer.ggml.add_eos_token".to_owned(),
+                Value::Bool(flag("add_eos_token", false)),
+            ),
+            (
+                "tokenizer.ggml.add_space_prefix".to_owned(),
+                Value::Bool(false),
+            ),
+        ]);
+        if let Some(t) = chat_template(dir, tc)? {
+            meta.push(("tokenizer.chat_template".into(), Value::String(t)));
+        }
+        Ok(Tokenizer { meta, n_vocab })
     }
 }
 

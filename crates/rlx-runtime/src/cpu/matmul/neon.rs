@@ -132,27 +132,29 @@ unsafe fn vec_dot<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot: D
     sum
 }
 
-/// Defines `name` (baseline NEON) and `name_dot` (`SDOT`) for one format.
+/// Defines `name` (baseline NEON) and `name_dot` (`SDOT`) from a block
+/// driver, its block size and its per-type part (an unpack function for
+/// the Q8_0-activation formats, a block kernel for the K-quants).
 macro_rules! dots {
-    ($name:ident, $name_dot:ident, $block:expr, $unpack:ident) => {
+    ($name:ident, $name_dot:ident, $driver:ident::<$block:literal>, $part:ident) => {
         /// # Safety
-        /// Whole blocks of the weight type and Q8_0 activations.
+        /// Whole blocks of the weight type and of its activation format.
         pub(super) unsafe fn $name(w: &[u8], a: &[u8]) -> f32 {
-            vec_dot::<{ $block }>(w, a, $unpack, widening)
+            $driver::<{ $block }>(w, a, $part, widening)
         }
 
         /// # Safety
         /// As above, on a CPU with the dot-product extension.
         #[target_feature(enable = "dotprod")]
         pub(super) unsafe fn $name_dot(w: &[u8], a: &[u8]) -> f32 {
-            vec_dot::<{ $block }>(w, a, $unpack, sdot)
+            $driver::<{ $block }>(w, a, $part, sdot)
         }
     };
 }
 
-dots!(vec_dot_q8_0, vec_dot_q8_0_sdot, 34, unpack_q8_0);
-dots!(vec_dot_q4_0, vec_dot_q4_0_sdot, 18, unpack_q4_0);
-dots!(vec_dot_q5_0, vec_dot_q5_0_sdot, 22, unpack_q5_0);
+dots!(vec_dot_q8_0, vec_dot_q8_0_sdot, vec_dot::<34>, unpack_q8_0);
+dots!(vec_dot_q4_0, vec_dot_q4_0_sdot, vec_dot::<18>, unpack_q4_0);
+dots!(vec_dot_q5_0, vec_dot_q5_0_sdot, vec_dot::<22>, unpack_q5_0);
 
 /// Σ over the 16 lanes of `v·a`.
 #[inline(always)]
@@ -244,26 +246,18 @@ unsafe fn q6_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     (da * d) * sumi as f32
 }
 
-/// Defines `name` (baseline NEON) and `name_dot` (`SDOT`) for a K-quant.
-macro_rules! k_dots {
-    ($name:ident, $name_dot:ident, $block:expr, $kernel:ident) => {
-        /// # Safety
-        /// Whole blocks of the weight type and Q8_K activations.
-        pub(super) unsafe fn $name(w: &[u8], a: &[u8]) -> f32 {
-            vec_dot_k::<{ $block }>(w, a, $kernel, widening)
-        }
-
-        /// # Safety
-        /// As above, on a CPU with the dot-product extension.
-        #[target_feature(enable = "dotprod")]
-        pub(super) unsafe fn $name_dot(w: &[u8], a: &[u8]) -> f32 {
-            vec_dot_k::<{ $block }>(w, a, $kernel, sdot)
-        }
-    };
-}
-
-k_dots!(vec_dot_q4_k, vec_dot_q4_k_sdot, 144, q4_k_block);
-k_dots!(vec_dot_q6_k, vec_dot_q6_k_sdot, 210, q6_k_block);
+dots!(
+    vec_dot_q4_k,
+    vec_dot_q4_k_sdot,
+    vec_dot_k::<144>,
+    q4_k_block
+);
+dots!(
+    vec_dot_q6_k,
+    vec_dot_q6_k_sdot,
+    vec_dot_k::<210>,
+    q6_k_block
+);
 
 /// f32 dot product over `min(x.len(), w.len())` elements: four fused
 /// multiply-add accumulators, then the tail.
@@ -313,16 +307,6 @@ mod tests {
             .collect()
     }
 
-    /// Blocks with finite f16 scales in the first two bytes of each.
-    fn blocks(block: usize, n: usize, seed: u64) -> Vec<u8> {
-        let mut b = bytes(block * n, seed);
-        for (i, blk) in b.chunks_exact_mut(block).enumerate() {
-            let d = half::f16::from_f32(0.01 * (1 + i % 7) as f32);
-            blk[..2].copy_from_slice(&d.to_le_bytes());
-        }
-        b
-    }
-
     #[test]
     fn activations_quantize_as_the_reference_does() {
         for n in [1, 3, 17] {
@@ -348,94 +332,95 @@ mod tests {
         b
     }
 
-    #[test]
-    fn k_quant_dots_equal_the_scalar_reference_bit_for_bit() {
-        type Case = (usize, usize, VecDot, VecDot, VecDot);
-        let cases: [(&str, Case); 2] = [
-            (
-                "q4_k",
-                (
-                    144,
-                    0,
-                    vec_dot_q4_k,
-                    vec_dot_q4_k_sdot,
-                    scalar::vec_dot_q4_k,
-                ),
-            ),
-            (
-                "q6_k",
-                (
-                    210,
-                    208,
-                    vec_dot_q6_k,
-                    vec_dot_q6_k_sdot,
-                    scalar::vec_dot_q6_k,
-                ),
-            ),
-        ];
-        for (name, (block, d_at, plain, dot, reference)) in cases {
-            for n in [1, 3, 8] {
-                let mut w = bytes(block * n, 11 * n as u64);
-                for (i, blk) in w.chunks_exact_mut(block).enumerate() {
-                    let d = half::f16::from_f32(0.02 * (1 + i % 3) as f32).to_le_bytes();
-                    blk[d_at..d_at + 2].copy_from_slice(&d);
-                    if d_at == 0 {
-                        blk[2..4].copy_from_slice(&half::f16::from_f32(0.005).to_le_bytes());
-                    }
-                }
-                let a = q8_k_blocks(n, 13 * n as u64);
-                // SAFETY: the scalar reference has no requirement.
-                let want = unsafe { reference(&w, &a) };
-                // SAFETY: whole blocks; NEON is baseline.
-                let got = unsafe { plain(&w, &a) };
-                assert_eq!(
-                    got.to_bits(),
-                    want.to_bits(),
-                    "{name} × {n}: {got} vs {want}"
-                );
-                if has_neon_dotprod() {
-                    // SAFETY: as above, and the CPU has SDOT.
-                    let got = unsafe { dot(&w, &a) };
-                    assert_eq!(got.to_bits(), want.to_bits(), "{name} sdot × {n}");
-                }
+    /// Weight blocks with finite f16 scales at `scales` (byte offsets).
+    fn weight_blocks(block: usize, scales: &[usize], n: usize, seed: u64) -> Vec<u8> {
+        let mut w = bytes(block * n, seed);
+        for (i, blk) in w.chunks_exact_mut(block).enumerate() {
+            for (k, &at) in scales.iter().enumerate() {
+                let d = half::f16::from_f32(0.01 * (1 + (i + k) % 7) as f32);
+                blk[at..at + 2].copy_from_slice(&d.to_le_bytes());
             }
         }
+        w
     }
 
     #[test]
     fn every_dot_equals_the_scalar_reference_bit_for_bit() {
-        type Case = (usize, VecDot, VecDot, VecDot);
-        let cases: [(&str, Case); 3] = [
-            (
-                "q8_0",
-                (34, vec_dot_q8_0, vec_dot_q8_0_sdot, scalar::vec_dot_q8_0),
-            ),
-            (
-                "q4_0",
-                (18, vec_dot_q4_0, vec_dot_q4_0_sdot, scalar::vec_dot_q4_0),
-            ),
-            (
-                "q5_0",
-                (22, vec_dot_q5_0, vec_dot_q5_0_sdot, scalar::vec_dot_q5_0),
-            ),
+        struct Case {
+            name: &'static str,
+            block: usize,
+            scales: &'static [usize],
+            acts: fn(usize, u64) -> Vec<u8>,
+            plain: VecDot,
+            dot: VecDot,
+            reference: VecDot,
+        }
+        let q8_0_acts = |n, seed| weight_blocks(Q8_0_BYTES, &[0], n, seed);
+        let cases = [
+            Case {
+                name: "q8_0",
+                block: 34,
+                scales: &[0],
+                acts: q8_0_acts,
+                plain: vec_dot_q8_0,
+                dot: vec_dot_q8_0_sdot,
+                reference: scalar::vec_dot_q8_0,
+            },
+            Case {
+                name: "q4_0",
+                block: 18,
+                scales: &[0],
+                acts: q8_0_acts,
+                plain: vec_dot_q4_0,
+                dot: vec_dot_q4_0_sdot,
+                reference: scalar::vec_dot_q4_0,
+            },
+            Case {
+                name: "q5_0",
+                block: 22,
+                scales: &[0],
+                acts: q8_0_acts,
+                plain: vec_dot_q5_0,
+                dot: vec_dot_q5_0_sdot,
+                reference: scalar::vec_dot_q5_0,
+            },
+            Case {
+                name: "q4_k",
+                block: 144,
+                scales: &[0, 2],
+                acts: q8_k_blocks,
+                plain: vec_dot_q4_k,
+                dot: vec_dot_q4_k_sdot,
+                reference: scalar::vec_dot_q4_k,
+            },
+            Case {
+                name: "q6_k",
+                block: 210,
+                scales: &[208],
+                acts: q8_k_blocks,
+                plain: vec_dot_q6_k,
+                dot: vec_dot_q6_k_sdot,
+                reference: scalar::vec_dot_q6_k,
+            },
         ];
-        for (name, (block, plain, dot, reference)) in cases {
+        for c in cases {
             for n in [1, 2, 7, 33] {
-                let w = blocks(block, n, 3 * n as u64);
-                let a = blocks(Q8_0_BYTES, n, 5 * n as u64);
+                let w = weight_blocks(c.block, c.scales, n, 3 * n as u64);
+                let a = (c.acts)(n, 5 * n as u64);
                 // SAFETY: the scalar reference has no requirement.
-                let want = unsafe { reference(&w, &a) };
+                let want = unsafe { (c.reference)(&w, &a) };
                 // SAFETY: whole blocks; NEON is baseline.
-                let got = unsafe { plain(&w, &a) };
+                let got = unsafe { (c.plain)(&w, &a) };
                 assert_eq!(
                     got.to_bits(),
                     want.to_bits(),
-                    "{name} × {n}: {got} vs {want}"
+                    "{} × {n}: {got} vs {want}",
+                    c.name
                 );
                 if has_neon_dotprod() {
                     // SAFETY: as above, and the CPU has SDOT.
-                    let got = unsafe { dot(&w, &a) };
-                    assert_eq!(got.to_bits(), want.to_bits(), "{name} sdot × {n}");
+                    let got = unsafe { (c.dot)(&w, &a) };
+                    assert_eq!(got.to_bits(), want.to_bits(), "{} sdot × {n}", c.name);
                 }
             }
         }
