@@ -243,8 +243,13 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
         T::Q8_0 => pick(n::vec_dot_q8_0, n::vec_dot_q8_0_sdot),
         T::Q4_0 => pick(n::vec_dot_q4_0, n::vec_dot_q4_0_sdot),
         T::Q5_0 => pick(n::vec_dot_q5_0, n::vec_dot_q5_0_sdot),
+        T::IQ4_NL => pick(n::vec_dot_iq4_nl, n::vec_dot_iq4_nl_sdot),
+        T::Q4_1 => pick(n::vec_dot_q4_1, n::vec_dot_q4_1_sdot),
+        T::Q5_1 => pick(n::vec_dot_q5_1, n::vec_dot_q5_1_sdot),
         T::Q4_K => pick(n::vec_dot_q4_k, n::vec_dot_q4_k_sdot),
+        T::Q5_K => pick(n::vec_dot_q5_k, n::vec_dot_q5_k_sdot),
         T::Q6_K => pick(n::vec_dot_q6_k, n::vec_dot_q6_k_sdot),
+        T::IQ4_XS => pick(n::vec_dot_iq4_xs, n::vec_dot_iq4_xs_sdot),
         _ => return None,
     }))
 }

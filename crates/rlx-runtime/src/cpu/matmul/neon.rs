@@ -1,6 +1,7 @@
-//! AArch64 NEON kernels: activations quantized to Q8_0, integer dot
-//! products of Q8_0, Q4_0 and Q5_0 weight blocks with them and of Q4_K and
-//! Q6_K blocks with Q8_K activations, and the f32 dot of the exact path.
+//! AArch64 NEON kernels: activations quantized to Q8_0, the integer dot
+//! products of every weight type the 8-bit path has but MXFP4 and Q2_K/Q3_K
+//! (Q8_0, Q4_0, Q5_0, IQ4_NL with Q8_0 activations; Q4_1, Q5_1 with Q8_1;
+//! Q4_K, Q5_K, Q6_K, IQ4_XS with Q8_K), and the f32 dot of the exact path.
 //!
 //! The integer kernels share one shape: a block's weights are unpacked to
 //! two vectors of 16 signed 8-bit values (`Unpack`, one per weight type),
@@ -13,7 +14,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::scalar::{scale_min_k4, Q8_0_BYTES, Q8_K_BYTES};
+use super::scalar::{scale_min_k4, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES};
 use super::table::f16_table;
 
 /// # Safety
@@ -53,39 +54,85 @@ unsafe fn unpack_q8_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
     (vld1q_s8(p), vld1q_s8(p.add(16)))
 }
 
-/// Q4_0: low nibbles are elements 0..16, high nibbles 16..32, minus 8.
+/// The 32 nibbles of 16 bytes at `q`: low ones are elements 0..16, high
+/// ones 16..32.
 #[inline(always)]
-unsafe fn unpack_q4_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: an 18-byte block; 16 bytes from offset 2.
-    let q = vld1q_u8(b.as_ptr().add(2));
-    let lo = vandq_u8(q, vdupq_n_u8(0x0f));
-    let hi = vshrq_n_u8::<4>(q);
-    let eight = vdupq_n_s8(8);
-    (
-        vsubq_s8(vreinterpretq_s8_u8(lo), eight),
-        vsubq_s8(vreinterpretq_s8_u8(hi), eight),
-    )
+unsafe fn nibbles(q: *const u8) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: the caller's block has 16 bytes at `q`.
+    let q = vld1q_u8(q);
+    (vandq_u8(q, vdupq_n_u8(0x0f)), vshrq_n_u8::<4>(q))
 }
 
-/// Q5_0: Q4_0's nibbles with a fifth bit from the 32-bit mask at offset 2,
-/// minus 16.
+/// The fifth bits of a Q5 block as 0x10 in the bytes of elements 0..16 and
+/// 16..32: bit `j` of `qh` belongs to element `j`.
 #[inline(always)]
-unsafe fn unpack_q5_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-    // SAFETY: a 22-byte block; 16 bytes from offset 6.
-    let q = vld1q_u8(b.as_ptr().add(6));
-    let lo = vandq_u8(q, vdupq_n_u8(0x0f));
-    let hi = vshrq_n_u8::<4>(q);
+unsafe fn fifth_bits(qh: u32) -> (uint8x16_t, uint8x16_t) {
     let bits = |shift: u32| -> uint8x16_t {
         let v: [u8; 16] = std::array::from_fn(|j| (((qh >> (shift + j as u32)) & 1) << 4) as u8);
         // SAFETY: a 16-byte array.
         vld1q_u8(v.as_ptr())
     };
-    let sixteen = vdupq_n_s8(16);
+    (bits(0), bits(16))
+}
+
+/// Unsigned codes as signed weights, less `bias`.
+#[inline(always)]
+unsafe fn biased(lo: uint8x16_t, hi: uint8x16_t, bias: i8) -> (int8x16_t, int8x16_t) {
+    let b = vdupq_n_s8(bias);
     (
-        vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, bits(0))), sixteen),
-        vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(hi, bits(16))), sixteen),
+        vsubq_s8(vreinterpretq_s8_u8(lo), b),
+        vsubq_s8(vreinterpretq_s8_u8(hi), b),
     )
+}
+
+/// Q4_0: nibbles minus 8.
+#[inline(always)]
+unsafe fn unpack_q4_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    // SAFETY: an 18-byte block; 16 bytes from offset 2.
+    let (lo, hi) = nibbles(b.as_ptr().add(2));
+    biased(lo, hi, 8)
+}
+
+/// Q4_1: nibbles as they are (the block's minimum is added apart).
+#[inline(always)]
+unsafe fn unpack_q4_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    // SAFETY: a 20-byte block; 16 bytes from offset 4.
+    let (lo, hi) = nibbles(b.as_ptr().add(4));
+    biased(lo, hi, 0)
+}
+
+/// Q5_0: nibbles with a fifth bit from the 32-bit mask at offset 2, minus 16.
+#[inline(always)]
+unsafe fn unpack_q5_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    let (h0, h1) = fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
+    // SAFETY: a 22-byte block; 16 bytes from offset 6.
+    let (lo, hi) = nibbles(b.as_ptr().add(6));
+    biased(vorrq_u8(lo, h0), vorrq_u8(hi, h1), 16)
+}
+
+/// Q5_1: as Q5_0 with the mask at 4 and the nibbles at 8, unbiased.
+#[inline(always)]
+unsafe fn unpack_q5_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    let (h0, h1) = fifth_bits(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
+    // SAFETY: a 24-byte block; 16 bytes from offset 8.
+    let (lo, hi) = nibbles(b.as_ptr().add(8));
+    biased(vorrq_u8(lo, h0), vorrq_u8(hi, h1), 0)
+}
+
+/// IQ4_NL's code values, looked up by nibble.
+#[inline(always)]
+unsafe fn iq4_values(lo: uint8x16_t, hi: uint8x16_t) -> (int8x16_t, int8x16_t) {
+    // SAFETY: a 16-entry table.
+    let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+    (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi))
+}
+
+/// IQ4_NL: nibbles through the code table.
+#[inline(always)]
+unsafe fn unpack_iq4_nl(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    // SAFETY: an 18-byte block; 16 bytes from offset 2.
+    let (lo, hi) = nibbles(b.as_ptr().add(2));
+    iq4_values(lo, hi)
 }
 
 /// Σ a·b over 16 signed bytes, added to `acc`'s 32-bit lanes.
@@ -132,6 +179,24 @@ unsafe fn vec_dot<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot: D
     sum
 }
 
+/// As [`vec_dot`] against Q8_1 activations, whose `s = d·Σq` carries the
+/// weight block's minimum (its second f16).
+#[inline(always)]
+unsafe fn vec_dot_1<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot: Dot) -> f32 {
+    let f16 = f16_table();
+    let half = |b: &[u8], at: usize| f16[usize::from(u16::from_le_bytes([b[at], b[at + 1]]))];
+    let mut sum = 0f32;
+    for (wb, ab) in w.chunks_exact(BLOCK).zip(a.chunks_exact(Q8_1_BYTES)) {
+        let (w0, w1) = unpack(wb);
+        // SAFETY: a 36-byte Q8_1 block: 32 values from offset 4.
+        let p = ab.as_ptr().add(4) as *const i8;
+        let (a0, a1) = (vld1q_s8(p), vld1q_s8(p.add(16)));
+        let sumi = vaddvq_s32(dot(dot(vdupq_n_s32(0), w0, a0), w1, a1));
+        sum += (half(wb, 0) * half(ab, 0)) * sumi as f32 + half(wb, 2) * half(ab, 2);
+    }
+    sum
+}
+
 /// Defines `name` (baseline NEON) and `name_dot` (`SDOT`) from a block
 /// driver, its block size and its per-type part (an unpack function for
 /// the Q8_0-activation formats, a block kernel for the K-quants).
@@ -155,6 +220,24 @@ macro_rules! dots {
 dots!(vec_dot_q8_0, vec_dot_q8_0_sdot, vec_dot::<34>, unpack_q8_0);
 dots!(vec_dot_q4_0, vec_dot_q4_0_sdot, vec_dot::<18>, unpack_q4_0);
 dots!(vec_dot_q5_0, vec_dot_q5_0_sdot, vec_dot::<22>, unpack_q5_0);
+dots!(
+    vec_dot_iq4_nl,
+    vec_dot_iq4_nl_sdot,
+    vec_dot::<18>,
+    unpack_iq4_nl
+);
+dots!(
+    vec_dot_q4_1,
+    vec_dot_q4_1_sdot,
+    vec_dot_1::<20>,
+    unpack_q4_1
+);
+dots!(
+    vec_dot_q5_1,
+    vec_dot_q5_1_sdot,
+    vec_dot_1::<24>,
+    unpack_q5_1
+);
 
 /// Σ over the 16 lanes of `v·a`.
 #[inline(always)]
@@ -175,36 +258,94 @@ unsafe fn vec_dot_k<const BLOCK: usize>(w: &[u8], a: &[u8], block: KBlock, dot: 
     sum
 }
 
-/// Q4_K: eight sub-blocks of 32 with 6-bit scales and mins; the nibbles of
-/// 32 bytes are two sub-blocks (low, then high).
+/// Σ over a K-quant block's eight sub-blocks of 32 of `scale_j · Σ v·a`,
+/// the weights of sub-blocks `2p` and `2p + 1` given by `pair(p)` as four
+/// vectors (the 64 elements in order).
 #[inline(always)]
-unsafe fn q4_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
+unsafe fn sub32_sum(
+    ab: &[u8],
+    dot: Dot,
+    scale: impl Fn(usize) -> i32,
+    pair: impl Fn(usize) -> [int8x16_t; 4],
+) -> i32 {
+    let mut sumi = 0i32;
+    for p in 0..4 {
+        let v = pair(p);
+        // SAFETY: a 292-byte Q8_K block holds 256 values from offset 4.
+        let a = ab.as_ptr().add(4 + 64 * p) as *const i8;
+        let a: [int8x16_t; 4] = std::array::from_fn(|i| vld1q_s8(a.add(16 * i)));
+        let low = dot16(dot, v[0], a[0]) + dot16(dot, v[1], a[1]);
+        let high = dot16(dot, v[2], a[2]) + dot16(dot, v[3], a[3]);
+        sumi += scale(2 * p) * low + scale(2 * p + 1) * high;
+    }
+    sumi
+}
+
+/// Q4_K and Q5_K (`QH` true: a fifth bit per element from 32 bytes at 16):
+/// eight sub-blocks of 32 with 6-bit scales and mins; the nibbles of 32
+/// bytes are two sub-blocks (low, then high).
+#[inline(always)]
+unsafe fn k4_block<const QH: bool>(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
     let f16 = f16_table();
     let d = f16[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
     let dmin = f16[usize::from(u16::from_le_bytes([wb[2], wb[3]]))];
     let scales = &wb[4..16];
-    let mask = vdupq_n_u8(0x0f);
-    let (mut sumi, mut summ) = (0i32, 0i32);
-    for p in 0..4 {
-        // SAFETY: a 144-byte block holds 128 bytes of nibbles from 16; a
-        // 292-byte Q8_K block 256 values from 4.
-        let q = wb.as_ptr().add(16 + 32 * p);
-        let (q0, q1) = (vld1q_u8(q), vld1q_u8(q.add(16)));
-        let a = ab.as_ptr().add(4 + 64 * p) as *const i8;
-        let a: [int8x16_t; 4] = std::array::from_fn(|i| vld1q_s8(a.add(16 * i)));
-        let lo = |x| vreinterpretq_s8_u8(vandq_u8(x, mask));
-        let hi = |x| vreinterpretq_s8_u8(vshrq_n_u8::<4>(x));
-        let low = dot16(dot, lo(q0), a[0]) + dot16(dot, lo(q1), a[1]);
-        let high = dot16(dot, hi(q0), a[2]) + dot16(dot, hi(q1), a[3]);
-        for (j, part) in [(2 * p, low), (2 * p + 1, high)] {
-            let (sc, mn) = scale_min_k4(j, scales);
-            sumi += i32::from(sc) * part;
-            let bsum = |i: usize| i32::from(i16::from_le_bytes([ab[260 + 2 * i], ab[261 + 2 * i]]));
-            summ += i32::from(mn) * (bsum(2 * j) + bsum(2 * j + 1));
+    let qs = if QH { 48 } else { 16 };
+    // SAFETY: Q5_K's 32 high-bit bytes at 16.
+    let qh = QH.then(|| [vld1q_u8(wb.as_ptr().add(16)), vld1q_u8(wb.as_ptr().add(32))]);
+    let one = vdupq_n_u8(1);
+    let pair = |p: usize| {
+        // SAFETY: 128 bytes of nibbles from `qs` in a 144/176-byte block.
+        let (l0, h0) = nibbles(wb.as_ptr().add(qs + 32 * p));
+        let (l1, h1) = nibbles(wb.as_ptr().add(qs + 32 * p + 16));
+        let mut v = [l0, l1, h0, h1];
+        if let Some(qh) = qh {
+            for (i, x) in v.iter_mut().enumerate() {
+                // Element e's bit is bit e / 32 of qh[e % 32].
+                let shift = vdupq_n_s8(-((2 * p + i / 2) as i8));
+                let bit = vandq_u8(vshlq_u8(qh[i % 2], shift), one);
+                *x = vorrq_u8(*x, vshlq_n_u8::<4>(bit));
+            }
         }
-    }
+        v.map(|x| vreinterpretq_s8_u8(x))
+    };
+    let sumi = sub32_sum(ab, dot, |j| i32::from(scale_min_k4(j, scales).0), pair);
+    let bsum = |i: usize| i32::from(i16::from_le_bytes([ab[260 + 2 * i], ab[261 + 2 * i]]));
+    let summ: i32 = (0..8)
+        .map(|j| i32::from(scale_min_k4(j, scales).1) * (bsum(2 * j) + bsum(2 * j + 1)))
+        .sum();
     (da * d) * sumi as f32 - (da * dmin) * summ as f32
+}
+
+unsafe fn q4_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
+    k4_block::<false>(wb, ab, dot)
+}
+
+unsafe fn q5_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
+    k4_block::<true>(wb, ab, dot)
+}
+
+/// IQ4_XS: eight sub-blocks of 32 code-table values with 6-bit scales less
+/// 32; each sub-block's 16 bytes hold its first half in low nibbles.
+unsafe fn iq4_xs_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
+    let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+    let d = f16_table()[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
+    let scales_h = u32::from(u16::from_le_bytes([wb[2], wb[3]]));
+    let scale = |j: usize| {
+        let low = u32::from((wb[4 + j / 2] >> (4 * (j % 2))) & 0xF);
+        let high = (scales_h >> (2 * j)) & 3;
+        (low | (high << 4)) as i32 - 32
+    };
+    let pair = |p: usize| {
+        // SAFETY: 128 bytes of codes from 8 in a 136-byte block.
+        let (l0, h0) = nibbles(wb.as_ptr().add(8 + 32 * p));
+        let (l1, h1) = nibbles(wb.as_ptr().add(8 + 32 * p + 16));
+        let (a, b) = iq4_values(l0, h0);
+        let (c, e) = iq4_values(l1, h1);
+        [a, b, c, e]
+    };
+    (da * d) * sub32_sum(ab, dot, scale, pair) as f32
 }
 
 /// Q6_K: sixteen sub-blocks of 16 with 8-bit scales; four bits from `ql`,
@@ -257,6 +398,18 @@ dots!(
     vec_dot_q6_k_sdot,
     vec_dot_k::<210>,
     q6_k_block
+);
+dots!(
+    vec_dot_q5_k,
+    vec_dot_q5_k_sdot,
+    vec_dot_k::<176>,
+    q5_k_block
+);
+dots!(
+    vec_dot_iq4_xs,
+    vec_dot_iq4_xs_sdot,
+    vec_dot_k::<136>,
+    iq4_xs_block
 );
 
 /// f32 dot product over `min(x.len(), w.len())` elements: four fused
@@ -356,6 +509,7 @@ mod tests {
             reference: VecDot,
         }
         let q8_0_acts = |n, seed| weight_blocks(Q8_0_BYTES, &[0], n, seed);
+        let q8_1_acts = |n, seed| weight_blocks(Q8_1_BYTES, &[0, 2], n, seed);
         let cases = [
             Case {
                 name: "q8_0",
@@ -383,6 +537,51 @@ mod tests {
                 plain: vec_dot_q5_0,
                 dot: vec_dot_q5_0_sdot,
                 reference: scalar::vec_dot_q5_0,
+            },
+            Case {
+                name: "iq4_nl",
+                block: 18,
+                scales: &[0],
+                acts: q8_0_acts,
+                plain: vec_dot_iq4_nl,
+                dot: vec_dot_iq4_nl_sdot,
+                reference: scalar::vec_dot_iq4_nl,
+            },
+            Case {
+                name: "q4_1",
+                block: 20,
+                scales: &[0, 2],
+                acts: q8_1_acts,
+                plain: vec_dot_q4_1,
+                dot: vec_dot_q4_1_sdot,
+                reference: scalar::vec_dot_q4_1,
+            },
+            Case {
+                name: "q5_1",
+                block: 24,
+                scales: &[0, 2],
+                acts: q8_1_acts,
+                plain: vec_dot_q5_1,
+                dot: vec_dot_q5_1_sdot,
+                reference: scalar::vec_dot_q5_1,
+            },
+            Case {
+                name: "q5_k",
+                block: 176,
+                scales: &[0, 2],
+                acts: q8_k_blocks,
+                plain: vec_dot_q5_k,
+                dot: vec_dot_q5_k_sdot,
+                reference: scalar::vec_dot_q5_k,
+            },
+            Case {
+                name: "iq4_xs",
+                block: 136,
+                scales: &[0],
+                acts: q8_k_blocks,
+                plain: vec_dot_iq4_xs,
+                dot: vec_dot_iq4_xs_sdot,
+                reference: scalar::vec_dot_iq4_xs,
             },
             Case {
                 name: "q4_k",
