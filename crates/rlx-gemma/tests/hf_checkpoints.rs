@@ -244,3 +244,131 @@ fn bf16_and_f16_checkpoints_give_the_converted_half_files_logits() {
         std::fs::remove_dir_all(&hf).unwrap();
     }
 }
+
+/// A copy of the tiny Gemma 3 checkpoint with `edit` applied to it.
+fn broken_checkpoint(tag: &str, edit: impl FnOnce(&std::path::Path)) -> std::path::PathBuf {
+    let src = fixtures().join("tiny/gemma3/hf");
+    let dst = std::env::temp_dir().join(format!("rlx-hf-broken-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dst);
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    edit(&dst);
+    dst
+}
+
+#[test]
+fn broken_checkpoints_are_errors_that_say_what_is_wrong() {
+    let set_config = |key: &str, value: Value| {
+        let key = key.to_owned();
+        move |d: &std::path::Path| {
+            let p = d.join("config.json");
+            let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            c[key.as_str()] = value;
+            std::fs::write(p, c.to_string()).unwrap();
+        }
+    };
+    let cases: Vec<(&str, Box<dyn FnOnce(&std::path::Path)>, &str)> = vec![
+        (
+            "json",
+            Box::new(|d: &std::path::Path| std::fs::write(d.join("config.json"), "{oops").unwrap()),
+            "config.json",
+        ),
+        (
+            "type",
+            Box::new(set_config("model_type", "llama".into())),
+            "model_type",
+        ),
+        (
+            "layers",
+            Box::new(set_config("num_hidden_layers", "six".into())),
+            "num_hidden_layers",
+        ),
+        (
+            "blocks",
+            Box::new(|d: &std::path::Path| {
+                let p = d.join("config.json");
+                let mut c: Value =
+                    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+                c["num_hidden_layers"] = 64.into();
+                c.as_object_mut().unwrap().remove("layer_types");
+                std::fs::write(p, c.to_string()).unwrap();
+            }),
+            "block_count",
+        ),
+        (
+            "types",
+            Box::new(set_config(
+                "layer_types",
+                serde_json::json!(["full_attention"]),
+            )),
+            "layer_types",
+        ),
+        (
+            "truncated",
+            Box::new(|d: &std::path::Path| {
+                let p = d.join("model.safetensors");
+                let b = std::fs::read(&p).unwrap();
+                std::fs::write(&p, &b[..b.len() / 2]).unwrap();
+            }),
+            "model.safetensors",
+        ),
+        (
+            "header",
+            Box::new(|d: &std::path::Path| {
+                let p = d.join("model.safetensors");
+                std::fs::write(&p, (u64::MAX).to_le_bytes()).unwrap();
+            }),
+            "header",
+        ),
+        (
+            "dtype",
+            Box::new(|d: &std::path::Path| {
+                let p = d.join("model.safetensors");
+                let b = std::fs::read(&p).unwrap();
+                let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+                let h = String::from_utf8(b[8..8 + n].to_vec()).unwrap();
+                let h = h.replacen("\"F32\"", "\"I64\"", 1);
+                let mut out = (h.len() as u64).to_le_bytes().to_vec();
+                out.extend(h.into_bytes());
+                out.extend(&b[8 + n..]);
+                std::fs::write(&p, out).unwrap();
+            }),
+            "I64",
+        ),
+        (
+            "tokenizer",
+            Box::new(|d: &std::path::Path| {
+                std::fs::remove_file(d.join("tokenizer.model")).unwrap()
+            }),
+            "tokenizer.model",
+        ),
+        (
+            "spm",
+            Box::new(|d: &std::path::Path| {
+                std::fs::write(d.join("tokenizer.model"), [0xffu8; 7]).unwrap()
+            }),
+            "SentencePiece",
+        ),
+        (
+            "weights",
+            Box::new(|d: &std::path::Path| {
+                std::fs::remove_file(d.join("model.safetensors")).unwrap()
+            }),
+            "safetensors",
+        ),
+    ];
+    for (tag, edit, says) in cases {
+        let dir = broken_checkpoint(tag, edit);
+        let err = match Model::load(&dir, ModelOptions::default()) {
+            Ok(_) => panic!("{tag}: the broken checkpoint loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains(says),
+            "{tag}: {err:?} does not mention {says:?}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
