@@ -269,7 +269,9 @@ fn broken_checkpoints_are_errors_that_say_what_is_wrong() {
             std::fs::write(p, c.to_string()).unwrap();
         }
     };
-    let cases: Vec<(&str, Box<dyn FnOnce(&std::path::Path)>, &str)> = vec![
+    /// What the directory gets, and a word its error must contain.
+    type Edit = Box<dyn FnOnce(&std::path::Path)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "json",
             Box::new(|d: &std::path::Path| std::fs::write(d.join("config.json"), "{oops").unwrap()),
