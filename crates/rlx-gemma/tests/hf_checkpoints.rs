@@ -179,12 +179,18 @@ fn a_checkpoint_quantizes_to_llama_quantizes_tensors() {
     }
 }
 
-/// `tests/fixtures/tiny/gemma/hf` with its matrices stored as `dtype`
-/// (`"BF16"` or `"F16"`, rounded to nearest even), vectors kept in f32, in a
-/// new directory.
-fn half_checkpoint(dtype: &str) -> std::path::PathBuf {
-    let src = fixtures().join("tiny/gemma/hf");
-    let dst = std::env::temp_dir().join(format!("rlx-hf-{dtype}-{}", std::process::id()));
+/// The tiny `model`'s checkpoint rewritten in a new directory: its
+/// matrices stored as `dtype` (`"F32"`, or `"BF16"` / `"F16"` rounded to
+/// nearest even; vectors kept in f32), the tensors dealt round-robin into
+/// `shards` files named as transformers names them, with the index file
+/// when there are several.
+fn rewritten_checkpoint(model: &str, dtype: &str, shards: usize) -> std::path::PathBuf {
+    let src = fixtures().join("tiny").join(model).join("hf");
+    let dst = std::env::temp_dir().join(format!(
+        "rlx-hf-{model}-{dtype}-{shards}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dst);
     std::fs::create_dir_all(&dst).unwrap();
     for e in std::fs::read_dir(&src).unwrap().flatten() {
         if e.file_name() != "model.safetensors" {
@@ -195,25 +201,32 @@ fn half_checkpoint(dtype: &str) -> std::path::PathBuf {
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     let data = &bytes[8 + n..];
-    let mut out_header = serde_json::Map::new();
-    let mut out_data = Vec::new();
-    for (name, t) in &header {
-        if name == "__metadata__" {
-            continue;
+    let mut files: Vec<(serde_json::Map<String, Value>, Vec<u8>)> =
+        vec![(serde_json::Map::new(), Vec::new()); shards];
+    let name_of = |i: usize| {
+        if shards == 1 {
+            "model.safetensors".to_owned()
+        } else {
+            format!("model-{:05}-of-{shards:05}.safetensors", i + 1)
         }
+    };
+    let mut weight_map = serde_json::Map::new();
+    for (k, (name, t)) in header
+        .iter()
+        .filter(|(n, _)| *n != "__metadata__")
+        .enumerate()
+    {
+        let (out_header, out_data) = &mut files[k % shards];
         let shape = t["shape"].as_array().unwrap().clone();
         let off = t["data_offsets"].as_array().unwrap();
         let (a, b) = (
             off[0].as_u64().unwrap() as usize,
             off[1].as_u64().unwrap() as usize,
         );
-        let values: Vec<f32> = data[a..b]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
         let start = out_data.len();
         let ty = if shape.len() >= 2 { dtype } else { "F32" };
-        for x in values {
+        for c in data[a..b].chunks_exact(4) {
+            let x = f32::from_le_bytes(c.try_into().unwrap());
             match ty {
                 "BF16" => out_data.extend(half::bf16::from_f32(x).to_le_bytes()),
                 "F16" => out_data.extend(half::f16::from_f32(x).to_le_bytes()),
@@ -224,20 +237,38 @@ fn half_checkpoint(dtype: &str) -> std::path::PathBuf {
             name.clone(),
             serde_json::json!({"dtype": ty, "shape": shape, "data_offsets": [start, out_data.len()]}),
         );
+        weight_map.insert(name.clone(), Value::String(name_of(k % shards)));
     }
-    let h = Value::Object(out_header).to_string().into_bytes();
-    let mut file = (h.len() as u64).to_le_bytes().to_vec();
-    file.extend(h);
-    file.extend(out_data);
-    std::fs::write(dst.join("model.safetensors"), file).unwrap();
+    for (i, (h, d)) in files.into_iter().enumerate() {
+        let h = Value::Object(h).to_string().into_bytes();
+        let mut file = (h.len() as u64).to_le_bytes().to_vec();
+        file.extend(h);
+        file.extend(d);
+        std::fs::write(dst.join(name_of(i)), file).unwrap();
+    }
+    if shards > 1 {
+        let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+        std::fs::write(dst.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    }
     dst
+}
+
+#[test]
+fn a_sharded_checkpoint_reads_as_the_single_file_one() {
+    let dir = fixtures().join("tiny/gemma3");
+    let hf = rewritten_checkpoint("gemma3", "F32", 3);
+    assert!(hf.join("model-00003-of-00003.safetensors").is_file());
+    for (name, d) in prompt_distances(&dir, &exact(&hf), &exact(&dir.join("model-f32.gguf"))) {
+        assert!(d == 0.0, "{name}: rel L2 {d:e}");
+    }
+    std::fs::remove_dir_all(&hf).unwrap();
 }
 
 #[test]
 fn bf16_and_f16_checkpoints_give_the_converted_half_files_logits() {
     let dir = fixtures().join("tiny/gemma");
     for (dtype, gguf) in [("BF16", "model-bf16.gguf"), ("F16", "model-f16.gguf")] {
-        let hf = half_checkpoint(dtype);
+        let hf = rewritten_checkpoint("gemma", dtype, 1);
         for (name, d) in prompt_distances(&dir, &exact(&hf), &exact(&dir.join(gguf))) {
             assert!(d <= 1e-6, "{dtype} {name}: rel L2 {d:e}");
         }
