@@ -318,16 +318,19 @@ unsafe fn k4_block<const QH: bool>(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     (da * d) * sumi as f32 - (da * dmin) * summ as f32
 }
 
+#[inline(always)]
 unsafe fn q4_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     k4_block::<false>(wb, ab, dot)
 }
 
+#[inline(always)]
 unsafe fn q5_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     k4_block::<true>(wb, ab, dot)
 }
 
 /// IQ4_XS: eight sub-blocks of 32 code-table values with 6-bit scales less
 /// 32; each sub-block's 16 bytes hold its first half in low nibbles.
+#[inline(always)]
 unsafe fn iq4_xs_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
     let d = f16_table()[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
