@@ -28,7 +28,7 @@
 mod common;
 
 use common::scenario::{token, worst_against_alone, Script};
-use common::{fixtures, real_model, rel_l2};
+use common::{fixtures, real_model, rel_l2, TINY_GENERATIONS};
 use rlx_gemma::{Model, ModelOptions, Precision, SessionOptions};
 
 /// The largest relative L2, over sequences, of batched against alone.
@@ -72,15 +72,7 @@ fn load_with(path: &std::path::Path, precision: Precision, batch_invariant: bool
 fn batched_sequences_match_each_alone_on_every_tiny_model() {
     let script = Script::TINY;
     let mut failures = Vec::new();
-    for name in [
-        "gemma",
-        "gemma2",
-        "gemma3",
-        "gemma3n",
-        "gemma4-dense",
-        "gemma4-ple",
-        "gemma4-moe",
-    ] {
+    for name in TINY_GENERATIONS {
         for file in ["model-f32.gguf", "model-Q8_0.gguf"] {
             let path = fixtures().join("tiny").join(name).join(file);
             if !path.exists() {
@@ -317,14 +309,7 @@ fn a_prefix_taken_from_the_cache_gives_the_logits_of_computing_it() {
     // Its logits equal the whole prompt computed afresh, on every
     // generation (Gemma 3n and 4 share K/V between layers).
     use rlx_gemma::{Feed, SequencesOptions, Want};
-    for name in [
-        "gemma",
-        "gemma2",
-        "gemma3",
-        "gemma3n",
-        "gemma4-dense",
-        "gemma4-ple",
-    ] {
+    for name in TINY_GENERATIONS.into_iter().filter(|&n| n != "gemma4-moe") {
         let path = fixtures().join("tiny").join(name).join("model-f32.gguf");
         let model = load(&path, Precision::Exact);
         let vocab = model.config().n_vocab;

@@ -8,21 +8,11 @@
 
 mod common;
 
-use common::{fixtures, rel_l2};
+use common::{fixtures, rel_l2, TINY_GENERATIONS};
 use rlx_gemma::model::open_file;
 use rlx_gemma::{GemmaConfig, Model, ModelOptions, Precision, SessionOptions};
 use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Tokenizer};
 use serde_json::Value;
-
-const MODELS: [&str; 7] = [
-    "gemma",
-    "gemma2",
-    "gemma3",
-    "gemma3n",
-    "gemma4-dense",
-    "gemma4-ple",
-    "gemma4-moe",
-];
 
 fn jsonl(path: &std::path::Path) -> Vec<Value> {
     std::fs::read_to_string(path)
@@ -72,7 +62,7 @@ fn prompt_distances(dir: &std::path::Path, a: &Model, b: &Model) -> Vec<(String,
 
 #[test]
 fn checkpoints_give_the_converted_files_config_and_logits() {
-    for m in MODELS {
+    for m in TINY_GENERATIONS {
         let dir = fixtures().join("tiny").join(m);
         let hf = dir.join("hf");
         let gguf = dir.join("model-f32.gguf");
@@ -98,7 +88,7 @@ fn tokenizer_and_chat_template_are_transformers() {
                 ))
             })
             .collect();
-    for m in MODELS {
+    for m in TINY_GENERATIONS {
         let dir = fixtures().join("tiny").join(m);
         let file = open_file(&dir.join("hf")).unwrap();
         let tok = Tokenizer::from_gguf(&file).unwrap();
@@ -151,7 +141,7 @@ fn tokenizer_and_chat_template_are_transformers() {
 fn a_checkpoint_quantizes_to_llama_quantizes_tensors() {
     use rlx_gemma::quantize::{quantize_gguf, FileType, QuantizeOptions};
     // Every model with a committed llama-quantize Q8_0 file (not 3n).
-    for m in MODELS.into_iter().filter(|m| *m != "gemma3n") {
+    for m in TINY_GENERATIONS.into_iter().filter(|m| *m != "gemma3n") {
         let dir = fixtures().join("tiny").join(m);
         let hf = open_file(&dir.join("hf")).unwrap();
         let mut out = Vec::new();

@@ -11,6 +11,18 @@ pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
+/// One tiny model of each generation and variant (folders of
+/// `tests/fixtures/tiny`), each with a `model-f32.gguf`.
+pub const TINY_GENERATIONS: [&str; 7] = [
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "gemma3n",
+    "gemma4-dense",
+    "gemma4-ple",
+    "gemma4-moe",
+];
+
 /// The real Gemma 3 270M file: `$RLX_TEST_MODEL`, else the default cache.
 /// Missing is a failure with instructions, not a skip.
 pub fn real_model() -> PathBuf {
