@@ -219,6 +219,11 @@ fn run(
     y
 }
 
+/// A call's only weight.
+fn one(ty: GgmlType, rows: usize, k: usize, data: &[u8]) -> [WeightMatrix<'_>; 1] {
+    [WeightMatrix { ty, rows, k, data }]
+}
+
 /// [`run`] on one thread and on three: the outputs must agree bit for bit
 /// (the task split changes nothing); returns them.
 fn run_split_invariant(
@@ -253,12 +258,7 @@ fn exact_matches_f64_reference_for_every_type() {
                 for m in MS {
                     let x = rng.vec(m * k);
                     let r = reference(ty, &data, rows, k, &x, m);
-                    let w = [WeightMatrix {
-                        ty,
-                        rows,
-                        k,
-                        data: &data,
-                    }];
+                    let w = one(ty, rows, k, &data);
                     for isa in Isa::supported() {
                         let y1 = run_split_invariant(
                             &pools,
@@ -298,12 +298,7 @@ fn quantized_stays_within_llama_budget_for_every_type() {
                     for m in MS {
                         let x = rng.vec(m * k);
                         let r = reference(ty, &data, rows, k, &x, m);
-                        let w = [WeightMatrix {
-                            ty,
-                            rows,
-                            k,
-                            data: &data,
-                        }];
+                        let w = one(ty, rows, k, &data);
                         let y = run_split_invariant(
                             &pools,
                             Precision::Quantized,
@@ -378,12 +373,7 @@ fn many_activation_rows_match_the_q8_0_activation_reference() {
                 &rlx_gguf::quantize_to_vec(GgmlType::Q8_0, &x).unwrap(),
             )
             .unwrap();
-            let w = [WeightMatrix {
-                ty,
-                rows,
-                k,
-                data: &data,
-            }];
+            let w = one(ty, rows, k, &data);
             let y = run_split_invariant(
                 &pools,
                 Precision::Quantized,
@@ -456,12 +446,7 @@ fn decode_batches_match_the_q8_0_activation_reference() {
                     &rlx_gguf::quantize_to_vec(GgmlType::Q8_0, &x).unwrap(),
                 )
                 .unwrap();
-                let w = [WeightMatrix {
-                    ty,
-                    rows,
-                    k,
-                    data: &data,
-                }];
+                let w = one(ty, rows, k, &data);
                 let y = run_split_invariant(
                     &pools,
                     Precision::Quantized,
@@ -572,12 +557,7 @@ fn scalar_and_simd_quantized_kernels_agree() {
             let data = random_weights(ty, rows, k, &mut rng);
             let x = rng.vec(m * k);
             let r = reference(ty, &data, rows, k, &x, m);
-            let w = [WeightMatrix {
-                ty,
-                rows,
-                k,
-                data: &data,
-            }];
+            let w = one(ty, rows, k, &data);
             let base = run(&pool, Precision::Quantized, Isa::Scalar, &x, m, &w);
             for &isa in &simd {
                 let y = run(&pool, Precision::Quantized, isa, &x, m, &w);
@@ -676,12 +656,7 @@ fn reused_scratch_gives_identical_results() {
         (GgmlType::Q4_0, 40, 512, 9),
     ] {
         let data = random_weights(ty, rows, k, &mut rng);
-        let w = [WeightMatrix {
-            ty,
-            rows,
-            k,
-            data: &data,
-        }];
+        let w = one(ty, rows, k, &data);
         let x = rng.vec(m * k);
         for precision in [Precision::Exact, Precision::Quantized] {
             let opts = MatmulOptions {
