@@ -402,8 +402,9 @@ fn many_activation_rows_match_the_q8_0_activation_reference() {
             // The GEMM and the Q8_0-activation row kernels see exactly the
             // Q8_0-rounded activations (Q8_1 rounds its sum, Q8_K has other
             // blocks).
-            let gemm = isa == Isa::Avx512 && rlx_runtime::cpu::features::has_avx512_vnni();
-            if gemm || activation_type(ty) == Some(GgmlType::Q8_0) {
+            if rlx_runtime::cpu::matmul::has_prefill_gemm(isa)
+                || activation_type(ty) == Some(GgmlType::Q8_0)
+            {
                 let r = reference(ty, &data, rows, k, &xq, m);
                 assert_near_reference(&y, &r, &format!("{ty} {isa}"));
             }

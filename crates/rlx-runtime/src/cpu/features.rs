@@ -93,6 +93,19 @@ pub fn has_neon_dotprod() -> bool {
     }
 }
 
+/// True if the CPU has Armv8.6's 8-bit matrix multiply (`SMMLA`/`USMMLA`,
+/// i8mm: Apple M2 on, Graviton 3 on) in addition to [`Isa::Neon`].
+pub fn has_neon_i8mm() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("i8mm")
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        false
+    }
+}
+
 /// True if the CPU has AVX-512 VNNI (`vpdpbusd`) in addition to [`Isa::Avx512`].
 pub fn has_avx512_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]

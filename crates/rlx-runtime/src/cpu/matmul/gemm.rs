@@ -1,16 +1,21 @@
 //! Prefill matmul for the integer block formats: a blocked matrix-matrix
-//! product on AVX-512 VNNI for [`Precision::Quantized`] calls with many
-//! activation rows.
+//! product for [`Precision::Quantized`] calls with many activation rows, on
+//! AVX-512 VNNI (`vpdpbusd`, see `vnni_gemm`) and on ARM's i8mm (`USMMLA`,
+//! see `neon_gemm`).
 //!
 //! * Activations are quantized once to Q8_0 (the same blocks the row kernels
-//!   use) and laid out per tile of [`MT`] rows: for every 4 consecutive
-//!   elements the `MT` rows' bytes side by side, and per sub-block each row's
-//!   scale `d` and `d·Σq`.
+//!   use) and laid out per tile of [`MT`] rows: for every [`WORD`]
+//!   consecutive elements the rows' bytes side by side, and per sub-block
+//!   each row's scale `d` and `d·Σq`.
 //! * Each task walks 16-row groups of weight rows. A group is decoded once
 //!   per call into a panel (`rlx_gguf::quant::affine_codes`: u8 codes, and per
 //!   sub-block a scale and an offset per row) that stays in cache while every
 //!   activation tile passes over it. The packed GGUF weights are not copied
 //!   anywhere else.
+//!
+//! Both instruction sets multiply unsigned codes by signed activation bytes
+//! into exact 32-bit sums, and scale them with the same fused operations, so
+//! an output has the same bits on either.
 //!
 //! Each output's arithmetic (sub-blocks in order, see `vnni_gemm`) depends
 //! only on its weight row and activation row, so results don't depend on the
@@ -23,7 +28,7 @@ use std::sync::Mutex;
 
 use rlx_gguf::quant::{affine_codes, affine_sub_block};
 
-use super::super::features::{has_avx512_vnni, Isa};
+use super::super::features::{has_avx512_vnni, has_neon_i8mm, Isa};
 use super::super::pool::{split_range, ThreadPool};
 use super::kernels::{QuantDot, RowKernel};
 use super::{MatmulOptions, Precision, Segment, SharedOutput};
@@ -32,14 +37,33 @@ use super::{MatmulOptions, Precision, Segment, SharedOutput};
 pub(super) const LANES: usize = 16;
 /// Bytes of a panel sub-block after its codes: 16 f32 scales, 16 f32 offsets.
 pub(super) const PANEL_FACTORS: usize = 2 * LANES * 4;
-/// Activation rows per register tile (two panels × 6 rows of int and f32
-/// sums fill 24 of the 32 zmm registers).
-const MT: usize = 6;
-/// Rows from which a weight with only row kernels (the K-quants) goes
-/// through the GEMM: decoding its panels costs about a dozen rows of
-/// row-kernel work. `matmul_bench`, 2 threads, GFLOP/s of Q4_K 640×1024 and
-/// Q6_K 640×2048: 16 rows 199 and 175 through the GEMM against 156 and 168,
-/// 32 rows 358 and 329 against 143 and 164.
+/// Consecutive codes of one row kept together in the panels and activation
+/// tiles: what one instruction takes of a row — 4 for `vpdpbusd`, 8 (a row
+/// of a 2×8 matrix) for `USMMLA`.
+pub(super) const WORD: usize = if cfg!(target_arch = "aarch64") { 8 } else { 4 };
+/// Activation rows per register tile. AVX-512: two panels × 6 rows of int
+/// and f32 sums fill 24 of the 32 zmm registers. ARM: half a panel (4 lane
+/// pairs) × 2 row pairs of int and f32 sums fill 16 of the 32 vector
+/// registers, next to 4 of weights.
+const MT: usize = if cfg!(target_arch = "aarch64") { 4 } else { 6 };
+
+/// Rows a tile of `mt` activation rows is laid out with: `USMMLA` takes them
+/// in pairs, so an odd last row gets a zero partner there.
+fn laid_rows(mt: usize) -> usize {
+    if WORD == 8 {
+        mt.next_multiple_of(2)
+    } else {
+        mt
+    }
+}
+/// Rows from which a weight with only row kernels (the K-quants; on ARM
+/// every type) goes through the GEMM: decoding its panels costs about a
+/// dozen rows of row-kernel work. `matmul_bench` on AVX-512, 2 threads,
+/// GFLOP/s of Q4_K 640×1024 and Q6_K 640×2048: 16 rows 199 and 175 through
+/// the GEMM against 156 and 168, 32 rows 358 and 329 against 143 and 164.
+/// ARM takes the same threshold untimed (no ARM machine here): `USMMLA`
+/// does twice the products of `SDOT` per instruction, so the GEMM's lead
+/// there should be no smaller.
 pub(super) const MIN_ROWS: usize = 16;
 /// Rows from which a weight that has panel kernels (Q4_0, Q5_0, Q8_0) goes
 /// through the GEMM: at 64 rows the panels ran at 526–661 GFLOP/s against
@@ -55,12 +79,21 @@ pub(super) fn applies(opts: &MatmulOptions, s: &Segment, m: usize) -> bool {
             ..
         }
     );
-    cfg!(target_arch = "x86_64")
-        && m >= if panels { MIN_ROWS_PANELS } else { MIN_ROWS }
+    m >= if panels { MIN_ROWS_PANELS } else { MIN_ROWS }
         && opts.precision == Precision::Quantized
-        && opts.isa >= Isa::Avx512
-        && has_avx512_vnni()
+        && available(opts.isa)
         && affine_sub_block(s.w.ty).is_some()
+}
+
+/// Whether the GEMM's instructions may run at `isa` on this CPU.
+pub(super) fn available(isa: Isa) -> bool {
+    if cfg!(target_arch = "x86_64") {
+        isa >= Isa::Avx512 && has_avx512_vnni()
+    } else if cfg!(target_arch = "aarch64") {
+        isa == Isa::Neon && has_neon_i8mm()
+    } else {
+        false
+    }
 }
 
 /// Activations in tile order; see the module docs.
@@ -89,11 +122,12 @@ fn ds_index(sub: usize) -> usize {
 pub(super) fn pack_acts(pool: &ThreadPool, q8: &[u8], m: usize, k: usize, out: &mut PackedActs) {
     const Q8_0: usize = 34;
     let row_bytes = k / 32 * Q8_0;
-    out.codes.resize(m * k, 0);
-    for (sub, ds) in [16usize, 32].into_iter().zip(out.ds.iter_mut()) {
-        ds.resize(2 * m * (k / sub), 0.0);
-    }
     let tiles = m.div_ceil(MT);
+    // Whole tiles, so a last tile's partner row has room.
+    out.codes.resize(tiles * MT * k, 0);
+    for (sub, ds) in [16usize, 32].into_iter().zip(out.ds.iter_mut()) {
+        ds.resize(2 * tiles * MT * (k / sub), 0.0);
+    }
     // Tile t owns rows t·MT.. of every buffer; hand out disjoint bands.
     let mut codes: Vec<Mutex<&mut [i8]>> = Vec::with_capacity(tiles);
     let mut ds16: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(tiles);
@@ -111,27 +145,36 @@ pub(super) fn pack_acts(pool: &ThreadPool, q8: &[u8], m: usize, k: usize, out: &
     }
     pool.for_each(tiles, &|t| {
         let mt = MT.min(m - t * MT);
+        let lr = laid_rows(mt);
         let mut codes = codes[t].lock().expect("tile lock");
         let mut d16 = ds16[t].lock().expect("tile lock");
         let mut d32 = ds32[t].lock().expect("tile lock");
-        for i in 0..mt {
-            let row = &q8[(t * MT + i) * row_bytes..][..row_bytes];
-            for (b, blk) in row.chunks_exact(Q8_0).enumerate() {
+        // A partner row (past `mt`) is a block of zeros with scale 0.
+        let zeros = [0u8; Q8_0];
+        for i in 0..lr {
+            let row = if i < mt {
+                &q8[(t * MT + i) * row_bytes..][..row_bytes]
+            } else {
+                &zeros[..]
+            };
+            for b in 0..k / 32 {
+                let blk = row.get(b * Q8_0..(b + 1) * Q8_0).unwrap_or(&zeros);
                 let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
                 let q = &blk[2..];
-                for (quad, word) in q.chunks_exact(4).enumerate() {
-                    let dst = ((b * 8 + quad) * mt + i) * 4;
-                    let word: [u8; 4] = word.try_into().expect("4 bytes");
-                    codes[dst..dst + 4].copy_from_slice(&word.map(|v| v as i8));
+                for (w, word) in q.chunks_exact(WORD).enumerate() {
+                    let dst = ((b * (32 / WORD) + w) * lr + i) * WORD;
+                    for (c, &v) in codes[dst..dst + WORD].iter_mut().zip(word) {
+                        *c = v as i8;
+                    }
                 }
                 let sum = |r: &[u8]| r.iter().fold(0i32, |a, &v| a + i32::from(v as i8)) as f32;
                 let (s0, s1) = (sum(&q[..16]), sum(&q[16..]));
-                d32[(2 * b) * mt + i] = d;
-                d32[(2 * b + 1) * mt + i] = d * (s0 + s1);
+                d32[(2 * b) * lr + i] = d;
+                d32[(2 * b + 1) * lr + i] = d * (s0 + s1);
                 for (h, s) in [s0, s1].into_iter().enumerate() {
                     let sb = 2 * b + h;
-                    d16[(2 * sb) * mt + i] = d;
-                    d16[(2 * sb + 1) * mt + i] = d * s;
+                    d16[(2 * sb) * lr + i] = d;
+                    d16[(2 * sb + 1) * lr + i] = d * s;
                 }
             }
         }
@@ -232,17 +275,16 @@ fn pack_panel(s: &Segment, r0: usize, lanes: usize, k: usize, sub: usize, buf: &
             of.fill(0.0);
         }
     }
-    let sb_bytes = sub / 4 * 64 + PANEL_FACTORS;
+    let sb_bytes = sub * LANES + PANEL_FACTORS;
     buf.panel.resize(n_sb * sb_bytes, 0);
     for sb in 0..n_sb {
         let p = &mut buf.panel[sb * sb_bytes..(sb + 1) * sb_bytes];
-        let (codes, factors) = p.split_at_mut(sub / 4 * 64);
-        // A 16 × (sub/4) transpose of 4-byte words.
-        for (q, dst) in codes.chunks_exact_mut(64).enumerate() {
-            for (l, d) in dst.chunks_exact_mut(4).enumerate() {
-                let src = l * k + sb * sub + q * 4;
-                let word: [u8; 4] = buf.codes[src..src + 4].try_into().expect("4 bytes");
-                d.copy_from_slice(&word);
+        let (codes, factors) = p.split_at_mut(sub * LANES);
+        // A 16 × (sub/WORD) transpose of WORD-byte words.
+        for (q, dst) in codes.chunks_exact_mut(LANES * WORD).enumerate() {
+            for (l, d) in dst.chunks_exact_mut(WORD).enumerate() {
+                let src = l * k + sb * sub + q * WORD;
+                d.copy_from_slice(&buf.codes[src..src + WORD]);
             }
         }
         for l in 0..LANES {
@@ -274,9 +316,27 @@ fn tile_fns(mt: usize, sub: usize) -> (TileFn<1>, TileFn<2>) {
     pick!(1 2 3 4 5 6)
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+/// As above; the tiles take row pairs.
+#[cfg(target_arch = "aarch64")]
+fn tile_fns(mt: usize, sub: usize) -> (TileFn<1>, TileFn<2>) {
+    use super::neon_gemm::tile;
+    macro_rules! pick {
+        ($($pairs:literal)*) => {
+            match (laid_rows(mt) / 2, sub) {
+                $(
+                    ($pairs, 16) => (tile::<1, $pairs, 2> as TileFn<1>, tile::<2, $pairs, 2> as TileFn<2>),
+                    ($pairs, _) => (tile::<1, $pairs, 4> as TileFn<1>, tile::<2, $pairs, 4> as TileFn<2>),
+                )*
+                _ => unreachable!("tiles hold 1..=MT rows"),
+            }
+        };
+    }
+    pick!(1 2)
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn tile_fns(_mt: usize, _sub: usize) -> (TileFn<1>, TileFn<2>) {
-    unreachable!("applies() is false off x86-64")
+    unreachable!("available() is false here")
 }
 
 /// Every activation tile against one or two panels; panel `j` writes
@@ -294,17 +354,19 @@ fn multiply_panels(
     let ds = &acts.ds[ds_index(sub)];
     assert!(panels.len() == places.len() && (1..=2).contains(&panels.len()));
     for p in panels {
-        assert!(p.len() >= n_sb * (sub / 4 * 64 + PANEL_FACTORS));
+        assert!(p.len() >= n_sb * (sub * LANES + PANEL_FACTORS));
     }
     let mut out = [[0f32; LANES]; 2 * MT];
     for t in 0..m.div_ceil(MT) {
         let mt = MT.min(m - t * MT);
-        let codes = &acts.codes[t * MT * k..][..mt * k];
-        let d = &ds[t * MT * 2 * n_sb..][..mt * 2 * n_sb];
+        let lr = laid_rows(mt);
+        let codes = &acts.codes[t * MT * k..][..lr * k];
+        let d = &ds[t * MT * 2 * n_sb..][..lr * 2 * n_sb];
         let (one, two) = tile_fns(mt, sub);
-        // SAFETY: `applies` checked AVX-512 VNNI; each panel holds `n_sb`
-        // sub-blocks (asserted), `codes` and `d` hold the tile's `mt` rows of
-        // `k` codes and `2·n_sb` factors, `out` has room for `2·mt` rows.
+        // SAFETY: `applies` checked the instructions (`available`); each
+        // panel holds `n_sb` sub-blocks (asserted), `codes` and `d` hold the
+        // tile's `lr` laid rows of `k` codes and `2·n_sb` factors, `out` has
+        // room for `2·lr` rows.
         unsafe {
             match panels {
                 [p] => one(
@@ -325,7 +387,7 @@ fn multiply_panels(
             }
         };
         for (j, &(col, lanes)) in places.iter().enumerate() {
-            for (i, o) in out[j * mt..(j + 1) * mt].iter().enumerate() {
+            for (i, o) in out[j * lr..][..mt].iter().enumerate() {
                 let dst = &mut rows[t * MT + i][col..col + lanes];
                 if let Ok(full) = <&mut [f32; LANES]>::try_from(&mut *dst) {
                     *full = *o;

@@ -20,10 +20,11 @@
 //!   shared by every weight of that format, and every output is an integer dot
 //!   product scaled in f32 (scalar reference kernels for all of these, AVX2
 //!   for all, AVX-512 VNNI for Q8_0, Q4_0, Q5_0 (4 weight rows × 4 activation
-//!   rows per register tile), Q4_K and Q6_K). With `m ≥ 8` rows on AVX-512
-//!   VNNI, every format with an affine code form (Q4_0..Q8_0, Q2_K..Q6_K,
-//!   IQ4_NL) runs as a blocked GEMM instead (see `gemm`), with Q8_0
-//!   activations for all of them. Weight types without a quantized kernel (F32, F16,
+//!   rows per register tile), Q4_K and Q6_K, NEON (with `SDOT` where the
+//!   CPU has it) for all). With enough rows (16, or 128 where panel kernels
+//!   exist) on AVX-512 VNNI or ARM's i8mm, every format with an affine code
+//!   form (Q4_0..Q8_0, Q2_K..Q6_K, IQ4_NL) runs as a blocked GEMM instead
+//!   (see `gemm`), with Q8_0 activations for all of them. Weight types without a quantized kernel (F32, F16,
 //!   BF16, the IQ1/IQ2/IQ3 codebooks, TQ*, NVFP4, Q1_0, Q2_0, Q8_1, Q8_K, the
 //!   integer and F64 types) use the Exact path instead.
 //!
@@ -46,6 +47,8 @@ mod gemm;
 mod kernels;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_gemm;
 mod scalar;
 mod table;
 #[cfg(target_arch = "x86_64")]
@@ -165,6 +168,13 @@ pub enum MatmulError {
 /// and runs on the Exact path.
 pub fn activation_type(ty: GgmlType) -> Option<GgmlType> {
     kernels::quant_dot(ty, Isa::Scalar).map(|(fmt, _)| fmt.ty())
+}
+
+/// Whether [`Precision::Quantized`] calls with many activation rows run as
+/// the blocked GEMM at `isa` on this CPU (it needs AVX-512 VNNI, or ARM's
+/// i8mm).
+pub fn has_prefill_gemm(isa: Isa) -> bool {
+    gemm::available(isa)
 }
 
 /// `y[m, Σ rowsᵢ]` (row-major) `= x[m, k] · [W₁; W₂; …]ᵀ`: column block `i` of

@@ -1,0 +1,133 @@
+//! The i8mm register tile of the prefill GEMM on ARM (see `gemm`).
+//!
+//! `USMMLA` multiplies a 2×8 matrix of u8 weight codes by the transpose of
+//! a 2×8 matrix of i8 activation codes into a 2×2 block of i32 sums: 32
+//! products per instruction, twice `SDOT`'s. A panel word is 8 codes of one
+//! weight row, so lanes `2p` and `2p + 1` side by side are one register;
+//! an activation word likewise, rows `2j` and `2j + 1` one register. A pass
+//! covers half a panel (4 lane pairs) against every row pair of the tile
+//! and keeps its int sums and f32 sums in registers.
+//!
+//! Per sub-block and output the integer sum is scaled as the VNNI tile
+//! does it, `acc += scale · (d_x · Σ code·x)`, then
+//! `acc −= offset · (d_x · Σ x)`, each fused, so an output has the same
+//! bits as there.
+//!
+//! # Safety
+//! Needs i8mm; `gemm` calls it only when the CPU has it.
+
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+use super::gemm::{LANES, PANEL_FACTORS, WORD};
+
+/// Lane pairs per pass.
+const PAIRS_PER_PASS: usize = LANES / 4;
+
+/// `acc += w · xᵀ` for `w` (2 rows × 8 u8 codes) and `x` (2 rows × 8 i8).
+#[inline]
+#[target_feature(enable = "i8mm")]
+unsafe fn usmmla(mut acc: int32x4_t, w: uint8x16_t, x: int8x16_t) -> int32x4_t {
+    // SAFETY: `USMMLA Vd.4S, Vn.16B, Vm.16B` reads and writes only
+    // registers; the caller's target feature says the CPU has it.
+    asm!(
+        "usmmla {acc:v}.4s, {w:v}.16b, {x:v}.16b",
+        acc = inout(vreg) acc,
+        w = in(vreg) w,
+        x = in(vreg) x,
+        options(pure, nomem, nostack),
+    );
+    acc
+}
+
+/// `out[g·2·PAIRS + i][l]` = lane `l` of panel `g` · activation row `i` of
+/// the tile, for `P` (1 or 2) panels and `2·PAIRS` laid rows.
+///
+/// Each panel holds `n_sb` sub-blocks, each `SBG` groups of 16 lanes × 8
+/// code bytes, then 16 f32 scales and 16 f32 offsets; `codes` holds, per
+/// group, `2·PAIRS` rows × 8 i8; `ds` holds, per sub-block, `2·PAIRS`
+/// activation scales then as many scaled sums.
+///
+/// # Safety
+/// The pointers cover those sizes (`out`: `P·2·PAIRS` rows); the CPU has
+/// i8mm.
+#[target_feature(enable = "i8mm")]
+// Indexing reads as the register tile it is: [lane pair][row pair].
+#[allow(clippy::needless_range_loop)]
+pub(super) unsafe fn tile<const P: usize, const PAIRS: usize, const SBG: usize>(
+    panels: [*const u8; P],
+    n_sb: usize,
+    codes: *const i8,
+    ds: *const f32,
+    out: *mut [f32; LANES],
+) {
+    const { assert!(WORD == 8) };
+    let rows = 2 * PAIRS;
+    let sb_bytes = SBG * LANES * WORD + PANEL_FACTORS;
+    for (g, &panel) in panels.iter().enumerate() {
+        for half in 0..2 {
+            let lane0 = half * 2 * PAIRS_PER_PASS;
+            let mut acc = [[vdupq_n_f32(0.0); PAIRS]; PAIRS_PER_PASS];
+            for sb in 0..n_sb {
+                let p = panel.add(sb * sb_bytes);
+                let a = codes.add(sb * SBG * rows * WORD);
+                let mut sum = [[vdupq_n_s32(0); PAIRS]; PAIRS_PER_PASS];
+                for q in 0..SBG {
+                    let wp = p.add(q * LANES * WORD + lane0 * WORD);
+                    let mut w = [vdupq_n_u8(0); PAIRS_PER_PASS];
+                    for (pp, w) in w.iter_mut().enumerate() {
+                        *w = vld1q_u8(wp.add(pp * 2 * WORD));
+                    }
+                    for j in 0..PAIRS {
+                        let x = vld1q_s8(a.add((q * rows + 2 * j) * WORD));
+                        for pp in 0..PAIRS_PER_PASS {
+                            sum[pp][j] = usmmla(sum[pp][j], w[pp], x);
+                        }
+                    }
+                }
+                // A sum register is [A·a, A·b, B·a, B·b] for weight lanes
+                // A, B and activation rows a, b: factors are laid out to match.
+                let f = p.add(SBG * LANES * WORD).cast::<f32>();
+                let d = ds.add(sb * 2 * rows);
+                for pp in 0..PAIRS_PER_PASS {
+                    let l = lane0 + 2 * pp;
+                    let scale = vzip1q_f32(vld1q_dup_pair(f.add(l)), vld1q_dup_pair(f.add(l)));
+                    let offset = vzip1q_f32(
+                        vld1q_dup_pair(f.add(LANES + l)),
+                        vld1q_dup_pair(f.add(LANES + l)),
+                    );
+                    for j in 0..PAIRS {
+                        let dx = vld1q_dup_pair(d.add(2 * j));
+                        let sx = vld1q_dup_pair(d.add(rows + 2 * j));
+                        let t = vmulq_f32(vcvtq_f32_s32(sum[pp][j]), dx);
+                        acc[pp][j] = vfmaq_f32(acc[pp][j], scale, t);
+                        acc[pp][j] = vfmsq_f32(acc[pp][j], offset, sx);
+                    }
+                }
+            }
+            for pp in 0..PAIRS_PER_PASS {
+                let l = lane0 + 2 * pp;
+                for j in 0..PAIRS {
+                    let mut v = [0f32; 4];
+                    vst1q_f32(v.as_mut_ptr(), acc[pp][j]);
+                    let (ra, rb) = (
+                        &mut *out.add(g * rows + 2 * j),
+                        &mut *out.add(g * rows + 2 * j + 1),
+                    );
+                    ra[l] = v[0];
+                    rb[l] = v[1];
+                    ra[l + 1] = v[2];
+                    rb[l + 1] = v[3];
+                }
+            }
+        }
+    }
+}
+
+/// `[p[0], p[1], p[0], p[1]]`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn vld1q_dup_pair(p: *const f32) -> float32x4_t {
+    let v = vld1_f32(p);
+    vcombine_f32(v, v)
+}
