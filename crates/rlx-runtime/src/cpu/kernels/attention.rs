@@ -15,6 +15,7 @@
 
 mod avx2;
 mod avx512;
+mod neon;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -158,6 +159,8 @@ impl Tiles {
             Isa::Avx512 => avx512::TILES,
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::TILES,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => neon::TILES,
             _ => scalar::TILES,
         }
     }
