@@ -1,6 +1,6 @@
 //! AArch64 NEON kernels: activations quantized to Q8_0, the integer dot
-//! products of every weight type the 8-bit path has but MXFP4 and Q2_K/Q3_K
-//! (Q8_0, Q4_0, Q5_0, IQ4_NL with Q8_0 activations; Q4_1, Q5_1 with Q8_1;
+//! products of every weight type the 8-bit path has (Q8_0, Q4_0, Q5_0,
+//! IQ4_NL, MXFP4 with Q8_0 activations; Q4_1, Q5_1 with Q8_1; Q2_K, Q3_K,
 //! Q4_K, Q5_K, Q6_K, IQ4_XS with Q8_K), and the f32 dot of the exact path.
 //!
 //! The integer kernels share one shape: a block's weights are unpacked to
@@ -13,8 +13,11 @@
 
 use std::arch::aarch64::*;
 use std::arch::asm;
+use std::sync::OnceLock;
 
-use super::scalar::{scale_min_k4, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES};
+use super::scalar::{
+    e8m0_half, scale_min_k4, KVALUES_IQ4NL, KVALUES_MXFP4, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES,
+};
 use super::table::f16_table;
 
 /// # Safety
@@ -119,11 +122,11 @@ unsafe fn unpack_q5_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
     biased(vorrq_u8(lo, h0), vorrq_u8(hi, h1), 0)
 }
 
-/// IQ4_NL's code values, looked up by nibble.
+/// A 16-entry code table's values, looked up by nibble.
 #[inline(always)]
-unsafe fn iq4_values(lo: uint8x16_t, hi: uint8x16_t) -> (int8x16_t, int8x16_t) {
+unsafe fn code_values(values: &[i8; 16], lo: uint8x16_t, hi: uint8x16_t) -> (int8x16_t, int8x16_t) {
     // SAFETY: a 16-entry table.
-    let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+    let table = vld1q_s8(values.as_ptr());
     (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi))
 }
 
@@ -132,7 +135,15 @@ unsafe fn iq4_values(lo: uint8x16_t, hi: uint8x16_t) -> (int8x16_t, int8x16_t) {
 unsafe fn unpack_iq4_nl(b: &[u8]) -> (int8x16_t, int8x16_t) {
     // SAFETY: an 18-byte block; 16 bytes from offset 2.
     let (lo, hi) = nibbles(b.as_ptr().add(2));
-    iq4_values(lo, hi)
+    code_values(&KVALUES_IQ4NL, lo, hi)
+}
+
+/// MXFP4: nibbles through the E2M1 table (doubled; the scale is halved).
+#[inline(always)]
+unsafe fn unpack_mxfp4(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    // SAFETY: a 17-byte block; 16 bytes from offset 1.
+    let (lo, hi) = nibbles(b.as_ptr().add(1));
+    code_values(&KVALUES_MXFP4, lo, hi)
 }
 
 /// Σ a·b over 16 signed bytes, added to `acc`'s 32-bit lanes.
@@ -162,9 +173,16 @@ unsafe fn widening(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     vpadalq_s16(vpadalq_s16(acc, lo), hi)
 }
 
-/// Σ over blocks of `d_w·d_a·Σ w·a`, the reference's order of operations.
+/// Σ over blocks of `d_w·d_a·Σ w·a`, the reference's order of operations;
+/// `scale` reads a weight block's `d_w`.
 #[inline(always)]
-unsafe fn vec_dot<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot: Dot) -> f32 {
+unsafe fn q8_0_dot<const BLOCK: usize>(
+    w: &[u8],
+    a: &[u8],
+    unpack: Unpack,
+    dot: Dot,
+    scale: impl Fn(&[u8]) -> f32,
+) -> f32 {
     let f16 = f16_table();
     let mut sum = 0f32;
     for (wb, ab) in w.chunks_exact(BLOCK).zip(a.chunks_exact(Q8_0_BYTES)) {
@@ -172,11 +190,33 @@ unsafe fn vec_dot<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot: D
         let (a0, a1) = unpack_q8_0(ab);
         let acc = dot(dot(vdupq_n_s32(0), w0, a0), w1, a1);
         let sumi = vaddvq_s32(acc);
-        let dw = f16[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
         let da = f16[usize::from(u16::from_le_bytes([ab[0], ab[1]]))];
-        sum += (dw * da) * sumi as f32;
+        sum += (scale(wb) * da) * sumi as f32;
     }
     sum
+}
+
+/// [`q8_0_dot`] for weight blocks led by an f16 scale.
+#[inline(always)]
+unsafe fn vec_dot<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot: Dot) -> f32 {
+    let f16 = f16_table();
+    q8_0_dot::<BLOCK>(w, a, unpack, dot, |wb| {
+        f16[usize::from(u16::from_le_bytes([wb[0], wb[1]]))]
+    })
+}
+
+/// [`e8m0_half`] of every exponent: one load per block where the function
+/// takes seven instructions.
+fn e8m0_table() -> &'static [f32; 256] {
+    static TABLE: OnceLock<[f32; 256]> = OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|e| e8m0_half(e as u8)))
+}
+
+/// [`q8_0_dot`] for MXFP4 blocks, led by an E8M0 exponent.
+#[inline(always)]
+unsafe fn vec_dot_e8m0<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot: Dot) -> f32 {
+    let e8m0 = e8m0_table();
+    q8_0_dot::<BLOCK>(w, a, unpack, dot, |wb| e8m0[usize::from(wb[0])])
 }
 
 /// As [`vec_dot`] against Q8_1 activations, whose `s = d·Σq` carries the
@@ -225,6 +265,12 @@ dots!(
     vec_dot_iq4_nl_sdot,
     vec_dot::<18>,
     unpack_iq4_nl
+);
+dots!(
+    vec_dot_mxfp4,
+    vec_dot_mxfp4_sdot,
+    vec_dot_e8m0::<17>,
+    unpack_mxfp4
 );
 dots!(
     vec_dot_q4_1,
@@ -344,8 +390,8 @@ unsafe fn iq4_xs_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
         // SAFETY: 128 bytes of codes from 8 in a 136-byte block.
         let (l0, h0) = nibbles(wb.as_ptr().add(8 + 32 * p));
         let (l1, h1) = nibbles(wb.as_ptr().add(8 + 32 * p + 16));
-        let (a, b) = iq4_values(l0, h0);
-        let (c, e) = iq4_values(l1, h1);
+        let (a, b) = code_values(&KVALUES_IQ4NL, l0, h0);
+        let (c, e) = code_values(&KVALUES_IQ4NL, l1, h1);
         [a, b, c, e]
     };
     (da * d) * sub32_sum(ab, dot, scale, pair) as f32
@@ -390,6 +436,130 @@ unsafe fn q6_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     (da * d) * sumi as f32
 }
 
+/// Sixteen signed bytes as four vectors of 32-bit lanes, in order.
+#[inline(always)]
+unsafe fn widen(s: int8x16_t) -> [int32x4_t; 4] {
+    let (lo, hi) = (vmovl_s8(vget_low_s8(s)), vmovl_high_s8(s));
+    [
+        vmovl_s16(vget_low_s16(lo)),
+        vmovl_high_s16(lo),
+        vmovl_s16(vget_low_s16(hi)),
+        vmovl_high_s16(hi),
+    ]
+}
+
+/// Σ over a K-quant block's sixteen sub-blocks of 16 of `scale_j · Σ v·a`,
+/// sub-block `j`'s weights given by `sub(j)` and its scale by lane `j % 4`
+/// of `scales[j / 4]`. Four sub-blocks' lanes are added pairwise into one
+/// vector, so they take one multiply by their scales where a horizontal
+/// sum each would take four.
+#[inline(always)]
+unsafe fn sub16_sum(
+    ab: &[u8],
+    dot: Dot,
+    scales: [int32x4_t; 4],
+    sub: impl Fn(usize) -> int8x16_t,
+) -> i32 {
+    let zero = vdupq_n_s32(0);
+    let mut acc = zero;
+    for (g, scale) in scales.into_iter().enumerate() {
+        let d: [int32x4_t; 4] = std::array::from_fn(|i| {
+            let j = 4 * g + i;
+            // SAFETY: a 292-byte Q8_K block holds 256 values from offset 4.
+            let a = vld1q_s8(ab.as_ptr().add(4 + 16 * j) as *const i8);
+            dot(zero, sub(j), a)
+        });
+        let sums = vpaddq_s32(vpaddq_s32(d[0], d[1]), vpaddq_s32(d[2], d[3]));
+        acc = vmlaq_s32(acc, sums, scale);
+    }
+    vaddvq_s32(acc)
+}
+
+/// Sub-block `j` of 16 of Q2_K/Q3_K's 2-bit values (64 bytes as four
+/// vectors), in the low two bits: each byte holds elements `l`, `l + 32`,
+/// `l + 64`, `l + 96` of one 128-element half, so `j = 8h + 2s + k` is
+/// bits `2s` of vector `2h + k`.
+#[inline(always)]
+unsafe fn crumbs(qs: &[uint8x16_t; 4], j: usize) -> uint8x16_t {
+    let (h, s, k) = (j / 8, j / 2 % 4, j % 2);
+    vshlq_u8(qs[2 * h + k], vdupq_n_s8(-2 * s as i8))
+}
+
+/// Q2_K: sixteen sub-blocks of 16 with 4-bit scales (low nibbles) and mins
+/// (high nibbles) in the 16 bytes at 0; 2-bit values from 16.
+#[inline(always)]
+unsafe fn q2_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
+    let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+    let f16 = f16_table();
+    let d = f16[usize::from(u16::from_le_bytes([wb[80], wb[81]]))];
+    let dmin = f16[usize::from(u16::from_le_bytes([wb[82], wb[83]]))];
+    // SAFETY: an 84-byte block: 16 scale bytes from 0, 64 of values from 16.
+    let sc = vld1q_u8(wb.as_ptr());
+    let qs: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(wb.as_ptr().add(16 + 16 * i)));
+    let scales = widen(vreinterpretq_s8_u8(vandq_u8(sc, vdupq_n_u8(0x0f))));
+    let three = vdupq_n_u8(3);
+    let sumi = sub16_sum(ab, dot, scales, |j| {
+        vreinterpretq_s8_u8(vandq_u8(crumbs(&qs, j), three))
+    });
+    // Σ min_j · bsum_j, with the activations' 16 i16 run sums at 260.
+    let mins = vshrq_n_u8::<4>(sc);
+    let (m0, m1) = (
+        vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mins))),
+        vreinterpretq_s16_u16(vmovl_high_u8(mins)),
+    );
+    // SAFETY: a 292-byte Q8_K block: 32 bytes from 260.
+    let b0 = vreinterpretq_s16_u8(vld1q_u8(ab.as_ptr().add(260)));
+    let b1 = vreinterpretq_s16_u8(vld1q_u8(ab.as_ptr().add(276)));
+    let prod = vmull_s16(vget_low_s16(m0), vget_low_s16(b0));
+    let prod = vmlal_high_s16(prod, m0, b0);
+    let prod = vmlal_s16(prod, vget_low_s16(m1), vget_low_s16(b1));
+    let summ = vaddvq_s32(vmlal_high_s16(prod, m1, b1));
+    (da * d) * sumi as f32 - (da * dmin) * summ as f32
+}
+
+/// Q3_K: sixteen sub-blocks of 16 with signed 6-bit scales (12 bytes at
+/// 96); 2-bit values from 32, less 4 where the element's bit in the 32-byte
+/// `hmask` at 0 is clear.
+#[inline(always)]
+unsafe fn q3_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
+    // Where each scale's high bits (bits 2·(j / 4) of byte 104 + j % 4)
+    // go: to bits 4 and 5.
+    const HIGH_SHIFTS: [i8; 16] = [4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0, -2, -2, -2, -2];
+    let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+    let d = f16_table()[usize::from(u16::from_le_bytes([wb[108], wb[109]]))];
+    let p = wb.as_ptr();
+    // SAFETY: a 110-byte block: `hmask` 32 bytes from 0, values 64 from 32,
+    // the scales' low nibbles 8 bytes from 96.
+    let hmask = [vld1q_u8(p), vld1q_u8(p.add(16))];
+    let qs: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(p.add(32 + 16 * i)));
+    let low = vld1_u8(p.add(96));
+    // Scale j: the low nibble of byte j (j < 8) or high of j - 8, and high
+    // bits from the 4 bytes at 104, less 32.
+    let low = vcombine_u8(vand_u8(low, vdup_n_u8(0x0f)), vshr_n_u8::<4>(low));
+    let high = vreinterpretq_u8_u32(vdupq_n_u32(u32::from_le_bytes([
+        wb[104], wb[105], wb[106], wb[107],
+    ])));
+    // SAFETY: a 16-entry table.
+    let shifts = vld1q_s8(HIGH_SHIFTS.as_ptr());
+    let high = vandq_u8(vshlq_u8(high, shifts), vdupq_n_u8(0x30));
+    let scales = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(low, high)), vdupq_n_s8(32));
+    let three = vdupq_n_u8(3);
+    let sumi = sub16_sum(ab, dot, widen(scales), |j| {
+        // The elements' bit is bit j / 2 of hmask vector j % 2; where it is
+        // clear, setting bits 2–7 over the 2-bit value takes 4 from it.
+        let clear = vceqzq_u8(vandq_u8(hmask[j % 2], vdupq_n_u8(1 << (j / 2))));
+        vreinterpretq_s8_u8(vbslq_u8(three, crumbs(&qs, j), clear))
+    });
+    (da * d) * sumi as f32
+}
+
+dots!(vec_dot_q2_k, vec_dot_q2_k_sdot, vec_dot_k::<84>, q2_k_block);
+dots!(
+    vec_dot_q3_k,
+    vec_dot_q3_k_sdot,
+    vec_dot_k::<110>,
+    q3_k_block
+);
 dots!(
     vec_dot_q4_k,
     vec_dot_q4_k_sdot,
@@ -500,12 +670,25 @@ mod tests {
         w
     }
 
+    /// MXFP4 blocks with exponents near the bias (products stay finite), and
+    /// the two that make subnormal scales.
+    fn mxfp4_blocks(n: usize, seed: u64) -> Vec<u8> {
+        let mut w = bytes(17 * n, seed);
+        for (i, blk) in w.chunks_exact_mut(17).enumerate() {
+            blk[0] = if i % 8 == 3 {
+                (i / 8 % 2) as u8
+            } else {
+                118 + (i % 20) as u8
+            };
+        }
+        w
+    }
+
     #[test]
     fn every_dot_equals_the_scalar_reference_bit_for_bit() {
         struct Case {
             name: &'static str,
-            block: usize,
-            scales: &'static [usize],
+            weights: fn(usize, u64) -> Vec<u8>,
             acts: fn(usize, u64) -> Vec<u8>,
             plain: VecDot,
             dot: VecDot,
@@ -516,8 +699,7 @@ mod tests {
         let cases = [
             Case {
                 name: "q8_0",
-                block: 34,
-                scales: &[0],
+                weights: |n, seed| weight_blocks(34, &[0], n, seed),
                 acts: q8_0_acts,
                 plain: vec_dot_q8_0,
                 dot: vec_dot_q8_0_sdot,
@@ -525,8 +707,7 @@ mod tests {
             },
             Case {
                 name: "q4_0",
-                block: 18,
-                scales: &[0],
+                weights: |n, seed| weight_blocks(18, &[0], n, seed),
                 acts: q8_0_acts,
                 plain: vec_dot_q4_0,
                 dot: vec_dot_q4_0_sdot,
@@ -534,8 +715,7 @@ mod tests {
             },
             Case {
                 name: "q5_0",
-                block: 22,
-                scales: &[0],
+                weights: |n, seed| weight_blocks(22, &[0], n, seed),
                 acts: q8_0_acts,
                 plain: vec_dot_q5_0,
                 dot: vec_dot_q5_0_sdot,
@@ -543,8 +723,7 @@ mod tests {
             },
             Case {
                 name: "iq4_nl",
-                block: 18,
-                scales: &[0],
+                weights: |n, seed| weight_blocks(18, &[0], n, seed),
                 acts: q8_0_acts,
                 plain: vec_dot_iq4_nl,
                 dot: vec_dot_iq4_nl_sdot,
@@ -552,8 +731,7 @@ mod tests {
             },
             Case {
                 name: "q4_1",
-                block: 20,
-                scales: &[0, 2],
+                weights: |n, seed| weight_blocks(20, &[0, 2], n, seed),
                 acts: q8_1_acts,
                 plain: vec_dot_q4_1,
                 dot: vec_dot_q4_1_sdot,
@@ -561,8 +739,7 @@ mod tests {
             },
             Case {
                 name: "q5_1",
-                block: 24,
-                scales: &[0, 2],
+                weights: |n, seed| weight_blocks(24, &[0, 2], n, seed),
                 acts: q8_1_acts,
                 plain: vec_dot_q5_1,
                 dot: vec_dot_q5_1_sdot,
@@ -570,8 +747,7 @@ mod tests {
             },
             Case {
                 name: "q5_k",
-                block: 176,
-                scales: &[0, 2],
+                weights: |n, seed| weight_blocks(176, &[0, 2], n, seed),
                 acts: q8_k_blocks,
                 plain: vec_dot_q5_k,
                 dot: vec_dot_q5_k_sdot,
@@ -579,8 +755,7 @@ mod tests {
             },
             Case {
                 name: "iq4_xs",
-                block: 136,
-                scales: &[0],
+                weights: |n, seed| weight_blocks(136, &[0], n, seed),
                 acts: q8_k_blocks,
                 plain: vec_dot_iq4_xs,
                 dot: vec_dot_iq4_xs_sdot,
@@ -588,8 +763,7 @@ mod tests {
             },
             Case {
                 name: "q4_k",
-                block: 144,
-                scales: &[0, 2],
+                weights: |n, seed| weight_blocks(144, &[0, 2], n, seed),
                 acts: q8_k_blocks,
                 plain: vec_dot_q4_k,
                 dot: vec_dot_q4_k_sdot,
@@ -597,17 +771,40 @@ mod tests {
             },
             Case {
                 name: "q6_k",
-                block: 210,
-                scales: &[208],
+                weights: |n, seed| weight_blocks(210, &[208], n, seed),
                 acts: q8_k_blocks,
                 plain: vec_dot_q6_k,
                 dot: vec_dot_q6_k_sdot,
                 reference: scalar::vec_dot_q6_k,
             },
+            Case {
+                name: "mxfp4",
+                weights: mxfp4_blocks,
+                acts: q8_0_acts,
+                plain: vec_dot_mxfp4,
+                dot: vec_dot_mxfp4_sdot,
+                reference: scalar::vec_dot_mxfp4,
+            },
+            Case {
+                name: "q2_k",
+                weights: |n, seed| weight_blocks(84, &[80, 82], n, seed),
+                acts: q8_k_blocks,
+                plain: vec_dot_q2_k,
+                dot: vec_dot_q2_k_sdot,
+                reference: scalar::vec_dot_q2_k,
+            },
+            Case {
+                name: "q3_k",
+                weights: |n, seed| weight_blocks(110, &[108], n, seed),
+                acts: q8_k_blocks,
+                plain: vec_dot_q3_k,
+                dot: vec_dot_q3_k_sdot,
+                reference: scalar::vec_dot_q3_k,
+            },
         ];
         for c in cases {
             for n in [1, 2, 7, 33] {
-                let w = weight_blocks(c.block, c.scales, n, 3 * n as u64);
+                let w = (c.weights)(n, 3 * n as u64);
                 let a = (c.acts)(n, 5 * n as u64);
                 // SAFETY: the scalar reference has no requirement.
                 let want = unsafe { (c.reference)(&w, &a) };
