@@ -244,8 +244,11 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
         T::Q4_0 => pick(n::vec_dot_q4_0, n::vec_dot_q4_0_sdot),
         T::Q5_0 => pick(n::vec_dot_q5_0, n::vec_dot_q5_0_sdot),
         T::IQ4_NL => pick(n::vec_dot_iq4_nl, n::vec_dot_iq4_nl_sdot),
+        T::MXFP4 => pick(n::vec_dot_mxfp4, n::vec_dot_mxfp4_sdot),
         T::Q4_1 => pick(n::vec_dot_q4_1, n::vec_dot_q4_1_sdot),
         T::Q5_1 => pick(n::vec_dot_q5_1, n::vec_dot_q5_1_sdot),
+        T::Q2_K => pick(n::vec_dot_q2_k, n::vec_dot_q2_k_sdot),
+        T::Q3_K => pick(n::vec_dot_q3_k, n::vec_dot_q3_k_sdot),
         T::Q4_K => pick(n::vec_dot_q4_k, n::vec_dot_q4_k_sdot),
         T::Q5_K => pick(n::vec_dot_q5_k, n::vec_dot_q5_k_sdot),
         T::Q6_K => pick(n::vec_dot_q6_k, n::vec_dot_q6_k_sdot),
@@ -272,6 +275,8 @@ pub(super) fn f32_dot_tile(isa: Isa) -> Option<DotF32Tile> {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => Some(super::avx512::dot_f32_tile),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => Some(super::neon_f32::dot_f32_tile),
         _ => None,
     }
 }

@@ -7,10 +7,11 @@
 //!   of weight rows once into a per-thread buffer (F32 weights are read in
 //!   place) and reuses it for all `m` activation rows; with `m = 1`,
 //!   Q4_0/Q5_0/Q8_0/Q4_K/Q6_K skip the tile and dequantize each block in
-//!   registers. Either way dots accumulate in fixed lanes — 8 for
-//!   [`Isa::Scalar`], 4×8 for [`Isa::Avx2`], 4×16 for [`Isa::Avx512`]
-//!   (with `m ≥ 2` AVX-512 uses 1×16 per output, so 4 weight rows × 6
-//!   activation rows fit the registers), element `i` going to lane
+//!   registers (AVX-512). Either way dots accumulate in fixed lanes — 8 for
+//!   [`Isa::Scalar`], 4×4 for [`Isa::Neon`], 4×8 for [`Isa::Avx2`], 4×16
+//!   for [`Isa::Avx512`] (with `m ≥ 2` AVX-512 uses 1×16 and NEON 1×4 per
+//!   output, so 4 weight rows × 6 activation rows fit the registers),
+//!   element `i` going to lane
 //!   `i mod width` — then add the lanes as a pairwise tree (each dot kernel
 //!   documents its exact order,
 //!   tail included), so a given ISA always gives the same bits.
@@ -47,6 +48,8 @@ mod gemm;
 mod kernels;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_f32;
 #[cfg(target_arch = "aarch64")]
 mod neon_gemm;
 mod scalar;

@@ -11,6 +11,7 @@
 #![cfg(target_arch = "aarch64")]
 
 use std::arch::aarch64::*;
+use std::arch::asm;
 
 use half::{bf16, f16};
 
@@ -57,7 +58,17 @@ impl Elem for f32 {
 impl Elem for u16 {
     #[inline]
     unsafe fn load(p: *const u16) -> float32x4_t {
-        vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
+        let h = vld1_u16(p);
+        let w: float32x4_t;
+        // `vcvt_f32_f16` is newer than the toolchains we support.
+        // SAFETY: `FCVTL Vd.4S, Vn.4H` reads and writes only registers.
+        asm!(
+            "fcvtl {w:v}.4s, {h:v}.4h",
+            w = out(vreg) w,
+            h = in(vreg) h,
+            options(pure, nomem, nostack),
+        );
+        w
     }
 
     #[inline]

@@ -1,0 +1,135 @@
+//! NEON f32 kernels of the exact path: the register-tiled prefill dots.
+//!
+//! # Safety
+//! NEON is part of every AArch64 CPU; each function states what its
+//! pointers must cover.
+
+use std::arch::aarch64::*;
+
+/// Activation rows per register tile: 4 weight rows × 6 activation rows is
+/// 24 of the 32 vector registers as accumulators, plus 4 weight vectors and
+/// 1 activation vector.
+const TILE_ACTS: usize = 6;
+const TILE_ROWS: usize = 4;
+
+/// Prefill (`m ≥ 2`) f32 dots: `out[i][col + r]` = row `i` of `x` (rows `k`
+/// apart, `out.len()` of them) · row `r` of `w` (rows `k` apart). Each dot
+/// puts element `e` in lane `e % 4` of its own accumulator (FMA; a partial
+/// last vector is zero-filled), then adds the lanes pairwise — one
+/// accumulator per output, so a 4 × 6 tile fits the registers with ~0.4
+/// loads per FMA. The order depends on neither the tile size nor the
+/// neighbours, so the thread split never shows. Unlike AVX-512's tile there
+/// is no pass over long rows in spans: ARM cores' L1 (64 KiB on Neoverse
+/// V1, 128 KiB on Apple's) holds 6 rows of 2,048 floats beside the weights.
+pub(super) unsafe fn dot_f32_tile(
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    out: &mut [&mut [f32]],
+    col: usize,
+) {
+    let m = out.len();
+    let n = w.len().checked_div(k).unwrap_or(0);
+    assert!(x.len() >= m * k && out.iter().all(|o| o.len() >= col + n));
+    let w = w.as_ptr();
+    // Rows are copied 16 floats further apart than `k` (rounded up to a
+    // vector, zero-filled): with `k` a multiple of 1024 they would all share
+    // L1 sets; the zeros make the partial last vector a plain load.
+    let xs = k.next_multiple_of(4) + 16;
+    let mut group = vec![0f32; TILE_ACTS * xs];
+    for (g, out) in out.chunks_mut(TILE_ACTS).enumerate() {
+        let rows = &x[g * TILE_ACTS * k..(g * TILE_ACTS + out.len()) * k];
+        for (d, s) in group.chunks_exact_mut(xs).zip(rows.chunks_exact(k)) {
+            d[..k].copy_from_slice(s);
+        }
+        // SAFETY: `group` holds `out.len()` rows `xs ≥ k` apart and `w`
+        // holds `n` rows (asserted above).
+        let x = group.as_ptr();
+        match out.len() {
+            6 => act_group::<6>(x, xs, w, n, k, out, col),
+            5 => act_group::<5>(x, xs, w, n, k, out, col),
+            4 => act_group::<4>(x, xs, w, n, k, out, col),
+            3 => act_group::<3>(x, xs, w, n, k, out, col),
+            2 => act_group::<2>(x, xs, w, n, k, out, col),
+            _ => act_group::<1>(x, xs, w, n, k, out, col),
+        }
+    }
+}
+
+/// `M` activation rows at `x` (`xs` apart, zero-filled from `k` to the next
+/// multiple of 4) against the `n` weight rows at `w`.
+///
+/// # Safety
+/// `x` holds `M` such rows and `w` `n` rows of `k` floats; `out` has `M`
+/// rows of at least `col + n`.
+#[inline]
+unsafe fn act_group<const M: usize>(
+    x: *const f32,
+    xs: usize,
+    w: *const f32,
+    n: usize,
+    k: usize,
+    out: &mut [&mut [f32]],
+    col: usize,
+) {
+    let mut r = 0;
+    while r + TILE_ROWS <= n {
+        let y = tile::<TILE_ROWS, M>(x, xs, w.add(r * k), k);
+        for (o, y) in out.iter_mut().zip(y) {
+            o[col + r..col + r + TILE_ROWS].copy_from_slice(&y);
+        }
+        r += TILE_ROWS;
+    }
+    while r < n {
+        let y = tile::<1, M>(x, xs, w.add(r * k), k);
+        for (o, [y]) in out.iter_mut().zip(y) {
+            o[col + r] = y;
+        }
+        r += 1;
+    }
+}
+
+/// `out[i][r]` = activation row `i` · weight row `r`, in the
+/// [`dot_f32_tile`] order.
+///
+/// # Safety
+/// As for [`act_group`], with `R` weight rows at `w`.
+#[inline]
+unsafe fn tile<const R: usize, const M: usize>(
+    x: *const f32,
+    xs: usize,
+    w: *const f32,
+    k: usize,
+) -> [[f32; R]; M] {
+    let mut acc = [[vdupq_n_f32(0.0); R]; M];
+    let mut wv = [vdupq_n_f32(0.0); R];
+    let mut c = 0;
+    while c + 4 <= k {
+        for (r, v) in wv.iter_mut().enumerate() {
+            *v = vld1q_f32(w.add(r * k + c));
+        }
+        for (i, a) in acc.iter_mut().enumerate() {
+            let xv = vld1q_f32(x.add(i * xs + c));
+            for (a, &v) in a.iter_mut().zip(&wv) {
+                *a = vfmaq_f32(*a, xv, v);
+            }
+        }
+        c += 4;
+    }
+    if c < k {
+        // The activation rows are zero past `k`; the weight rows are not
+        // ours to read past, so their tail goes through a buffer.
+        for (r, v) in wv.iter_mut().enumerate() {
+            let mut buf = [0f32; 4];
+            std::ptr::copy_nonoverlapping(w.add(r * k + c), buf.as_mut_ptr(), k - c);
+            *v = vld1q_f32(buf.as_ptr());
+        }
+        for (i, a) in acc.iter_mut().enumerate() {
+            let xv = vld1q_f32(x.add(i * xs + c));
+            for (a, &v) in a.iter_mut().zip(&wv) {
+                *a = vfmaq_f32(*a, xv, v);
+            }
+        }
+    }
+    acc.map(|a| a.map(|v| vaddvq_f32(v)))
+}
