@@ -17,6 +17,7 @@ mod avx2;
 mod avx512;
 mod neon;
 mod scalar;
+mod simd;
 #[cfg(test)]
 mod tests;
 
