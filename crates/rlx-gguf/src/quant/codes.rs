@@ -22,6 +22,23 @@ pub fn affine_sub_block(ty: GgmlType) -> Option<usize> {
     }
 }
 
+/// The largest code [`affine_codes`] gives for `ty` (from the bit widths,
+/// whatever the block bytes), or `None` where [`affine_sub_block`] is.
+/// Codes up to 127 also read as signed bytes, for signed×signed dot
+/// products.
+pub fn affine_max_code(ty: GgmlType) -> Option<u8> {
+    use GgmlType::*;
+    Some(match ty {
+        Q8_0 | IQ4_NL => 255,
+        Q6_K => 63,
+        Q5_0 | Q5_1 | Q5_K => 31,
+        Q4_0 | Q4_1 | Q4_K => 15,
+        Q3_K => 7,
+        Q2_K => 3,
+        _ => return None,
+    })
+}
+
 /// Decodes packed `src` (whole blocks of `ty`) into `codes` (one per element,
 /// `codes.len()` elements) and, per sub-block of [`affine_sub_block`]
 /// elements, `scale` and `offset`, so that element `e` of sub-block `s` is
@@ -237,6 +254,13 @@ mod tests {
             let mut codes = vec![0u8; n];
             let mut scale = vec![0f32; n / sub];
             let mut offset = vec![0f32; n / sub];
+            affine_codes(ty, &src, &mut codes, &mut scale, &mut offset).unwrap();
+            let max = affine_max_code(ty).unwrap();
+            assert!(codes.iter().all(|&c| c <= max), "{ty}: a code above {max}");
+            // Any block bytes at all stay within the bound too.
+            let raw: Vec<u8> = (0..src.len()).map(|i| (i * 151 + 7) as u8).collect();
+            affine_codes(ty, &raw, &mut codes, &mut scale, &mut offset).unwrap();
+            assert!(codes.iter().all(|&c| c <= max), "{ty}: a code above {max}");
             affine_codes(ty, &src, &mut codes, &mut scale, &mut offset).unwrap();
             let want = crate::dequantize_to_vec(ty, &src).unwrap();
             for e in 0..n {

@@ -14,7 +14,7 @@ mod quantize;
 
 use crate::GgmlType;
 
-pub use codes::{affine_codes, affine_sub_block};
+pub use codes::{affine_codes, affine_max_code, affine_sub_block};
 
 /// Why a (de)quantization call was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

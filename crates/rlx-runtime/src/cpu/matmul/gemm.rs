@@ -4,8 +4,9 @@
 //! see `neon_gemm`).
 //!
 //! * Activations are quantized once to Q8_0 (the same blocks the row kernels
-//!   use) and laid out per tile of [`MT`] rows: for every [`WORD`]
-//!   consecutive elements the rows' bytes side by side, and per sub-block
+//!   use) and laid out per tile of [`MT`] rows: for every word of
+//!   consecutive elements (4 or 8, see [`Shape`]) the rows' bytes side by
+//!   side, and per sub-block
 //!   each row's scale `d` and `d·Σq`.
 //! * Each task walks 16-row groups of weight rows. A group is decoded once
 //!   per call into a panel (`rlx_gguf::quant::affine_codes`: u8 codes, and per
@@ -26,9 +27,9 @@
 
 use std::sync::Mutex;
 
-use rlx_gguf::quant::{affine_codes, affine_sub_block};
+use rlx_gguf::quant::{affine_codes, affine_max_code, affine_sub_block};
 
-use super::super::features::{has_avx512_vnni, has_neon_i8mm, Isa};
+use super::super::features::{has_avx512_vnni, has_neon_dotprod, has_neon_i8mm, Isa};
 use super::super::pool::{split_range, ThreadPool};
 use super::kernels::{QuantDot, RowKernel};
 use super::{MatmulOptions, Precision, Segment, SharedOutput};
@@ -37,23 +38,64 @@ use super::{MatmulOptions, Precision, Segment, SharedOutput};
 pub(super) const LANES: usize = 16;
 /// Bytes of a panel sub-block after its codes: 16 f32 scales, 16 f32 offsets.
 pub(super) const PANEL_FACTORS: usize = 2 * LANES * 4;
-/// Consecutive codes of one row kept together in the panels and activation
-/// tiles: what one instruction takes of a row — 4 for `vpdpbusd`, 8 (a row
-/// of a 2×8 matrix) for `USMMLA`.
-pub(super) const WORD: usize = if cfg!(target_arch = "aarch64") { 8 } else { 4 };
 /// Activation rows per register tile. AVX-512: two panels × 6 rows of int
-/// and f32 sums fill 24 of the 32 zmm registers. ARM: half a panel (4 lane
-/// pairs) × 2 row pairs of int and f32 sums fill 16 of the 32 vector
-/// registers, next to 4 of weights.
+/// and f32 sums fill 24 of the 32 zmm registers. ARM: half a panel × 4 rows
+/// of int and f32 sums fill 16 of the 32 vector registers.
 const MT: usize = if cfg!(target_arch = "aarch64") { 4 } else { 6 };
 
-/// Rows a tile of `mt` activation rows is laid out with: `USMMLA` takes them
-/// in pairs, so an odd last row gets a zero partner there.
-fn laid_rows(mt: usize) -> usize {
-    if WORD == 8 {
-        mt.next_multiple_of(2)
+/// How a tile's instruction takes its operands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Shape {
+    /// Consecutive codes of one row kept together in the panels and the
+    /// activation tiles: what the instruction takes of a row.
+    pub word: usize,
+    /// A tile's activation rows are laid out in a multiple of this (zero
+    /// rows after the last): the rows one instruction takes together.
+    pub pad: usize,
+    /// The largest weight code the instruction reads as it is.
+    pub max_code: u8,
+}
+
+/// `vpdpbusd`: a row's 4 u8 codes against 4 i8 broadcast to every lane.
+pub(super) const VNNI: Shape = Shape {
+    word: 4,
+    pad: 1,
+    max_code: 255,
+};
+/// `USMMLA`: 2 rows × 8 u8 codes against 2 rows × 8 i8.
+pub(super) const MMLA: Shape = Shape {
+    word: 8,
+    pad: 2,
+    max_code: 255,
+};
+/// Indexed `SDOT`: a row's 4 codes against 4 i8, four activation rows'
+/// words in one register. Signed × signed, so codes above 127 (Q8_0,
+/// IQ4_NL) cannot take it.
+pub(super) const SDOT: Shape = Shape {
+    word: 4,
+    pad: 4,
+    max_code: 127,
+};
+
+/// The GEMM's tile shape at `isa` on this CPU, if it runs there: the
+/// matrix instruction where the CPU has it (AVX-512 VNNI; ARM's i8mm, else
+/// its dot product).
+pub(super) fn shape(isa: Isa) -> Option<Shape> {
+    if cfg!(target_arch = "x86_64") && isa >= Isa::Avx512 && has_avx512_vnni() {
+        Some(VNNI)
+    } else if cfg!(target_arch = "aarch64") && isa == Isa::Neon && has_neon_i8mm() {
+        Some(MMLA)
+    } else if cfg!(target_arch = "aarch64") && isa == Isa::Neon && has_neon_dotprod() {
+        Some(SDOT)
     } else {
-        mt
+        None
+    }
+}
+
+impl Shape {
+    /// Rows a tile of `mt` activation rows is laid out with.
+    fn laid_rows(self, mt: usize) -> usize {
+        mt.next_multiple_of(self.pad)
     }
 }
 /// Rows from which a weight with only row kernels (the K-quants; on ARM
@@ -81,24 +123,15 @@ pub(super) fn applies(opts: &MatmulOptions, s: &Segment, m: usize) -> bool {
     );
     m >= if panels { MIN_ROWS_PANELS } else { MIN_ROWS }
         && opts.precision == Precision::Quantized
-        && available(opts.isa)
-        && affine_sub_block(s.w.ty).is_some()
-}
-
-/// Whether the GEMM's instructions may run at `isa` on this CPU.
-pub(super) fn available(isa: Isa) -> bool {
-    if cfg!(target_arch = "x86_64") {
-        isa >= Isa::Avx512 && has_avx512_vnni()
-    } else if cfg!(target_arch = "aarch64") {
-        isa == Isa::Neon && has_neon_i8mm()
-    } else {
-        false
-    }
+        && shape(opts.isa)
+            .is_some_and(|sh| affine_max_code(s.w.ty).is_some_and(|c| c <= sh.max_code))
 }
 
 /// Activations in tile order; see the module docs.
 #[derive(Default)]
 pub(super) struct PackedActs {
+    /// The tile shape they are laid out for.
+    shape: Shape,
     codes: Vec<i8>,
     /// Per sub-block scales and scaled sums, for 16- and 32-element sub-blocks.
     ds: [Vec<f32>; 2],
@@ -118,9 +151,19 @@ fn ds_index(sub: usize) -> usize {
     usize::from(sub == 32)
 }
 
-/// Lays out Q8_0 activation rows (`m` rows of `k`) in tile order.
-pub(super) fn pack_acts(pool: &ThreadPool, q8: &[u8], m: usize, k: usize, out: &mut PackedActs) {
+/// Lays out Q8_0 activation rows (`m` rows of `k`) in tile order for
+/// `shape`.
+pub(super) fn pack_acts(
+    pool: &ThreadPool,
+    q8: &[u8],
+    m: usize,
+    k: usize,
+    shape: Shape,
+    out: &mut PackedActs,
+) {
     const Q8_0: usize = 34;
+    let word = shape.word;
+    out.shape = shape;
     let row_bytes = k / 32 * Q8_0;
     let tiles = m.div_ceil(MT);
     // Whole tiles, so a last tile's partner row has room.
@@ -145,7 +188,7 @@ pub(super) fn pack_acts(pool: &ThreadPool, q8: &[u8], m: usize, k: usize, out: &
     }
     pool.for_each(tiles, &|t| {
         let mt = MT.min(m - t * MT);
-        let lr = laid_rows(mt);
+        let lr = shape.laid_rows(mt);
         let mut codes = codes[t].lock().expect("tile lock");
         let mut d16 = ds16[t].lock().expect("tile lock");
         let mut d32 = ds32[t].lock().expect("tile lock");
@@ -161,9 +204,9 @@ pub(super) fn pack_acts(pool: &ThreadPool, q8: &[u8], m: usize, k: usize, out: &
                 let blk = row.get(b * Q8_0..(b + 1) * Q8_0).unwrap_or(&zeros);
                 let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
                 let q = &blk[2..];
-                for (w, word) in q.chunks_exact(WORD).enumerate() {
-                    let dst = ((b * (32 / WORD) + w) * lr + i) * WORD;
-                    for (c, &v) in codes[dst..dst + WORD].iter_mut().zip(word) {
+                for (w, bytes) in q.chunks_exact(word).enumerate() {
+                    let dst = ((b * (32 / word) + w) * lr + i) * word;
+                    for (c, &v) in codes[dst..dst + word].iter_mut().zip(bytes) {
                         *c = v as i8;
                     }
                 }
@@ -241,7 +284,7 @@ pub(super) fn run(
             for (j, &(si, r0)) in mine[i..i + n].iter().enumerate() {
                 let s = &segments[si];
                 let lanes = LANES.min(s.w.rows - r0);
-                pack_panel(s, r0, lanes, k, sub, &mut bufs[j]);
+                pack_panel(s, r0, lanes, k, sub, acts.shape.word, &mut bufs[j]);
                 places[j] = (s.col0 + r0 - cols.start, lanes);
             }
             let panels: Vec<&[u8]> = bufs[..n].iter().map(|b| &b.panel[..]).collect();
@@ -254,7 +297,15 @@ pub(super) fn run(
 
 /// Decodes weight rows `r0..r0 + lanes` of `s` into `buf.panel`; lanes past
 /// `lanes` get zero codes and factors.
-fn pack_panel(s: &Segment, r0: usize, lanes: usize, k: usize, sub: usize, buf: &mut PanelScratch) {
+fn pack_panel(
+    s: &Segment,
+    r0: usize,
+    lanes: usize,
+    k: usize,
+    sub: usize,
+    word: usize,
+    buf: &mut PanelScratch,
+) {
     let n_sb = k / sub;
     buf.codes.resize(LANES * k, 0);
     buf.scale.resize(LANES * n_sb, 0.0);
@@ -280,11 +331,11 @@ fn pack_panel(s: &Segment, r0: usize, lanes: usize, k: usize, sub: usize, buf: &
     for sb in 0..n_sb {
         let p = &mut buf.panel[sb * sb_bytes..(sb + 1) * sb_bytes];
         let (codes, factors) = p.split_at_mut(sub * LANES);
-        // A 16 × (sub/WORD) transpose of WORD-byte words.
-        for (q, dst) in codes.chunks_exact_mut(LANES * WORD).enumerate() {
-            for (l, d) in dst.chunks_exact_mut(WORD).enumerate() {
-                let src = l * k + sb * sub + q * WORD;
-                d.copy_from_slice(&buf.codes[src..src + WORD]);
+        // A 16 × (sub/word) transpose of words.
+        for (q, dst) in codes.chunks_exact_mut(LANES * word).enumerate() {
+            for (l, d) in dst.chunks_exact_mut(word).enumerate() {
+                let src = l * k + sb * sub + q * word;
+                d.copy_from_slice(&buf.codes[src..src + word]);
             }
         }
         for l in 0..LANES {
@@ -300,7 +351,7 @@ type TileFn<const P: usize> =
 /// The tile kernels for `mt` activation rows and `sub`-element sub-blocks:
 /// one panel, two panels.
 #[cfg(target_arch = "x86_64")]
-fn tile_fns(mt: usize, sub: usize) -> (TileFn<1>, TileFn<2>) {
+fn tile_fns(mt: usize, sub: usize, _shape: Shape) -> (TileFn<1>, TileFn<2>) {
     use super::vnni_gemm::tile;
     macro_rules! pick {
         ($($n:literal)*) => {
@@ -316,13 +367,19 @@ fn tile_fns(mt: usize, sub: usize) -> (TileFn<1>, TileFn<2>) {
     pick!(1 2 3 4 5 6)
 }
 
-/// As above; the tiles take row pairs.
+/// As above, for `USMMLA` (row pairs) or `SDOT` (four rows).
 #[cfg(target_arch = "aarch64")]
-fn tile_fns(mt: usize, sub: usize) -> (TileFn<1>, TileFn<2>) {
-    use super::neon_gemm::tile;
+fn tile_fns(mt: usize, sub: usize, shape: Shape) -> (TileFn<1>, TileFn<2>) {
+    use super::neon_gemm::{tile, tile_sdot};
+    if shape == SDOT {
+        return match sub {
+            16 => (tile_sdot::<1, 4>, tile_sdot::<2, 4>),
+            _ => (tile_sdot::<1, 8>, tile_sdot::<2, 8>),
+        };
+    }
     macro_rules! pick {
         ($($pairs:literal)*) => {
-            match (laid_rows(mt) / 2, sub) {
+            match (shape.laid_rows(mt) / 2, sub) {
                 $(
                     ($pairs, 16) => (tile::<1, $pairs, 2> as TileFn<1>, tile::<2, $pairs, 2> as TileFn<2>),
                     ($pairs, _) => (tile::<1, $pairs, 4> as TileFn<1>, tile::<2, $pairs, 4> as TileFn<2>),
@@ -335,8 +392,8 @@ fn tile_fns(mt: usize, sub: usize) -> (TileFn<1>, TileFn<2>) {
 }
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-fn tile_fns(_mt: usize, _sub: usize) -> (TileFn<1>, TileFn<2>) {
-    unreachable!("available() is false here")
+fn tile_fns(_mt: usize, _sub: usize, _shape: Shape) -> (TileFn<1>, TileFn<2>) {
+    unreachable!("shape() is None here")
 }
 
 /// Every activation tile against one or two panels; panel `j` writes
@@ -359,11 +416,11 @@ fn multiply_panels(
     let mut out = [[0f32; LANES]; 2 * MT];
     for t in 0..m.div_ceil(MT) {
         let mt = MT.min(m - t * MT);
-        let lr = laid_rows(mt);
+        let lr = acts.shape.laid_rows(mt);
         let codes = &acts.codes[t * MT * k..][..lr * k];
         let d = &ds[t * MT * 2 * n_sb..][..lr * 2 * n_sb];
-        let (one, two) = tile_fns(mt, sub);
-        // SAFETY: `applies` checked the instructions (`available`); each
+        let (one, two) = tile_fns(mt, sub, acts.shape);
+        // SAFETY: `applies` checked the instructions (`shape`); each
         // panel holds `n_sb` sub-blocks (asserted), `codes` and `d` hold the
         // tile's `lr` laid rows of `k` codes and `2·n_sb` factors, `out` has
         // room for `2·lr` rows.
@@ -394,6 +451,93 @@ fn multiply_panels(
                 } else {
                     dst.copy_from_slice(&o[..lanes]);
                 }
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "aarch64"))]
+mod tests {
+    use super::super::act::{quantize_rows, ActFormat};
+    use super::super::{plan, WeightMatrix};
+    use super::*;
+    use rlx_gguf::GgmlType;
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s % 2000) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The `SDOT` tile gives the `USMMLA` tile's bits for every type it
+    /// takes, at tile-edge row counts and weight rows that leave a partial
+    /// panel (both instructions are on `qemu -cpu max`; a CPU with only
+    /// one of them runs that one).
+    #[test]
+    fn sdot_and_usmmla_tiles_give_the_same_bits() {
+        use GgmlType as T;
+        if !(has_neon_i8mm() && has_neon_dotprod()) {
+            return;
+        }
+        let pool = ThreadPool::new(2);
+        let opts = MatmulOptions {
+            precision: Precision::Quantized,
+            isa: Isa::Neon,
+            batch_invariant: false,
+        };
+        for ty in [
+            T::Q4_0,
+            T::Q4_1,
+            T::Q5_0,
+            T::Q5_1,
+            T::Q2_K,
+            T::Q3_K,
+            T::Q4_K,
+            T::Q5_K,
+            T::Q6_K,
+        ] {
+            assert!(affine_max_code(ty).unwrap() <= SDOT.max_code, "{ty}");
+            for (m, rows) in [(16, 37), (19, 16), (23, 5)] {
+                let k = 512;
+                let w = rlx_gguf::quantize_to_vec(ty, &values(rows * k, ty as u64)).unwrap();
+                let weights = [WeightMatrix {
+                    ty,
+                    rows,
+                    k,
+                    data: &w,
+                }];
+                let segments = plan(&opts, &weights);
+                let x = values(m * k, 99);
+                let mut q8 = Vec::new();
+                quantize_rows(&pool, Isa::Neon, ActFormat::Q8_0, &x, m, k, &mut q8);
+                let [a, b] = [MMLA, SDOT].map(|shape| {
+                    let mut acts = PackedActs::default();
+                    pack_acts(&pool, &q8, m, k, shape, &mut acts);
+                    let mut y = vec![f32::NAN; m * rows];
+                    run(
+                        &pool,
+                        m,
+                        k,
+                        rows,
+                        &segments,
+                        &acts,
+                        &mut y,
+                        &Mutex::default(),
+                    );
+                    y
+                });
+                assert!(a.iter().all(|v| v.is_finite()), "{ty} m={m}");
+                assert!(
+                    a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty} m={m} rows={rows}: SDOT and USMMLA differ"
+                );
             }
         }
     }

@@ -177,7 +177,7 @@ pub fn activation_type(ty: GgmlType) -> Option<GgmlType> {
 /// the blocked GEMM at `isa` on this CPU (it needs AVX-512 VNNI, or ARM's
 /// i8mm).
 pub fn has_prefill_gemm(isa: Isa) -> bool {
-    gemm::available(isa)
+    gemm::shape(isa).is_some()
 }
 
 /// `y[m, Σ rowsᵢ]` (row-major) `= x[m, k] · [W₁; W₂; …]ᵀ`: column block `i` of
@@ -221,7 +221,8 @@ pub fn matmul(
     if !gemm_segments.is_empty() {
         let q8 = &mut scratch.acts[ActFormat::Q8_0.index()];
         act::quantize_rows(pool, opts.isa, ActFormat::Q8_0, x, m, k, q8);
-        gemm::pack_acts(pool, q8, m, k, &mut scratch.gemm_acts);
+        let shape = gemm::shape(opts.isa).expect("applies() found a shape");
+        gemm::pack_acts(pool, q8, m, k, shape, &mut scratch.gemm_acts);
         gemm::run(
             pool,
             m,

@@ -1,4 +1,6 @@
-//! The i8mm register tile of the prefill GEMM on ARM (see `gemm`).
+//! The register tiles of the prefill GEMM on ARM (see `gemm`): one for
+//! i8mm's matrix instruction, one for the dot product where a CPU has only
+//! that (Apple M1, Graviton 2, Ampere Altra).
 //!
 //! `USMMLA` multiplies a 2×8 matrix of u8 weight codes by the transpose of
 //! a 2×8 matrix of i8 activation codes into a 2×2 block of i32 sums: 32
@@ -13,16 +15,27 @@
 //! `acc −= offset · (d_x · Σ x)`, each fused, so an output has the same
 //! bits as there.
 //!
+//! Indexed `SDOT` multiplies 4 signed codes of each of 4 weight lanes by 4
+//! activation bytes taken from one lane of a register that holds 4 rows'
+//! words: 16 products per instruction, one activation load per 4 rows.
+//! Codes must be below 128 (every affine type but Q8_0 and IQ4_NL).
+//!
+//! Integer sums are exact, and both tiles scale them in the same order, so
+//! an output has the same bits whichever tile (or instruction set) made it.
+//!
 //! # Safety
-//! Needs i8mm; `gemm` calls it only when the CPU has it.
+//! Each tile needs its instructions (i8mm, dotprod); `gemm` calls it only
+//! when the CPU has them.
 
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::gemm::{LANES, PANEL_FACTORS, WORD};
+use super::gemm::{LANES, PANEL_FACTORS};
 
-/// Lane pairs per pass.
+/// Lane pairs per pass of the `USMMLA` tile.
 const PAIRS_PER_PASS: usize = LANES / 4;
+/// Codes per word: `USMMLA` takes 8 of each row.
+const WORD: usize = 8;
 
 /// `acc += w · xᵀ` for `w` (2 rows × 8 u8 codes) and `x` (2 rows × 8 i8).
 #[inline]
@@ -61,7 +74,6 @@ pub(super) unsafe fn tile<const P: usize, const PAIRS: usize, const SBG: usize>(
     ds: *const f32,
     out: *mut [f32; LANES],
 ) {
-    const { assert!(WORD == 8) };
     let rows = 2 * PAIRS;
     let sb_bytes = SBG * LANES * WORD + PANEL_FACTORS;
     for (g, &panel) in panels.iter().enumerate() {
@@ -118,6 +130,92 @@ pub(super) unsafe fn tile<const P: usize, const PAIRS: usize, const SBG: usize>(
                     rb[l] = v[1];
                     ra[l + 1] = v[2];
                     rb[l + 1] = v[3];
+                }
+            }
+        }
+    }
+}
+
+/// `acc += Σ w·x` per lane over 4 bytes, `x` being lane `LANE`'s 4 bytes of
+/// `x`, in every lane.
+#[inline]
+#[target_feature(enable = "dotprod")]
+unsafe fn sdot_lane<const LANE: usize>(
+    mut acc: int32x4_t,
+    w: int8x16_t,
+    x: int8x16_t,
+) -> int32x4_t {
+    // SAFETY: `SDOT Vd.4S, Vn.16B, Vm.4B[i]` reads and writes only
+    // registers; the caller's target feature says the CPU has it.
+    asm!(
+        "sdot {acc:v}.4s, {w:v}.16b, {x:v}.4b[{lane}]",
+        acc = inout(vreg) acc,
+        w = in(vreg) w,
+        x = in(vreg) x,
+        lane = const LANE,
+        options(pure, nomem, nostack),
+    );
+    acc
+}
+
+/// Activation rows of the `SDOT` tile: one register holds a word of each.
+const SDOT_ROWS: usize = 4;
+/// Weight lanes per pass of the `SDOT` tile: two registers.
+const SDOT_LANES: usize = 8;
+
+/// The `SDOT` version of [`tile`], for 4 laid activation rows: each
+/// sub-block holds `SBQ` quads of 16 lanes × 4 code bytes, then the
+/// factors; `codes` holds, per quad, 4 rows × 4 i8.
+///
+/// # Safety
+/// As for [`tile`]; the CPU has dotprod and every code is below 128.
+#[target_feature(enable = "dotprod")]
+// Indexing reads as the register tile it is: [lane vector][activation row].
+#[allow(clippy::needless_range_loop)]
+pub(super) unsafe fn tile_sdot<const P: usize, const SBQ: usize>(
+    panels: [*const u8; P],
+    n_sb: usize,
+    codes: *const i8,
+    ds: *const f32,
+    out: *mut [f32; LANES],
+) {
+    const R: usize = SDOT_ROWS;
+    const V: usize = SDOT_LANES / 4;
+    let sb_bytes = SBQ * LANES * 4 + PANEL_FACTORS;
+    for (g, &panel) in panels.iter().enumerate() {
+        for half in 0..LANES / SDOT_LANES {
+            let lane0 = half * SDOT_LANES;
+            let mut acc = [[vdupq_n_f32(0.0); R]; V];
+            for sb in 0..n_sb {
+                let p = panel.add(sb * sb_bytes);
+                let a = codes.add(sb * SBQ * R * 4);
+                let mut sum = [[vdupq_n_s32(0); R]; V];
+                for q in 0..SBQ {
+                    let x = vld1q_s8(a.add(q * R * 4));
+                    for v in 0..V {
+                        let w = vld1q_s8(p.add(q * LANES * 4 + (lane0 + 4 * v) * 4).cast());
+                        sum[v][0] = sdot_lane::<0>(sum[v][0], w, x);
+                        sum[v][1] = sdot_lane::<1>(sum[v][1], w, x);
+                        sum[v][2] = sdot_lane::<2>(sum[v][2], w, x);
+                        sum[v][3] = sdot_lane::<3>(sum[v][3], w, x);
+                    }
+                }
+                let f = p.add(SBQ * LANES * 4).cast::<f32>();
+                let d = ds.add(sb * 2 * R);
+                for v in 0..V {
+                    let scale = vld1q_f32(f.add(lane0 + 4 * v));
+                    let offset = vld1q_f32(f.add(LANES + lane0 + 4 * v));
+                    for i in 0..R {
+                        let t = vmulq_n_f32(vcvtq_f32_s32(sum[v][i]), *d.add(i));
+                        acc[v][i] = vfmaq_f32(acc[v][i], scale, t);
+                        acc[v][i] = vfmsq_f32(acc[v][i], offset, vdupq_n_f32(*d.add(R + i)));
+                    }
+                }
+            }
+            for v in 0..V {
+                for i in 0..R {
+                    let row = &mut *out.add(g * R + i);
+                    vst1q_f32(row.as_mut_ptr().add(lane0 + 4 * v), acc[v][i]);
                 }
             }
         }

@@ -119,9 +119,9 @@ macro_rules! tiles {
         };
 
         mod entry {
+            use super::super::simd::{self, Elem};
             #[allow(unused_imports)]
             use super::*;
-            use super::super::simd::{self, Elem};
 
             #[allow(clippy::too_many_arguments)]
             #[target_feature(enable = $features)]
