@@ -2,6 +2,8 @@
 //! matmuls for every weight type, plain f32 kernels for the other ops, K/V
 //! in host memory. Weights stay in the file's mapping.
 
+#[cfg(target_arch = "aarch64")]
+mod arm;
 pub mod features;
 pub mod kernels;
 pub mod kv;

@@ -293,8 +293,8 @@ pub(super) fn f32_dot(isa: Isa) -> DotF32 {
     }
 }
 
-/// SIMD dequantizers (AVX2, also used at [`Isa::Avx512`]) where written, else
-/// the reference.
+/// SIMD dequantizers (AVX2, also used at [`Isa::Avx512`]; NEON) where
+/// written, else the reference.
 pub(super) fn dequant(ty: GgmlType, isa: Isa) -> Dequant {
     simd_dequant(ty, isa).map_or(Dequant::Reference(ty), Dequant::Fast)
 }
@@ -325,7 +325,116 @@ fn simd_dequant(ty: GgmlType, isa: Isa) -> Option<DequantFn> {
     })
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(target_arch = "aarch64")]
+fn simd_dequant(ty: GgmlType, isa: Isa) -> Option<DequantFn> {
+    use super::neon_dequant as d;
+    use GgmlType as T;
+    if isa != Isa::Neon {
+        return None;
+    }
+    Some(match ty {
+        T::F16 => d::dequant_f16,
+        T::BF16 => d::dequant_bf16,
+        T::Q8_0 => d::dequant_q8_0,
+        T::Q4_0 => d::dequant_q4_0,
+        T::Q4_1 => d::dequant_q4_1,
+        T::Q5_0 => d::dequant_q5_0,
+        T::Q5_1 => d::dequant_q5_1,
+        T::IQ4_NL => d::dequant_iq4_nl,
+        T::IQ4_XS => d::dequant_iq4_xs,
+        T::Q2_K => d::dequant_q2_k,
+        T::Q3_K => d::dequant_q3_k,
+        T::Q4_K => d::dequant_q4_k,
+        T::Q5_K => d::dequant_q5_k,
+        T::Q6_K => d::dequant_q6_k,
+        _ => return None,
+    })
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn simd_dequant(_ty: GgmlType, _isa: Isa) -> Option<DequantFn> {
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::features::Isa;
+    use super::{dequant, Dequant};
+    use rlx_gguf::GgmlType;
+
+    /// Random blocks with every scale field a small finite f16.
+    fn blocks(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed;
+        let mut bytes: Vec<u8> = (0..n * ty.block_bytes())
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (s >> 56) as u8
+            })
+            .collect();
+        let f16_fields: &[usize] = match ty {
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+            GgmlType::Q2_K => &[80, 82],
+            GgmlType::Q3_K => &[108],
+            GgmlType::Q6_K => &[208],
+            GgmlType::F16 | GgmlType::BF16 => &[],
+            _ => &[0],
+        };
+        for (i, b) in bytes.chunks_exact_mut(ty.block_bytes()).enumerate() {
+            for &off in f16_fields {
+                let v = half::f16::from_f32(0.01 + 0.001 * (i % 7) as f32);
+                b[off..off + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        bytes
+    }
+
+    /// Every SIMD dequantizer this CPU can run (AVX2; NEON), for every type
+    /// it has one for.
+    #[test]
+    fn fast_dequantizers_match_the_reference_bit_for_bit() {
+        let mut tested = 0;
+        for isa in Isa::supported() {
+            for ty in [
+                GgmlType::F16,
+                GgmlType::BF16,
+                GgmlType::Q8_0,
+                GgmlType::Q4_0,
+                GgmlType::Q4_1,
+                GgmlType::Q5_0,
+                GgmlType::Q5_1,
+                GgmlType::IQ4_NL,
+                GgmlType::IQ4_XS,
+                GgmlType::Q2_K,
+                GgmlType::Q3_K,
+                GgmlType::Q4_K,
+                GgmlType::Q5_K,
+                GgmlType::Q6_K,
+            ] {
+                // 13 blocks: odd, and for F16/BF16 not a multiple of 8 elements.
+                let n = 13;
+                let src = blocks(ty, n, ty.id().into());
+                let mut want = vec![0f32; n * ty.block_elems()];
+                rlx_gguf::dequantize(ty, &src, &mut want).unwrap();
+                let Dequant::Fast(f) = dequant(ty, isa) else {
+                    assert!(isa == Isa::Scalar, "{ty} has no {isa} dequantizer");
+                    continue;
+                };
+                let mut got = vec![f32::NAN; want.len()];
+                // SAFETY: `Isa::supported` lists only what the CPU has.
+                unsafe { f(&src, &mut got) };
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "{ty} {isa} element {i}: {g} vs {w}"
+                    );
+                }
+                tested += 1;
+            }
+        }
+        // Where the CPU has SIMD, every listed type was run through it.
+        assert!(Isa::supported().len() == 1 || tested >= 14);
+    }
 }

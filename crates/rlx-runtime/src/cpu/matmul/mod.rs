@@ -49,6 +49,8 @@ mod kernels;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
+mod neon_dequant;
+#[cfg(target_arch = "aarch64")]
 mod neon_f32;
 #[cfg(target_arch = "aarch64")]
 mod neon_gemm;

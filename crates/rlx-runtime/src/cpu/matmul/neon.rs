@@ -47,11 +47,11 @@ pub(super) unsafe fn q8_0(x: &[f32], out: &mut [u8]) {
 }
 
 /// 32 signed weights of one block as two vectors.
-type Unpack = unsafe fn(block: &[u8]) -> (int8x16_t, int8x16_t);
+pub(super) type Unpack = unsafe fn(block: &[u8]) -> (int8x16_t, int8x16_t);
 
 /// Q8_0: the bytes after the scale.
 #[inline(always)]
-unsafe fn unpack_q8_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+pub(super) unsafe fn unpack_q8_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
     // SAFETY: a 34-byte block; 32 bytes from offset 2.
     let p = b.as_ptr().add(2) as *const i8;
     (vld1q_s8(p), vld1q_s8(p.add(16)))
@@ -60,7 +60,7 @@ unsafe fn unpack_q8_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
 /// The 32 nibbles of 16 bytes at `q`: low ones are elements 0..16, high
 /// ones 16..32.
 #[inline(always)]
-unsafe fn nibbles(q: *const u8) -> (uint8x16_t, uint8x16_t) {
+pub(super) unsafe fn nibbles(q: *const u8) -> (uint8x16_t, uint8x16_t) {
     // SAFETY: the caller's block has 16 bytes at `q`.
     let q = vld1q_u8(q);
     (vandq_u8(q, vdupq_n_u8(0x0f)), vshrq_n_u8::<4>(q))
@@ -90,7 +90,7 @@ unsafe fn biased(lo: uint8x16_t, hi: uint8x16_t, bias: i8) -> (int8x16_t, int8x1
 
 /// Q4_0: nibbles minus 8.
 #[inline(always)]
-unsafe fn unpack_q4_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+pub(super) unsafe fn unpack_q4_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
     // SAFETY: an 18-byte block; 16 bytes from offset 2.
     let (lo, hi) = nibbles(b.as_ptr().add(2));
     biased(lo, hi, 8)
@@ -98,7 +98,7 @@ unsafe fn unpack_q4_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
 
 /// Q4_1: nibbles as they are (the block's minimum is added apart).
 #[inline(always)]
-unsafe fn unpack_q4_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
+pub(super) unsafe fn unpack_q4_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
     // SAFETY: a 20-byte block; 16 bytes from offset 4.
     let (lo, hi) = nibbles(b.as_ptr().add(4));
     biased(lo, hi, 0)
@@ -106,7 +106,7 @@ unsafe fn unpack_q4_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
 
 /// Q5_0: nibbles with a fifth bit from the 32-bit mask at offset 2, minus 16.
 #[inline(always)]
-unsafe fn unpack_q5_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+pub(super) unsafe fn unpack_q5_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
     let (h0, h1) = fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
     // SAFETY: a 22-byte block; 16 bytes from offset 6.
     let (lo, hi) = nibbles(b.as_ptr().add(6));
@@ -115,7 +115,7 @@ unsafe fn unpack_q5_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
 
 /// Q5_1: as Q5_0 with the mask at 4 and the nibbles at 8, unbiased.
 #[inline(always)]
-unsafe fn unpack_q5_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
+pub(super) unsafe fn unpack_q5_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
     let (h0, h1) = fifth_bits(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
     // SAFETY: a 24-byte block; 16 bytes from offset 8.
     let (lo, hi) = nibbles(b.as_ptr().add(8));
@@ -124,7 +124,11 @@ unsafe fn unpack_q5_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
 
 /// A 16-entry code table's values, looked up by nibble.
 #[inline(always)]
-unsafe fn code_values(values: &[i8; 16], lo: uint8x16_t, hi: uint8x16_t) -> (int8x16_t, int8x16_t) {
+pub(super) unsafe fn code_values(
+    values: &[i8; 16],
+    lo: uint8x16_t,
+    hi: uint8x16_t,
+) -> (int8x16_t, int8x16_t) {
     // SAFETY: a 16-entry table.
     let table = vld1q_s8(values.as_ptr());
     (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi))
@@ -132,7 +136,7 @@ unsafe fn code_values(values: &[i8; 16], lo: uint8x16_t, hi: uint8x16_t) -> (int
 
 /// IQ4_NL: nibbles through the code table.
 #[inline(always)]
-unsafe fn unpack_iq4_nl(b: &[u8]) -> (int8x16_t, int8x16_t) {
+pub(super) unsafe fn unpack_iq4_nl(b: &[u8]) -> (int8x16_t, int8x16_t) {
     // SAFETY: an 18-byte block; 16 bytes from offset 2.
     let (lo, hi) = nibbles(b.as_ptr().add(2));
     code_values(&KVALUES_IQ4NL, lo, hi)

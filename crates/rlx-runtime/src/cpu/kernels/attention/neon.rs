@@ -11,9 +11,9 @@
 #![cfg(target_arch = "aarch64")]
 
 use std::arch::aarch64::*;
-use std::arch::asm;
 
 use super::simd::{tiles, Lanes};
+use crate::cpu::arm::f16x4_to_f32;
 
 tiles!(float32x4_t, "neon", scores: (2, 4, 8), pv: (4, 8, 8));
 
@@ -45,17 +45,7 @@ impl Lanes for float32x4_t {
 
     #[inline]
     unsafe fn load_f16(p: *const u16) -> Self {
-        let h = vld1_u16(p);
-        let w: float32x4_t;
-        // `vcvt_f32_f16` is newer than the toolchains we support.
-        // SAFETY: `FCVTL Vd.4S, Vn.4H` reads and writes only registers.
-        asm!(
-            "fcvtl {w:v}.4s, {h:v}.4h",
-            w = out(vreg) w,
-            h = in(vreg) h,
-            options(pure, nomem, nostack),
-        );
-        w
+        f16x4_to_f32(vld1_u16(p))
     }
 
     #[inline]
