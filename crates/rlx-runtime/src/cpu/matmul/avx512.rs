@@ -44,9 +44,9 @@ pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
     hsum_ps(v)
 }
 
-/// Activation rows per prefill register tile: 4 weight rows × 6 activation
-/// rows is 24 zmm accumulators, plus 4 weight vectors and 1 activation vector.
-const TILE_ACTS: usize = 6;
+/// Weight rows per prefill register tile: 4 weight rows × 6 activation rows
+/// (`exact::TILE_ACTS`) is 24 zmm accumulators, plus 4 weight vectors and 1
+/// activation vector.
 const TILE_ROWS: usize = 4;
 /// Rows longer than this are taken `SPAN` elements per pass, with
 /// `SPAN_TILES` weight tiles sharing each pass.
@@ -69,33 +69,22 @@ pub(super) unsafe fn dot_f32_tile(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    let m = out.len();
-    let n = w.len().checked_div(k).unwrap_or(0);
-    assert!(x.len() >= m * k && out.iter().all(|o| o.len() >= col + n));
-    let w = w.as_ptr();
-    // Each group's rows are copied 64 bytes further apart than `k`: with `k`
-    // a multiple of 1024 they would all share L1 sets and evict each other.
-    let xs = k.next_multiple_of(16) + 16;
-    let mut group = vec![0f32; TILE_ACTS * xs];
-    // Activation groups outer: a group's rows stay in L1 while the weight
-    // rows stream from L2.
-    for (g, out) in out.chunks_mut(TILE_ACTS).enumerate() {
-        let rows = &x[g * TILE_ACTS * k..(g * TILE_ACTS + out.len()) * k];
-        for (d, s) in group.chunks_exact_mut(xs).zip(rows.chunks_exact(k)) {
-            d[..k].copy_from_slice(s);
-        }
+    super::exact::act_groups(x, w, k, 16, out, col, |group, xs, n, out| {
+        let (x, w) = (group.as_ptr(), w.as_ptr());
         // SAFETY: `group` holds `out.len()` rows `xs` apart and `w` holds
-        // `n` rows (asserted above).
-        let x = group.as_ptr();
-        match out.len() {
-            6 => act_group::<6>(x, xs, w, n, k, out, col),
-            5 => act_group::<5>(x, xs, w, n, k, out, col),
-            4 => act_group::<4>(x, xs, w, n, k, out, col),
-            3 => act_group::<3>(x, xs, w, n, k, out, col),
-            2 => act_group::<2>(x, xs, w, n, k, out, col),
-            _ => act_group::<1>(x, xs, w, n, k, out, col),
+        // `n` rows (`act_groups` checked); this function's caller has
+        // AVX-512.
+        unsafe {
+            match out.len() {
+                6 => act_group::<6>(x, xs, w, n, k, out, col),
+                5 => act_group::<5>(x, xs, w, n, k, out, col),
+                4 => act_group::<4>(x, xs, w, n, k, out, col),
+                3 => act_group::<3>(x, xs, w, n, k, out, col),
+                2 => act_group::<2>(x, xs, w, n, k, out, col),
+                _ => act_group::<1>(x, xs, w, n, k, out, col),
+            }
         }
-    }
+    })
 }
 
 /// One row pair of [`dot_f32_tile`]'s layout, for tests.

@@ -34,6 +34,40 @@ pub(super) fn tree_sum8(a: [f32; 8]) -> f32 {
     q[0] + q[1]
 }
 
+/// Activation rows per register tile of the SIMD prefill f32 kernels.
+pub(super) const TILE_ACTS: usize = 6;
+
+/// The driver of the SIMD prefill f32 tiles (`dot_f32_tile`): `out.len()`
+/// rows of `x` (`k` apart) are copied, [`TILE_ACTS`] at a time, `xs` floats
+/// apart into a zeroed buffer — `k` rounded up to `lanes` plus 16, so rows
+/// do not all share L1 sets when `k` is a multiple of 1024, and a partial
+/// last vector reads zeros — and `group(rows, xs, n, out)` runs each group
+/// (`n` weight rows of `w`; `out` that group's output rows). Activation
+/// groups are outermost: a group stays in L1 while the weights stream from
+/// L2.
+pub(super) fn act_groups(
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    lanes: usize,
+    out: &mut [&mut [f32]],
+    col: usize,
+    mut group: impl FnMut(&[f32], usize, usize, &mut [&mut [f32]]),
+) {
+    let m = out.len();
+    let n = w.len().checked_div(k).unwrap_or(0);
+    assert!(x.len() >= m * k && out.iter().all(|o| o.len() >= col + n));
+    let xs = k.next_multiple_of(lanes) + 16;
+    let mut buf = vec![0f32; TILE_ACTS * xs];
+    for (g, out) in out.chunks_mut(TILE_ACTS).enumerate() {
+        let rows = &x[g * TILE_ACTS * k..(g * TILE_ACTS + out.len()) * k];
+        for (d, s) in buf.chunks_exact_mut(xs).zip(rows.chunks_exact(k)) {
+            d[..k].copy_from_slice(s);
+        }
+        group(&buf, xs, n, out);
+    }
+}
+
 /// F32 weight rows viewed in place, when the bytes are suitably aligned and the
 /// target is little-endian (so the file's bytes are already native f32s).
 pub(super) fn f32_in_place(ty: GgmlType, bytes: &[u8]) -> Option<&[f32]> {

@@ -299,56 +299,46 @@ pub(super) fn dequant(ty: GgmlType, isa: Isa) -> Dequant {
     simd_dequant(ty, isa).map_or(Dequant::Reference(ty), Dequant::Fast)
 }
 
+/// `$m`'s dequantizer for `$ty`: every SIMD set writes the same list.
+macro_rules! dequantizers {
+    ($m:ident, $ty:expr) => {{
+        use GgmlType as T;
+        Some(match $ty {
+            T::F16 => $m::dequant_f16,
+            T::BF16 => $m::dequant_bf16,
+            T::Q8_0 => $m::dequant_q8_0,
+            T::Q4_0 => $m::dequant_q4_0,
+            T::Q4_1 => $m::dequant_q4_1,
+            T::Q5_0 => $m::dequant_q5_0,
+            T::Q5_1 => $m::dequant_q5_1,
+            T::IQ4_NL => $m::dequant_iq4_nl,
+            T::IQ4_XS => $m::dequant_iq4_xs,
+            T::Q2_K => $m::dequant_q2_k,
+            T::Q3_K => $m::dequant_q3_k,
+            T::Q4_K => $m::dequant_q4_k,
+            T::Q5_K => $m::dequant_q5_k,
+            T::Q6_K => $m::dequant_q6_k,
+            _ => return None,
+        })
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 fn simd_dequant(ty: GgmlType, isa: Isa) -> Option<DequantFn> {
     use super::avx2_dequant as d;
-    use GgmlType as T;
     if isa < Isa::Avx2 {
         return None;
     }
-    Some(match ty {
-        T::F16 => d::dequant_f16,
-        T::BF16 => d::dequant_bf16,
-        T::Q8_0 => d::dequant_q8_0,
-        T::Q4_0 => d::dequant_q4_0,
-        T::Q4_1 => d::dequant_q4_1,
-        T::Q5_0 => d::dequant_q5_0,
-        T::Q5_1 => d::dequant_q5_1,
-        T::IQ4_NL => d::dequant_iq4_nl,
-        T::IQ4_XS => d::dequant_iq4_xs,
-        T::Q2_K => d::dequant_q2_k,
-        T::Q3_K => d::dequant_q3_k,
-        T::Q4_K => d::dequant_q4_k,
-        T::Q5_K => d::dequant_q5_k,
-        T::Q6_K => d::dequant_q6_k,
-        _ => return None,
-    })
+    dequantizers!(d, ty)
 }
 
 #[cfg(target_arch = "aarch64")]
 fn simd_dequant(ty: GgmlType, isa: Isa) -> Option<DequantFn> {
     use super::neon_dequant as d;
-    use GgmlType as T;
     if isa != Isa::Neon {
         return None;
     }
-    Some(match ty {
-        T::F16 => d::dequant_f16,
-        T::BF16 => d::dequant_bf16,
-        T::Q8_0 => d::dequant_q8_0,
-        T::Q4_0 => d::dequant_q4_0,
-        T::Q4_1 => d::dequant_q4_1,
-        T::Q5_0 => d::dequant_q5_0,
-        T::Q5_1 => d::dequant_q5_1,
-        T::IQ4_NL => d::dequant_iq4_nl,
-        T::IQ4_XS => d::dequant_iq4_xs,
-        T::Q2_K => d::dequant_q2_k,
-        T::Q3_K => d::dequant_q3_k,
-        T::Q4_K => d::dequant_q4_k,
-        T::Q5_K => d::dequant_q5_k,
-        T::Q6_K => d::dequant_q6_k,
-        _ => return None,
-    })
+    dequantizers!(d, ty)
 }
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]

@@ -12,13 +12,13 @@
 //! is scaled and summed in the reference's order.
 
 use std::arch::aarch64::*;
-use std::arch::asm;
 use std::sync::OnceLock;
 
 use super::scalar::{
     e8m0_half, scale_min_k4, KVALUES_IQ4NL, KVALUES_MXFP4, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES,
 };
 use super::table::f16_table;
+use crate::cpu::arm::sdot;
 
 /// # Safety
 /// `out.len() == x.len() / 32 * 34`; `x.len()` a multiple of 32.
@@ -152,22 +152,6 @@ unsafe fn unpack_mxfp4(b: &[u8]) -> (int8x16_t, int8x16_t) {
 
 /// Σ a·b over 16 signed bytes, added to `acc`'s 32-bit lanes.
 type Dot = unsafe fn(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t;
-
-/// # Safety
-/// The CPU has the dot-product extension.
-#[inline]
-#[target_feature(enable = "dotprod")]
-unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-    // SAFETY: `SDOT Vd.4S, Vn.16B, Vm.16B` reads and writes only registers.
-    asm!(
-        "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
-        acc = inout(vreg) acc,
-        a = in(vreg) a,
-        b = in(vreg) b,
-        options(pure, nomem, nostack),
-    );
-    acc
-}
 
 /// Baseline NEON: widening multiplies, pairwise-added into 32-bit lanes.
 #[inline(always)]

@@ -6,10 +6,9 @@
 
 use std::arch::aarch64::*;
 
-/// Activation rows per register tile: 4 weight rows × 6 activation rows is
-/// 24 of the 32 vector registers as accumulators, plus 4 weight vectors and
-/// 1 activation vector.
-const TILE_ACTS: usize = 6;
+/// Weight rows per register tile: 4 weight rows × 6 activation rows
+/// (`exact::TILE_ACTS`) is 24 of the 32 vector registers as accumulators, plus 4
+/// weight vectors and 1 activation vector.
 const TILE_ROWS: usize = 4;
 
 /// Prefill (`m ≥ 2`) f32 dots: `out[i][col + r]` = row `i` of `x` (rows `k`
@@ -28,32 +27,21 @@ pub(super) unsafe fn dot_f32_tile(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    let m = out.len();
-    let n = w.len().checked_div(k).unwrap_or(0);
-    assert!(x.len() >= m * k && out.iter().all(|o| o.len() >= col + n));
-    let w = w.as_ptr();
-    // Rows are copied 16 floats further apart than `k` (rounded up to a
-    // vector, zero-filled): with `k` a multiple of 1024 they would all share
-    // L1 sets; the zeros make the partial last vector a plain load.
-    let xs = k.next_multiple_of(4) + 16;
-    let mut group = vec![0f32; TILE_ACTS * xs];
-    for (g, out) in out.chunks_mut(TILE_ACTS).enumerate() {
-        let rows = &x[g * TILE_ACTS * k..(g * TILE_ACTS + out.len()) * k];
-        for (d, s) in group.chunks_exact_mut(xs).zip(rows.chunks_exact(k)) {
-            d[..k].copy_from_slice(s);
+    super::exact::act_groups(x, w, k, 4, out, col, |group, xs, n, out| {
+        let (x, w) = (group.as_ptr(), w.as_ptr());
+        // SAFETY: `group` holds `out.len()` rows `xs ≥ k` apart, zero after
+        // `k`, and `w` holds `n` rows (`act_groups` checked).
+        unsafe {
+            match out.len() {
+                6 => act_group::<6>(x, xs, w, n, k, out, col),
+                5 => act_group::<5>(x, xs, w, n, k, out, col),
+                4 => act_group::<4>(x, xs, w, n, k, out, col),
+                3 => act_group::<3>(x, xs, w, n, k, out, col),
+                2 => act_group::<2>(x, xs, w, n, k, out, col),
+                _ => act_group::<1>(x, xs, w, n, k, out, col),
+            }
         }
-        // SAFETY: `group` holds `out.len()` rows `xs ≥ k` apart and `w`
-        // holds `n` rows (asserted above).
-        let x = group.as_ptr();
-        match out.len() {
-            6 => act_group::<6>(x, xs, w, n, k, out, col),
-            5 => act_group::<5>(x, xs, w, n, k, out, col),
-            4 => act_group::<4>(x, xs, w, n, k, out, col),
-            3 => act_group::<3>(x, xs, w, n, k, out, col),
-            2 => act_group::<2>(x, xs, w, n, k, out, col),
-            _ => act_group::<1>(x, xs, w, n, k, out, col),
-        }
-    }
+    })
 }
 
 /// `M` activation rows at `x` (`xs` apart, zero-filled from `k` to the next

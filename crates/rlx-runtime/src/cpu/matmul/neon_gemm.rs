@@ -28,30 +28,14 @@
 //! when the CPU has them.
 
 use std::arch::aarch64::*;
-use std::arch::asm;
 
 use super::gemm::{LANES, PANEL_FACTORS};
+use crate::cpu::arm::{sdot_lane, usmmla};
 
 /// Lane pairs per pass of the `USMMLA` tile.
 const PAIRS_PER_PASS: usize = LANES / 4;
 /// Codes per word: `USMMLA` takes 8 of each row.
 const WORD: usize = 8;
-
-/// `acc += w · xᵀ` for `w` (2 rows × 8 u8 codes) and `x` (2 rows × 8 i8).
-#[inline]
-#[target_feature(enable = "i8mm")]
-unsafe fn usmmla(mut acc: int32x4_t, w: uint8x16_t, x: int8x16_t) -> int32x4_t {
-    // SAFETY: `USMMLA Vd.4S, Vn.16B, Vm.16B` reads and writes only
-    // registers; the caller's target feature says the CPU has it.
-    asm!(
-        "usmmla {acc:v}.4s, {w:v}.16b, {x:v}.16b",
-        acc = inout(vreg) acc,
-        w = in(vreg) w,
-        x = in(vreg) x,
-        options(pure, nomem, nostack),
-    );
-    acc
-}
 
 /// `out[g·2·PAIRS + i][l]` = lane `l` of panel `g` · activation row `i` of
 /// the tile, for `P` (1 or 2) panels and `2·PAIRS` laid rows.
@@ -134,28 +118,6 @@ pub(super) unsafe fn tile<const P: usize, const PAIRS: usize, const SBG: usize>(
             }
         }
     }
-}
-
-/// `acc += Σ w·x` per lane over 4 bytes, `x` being lane `LANE`'s 4 bytes of
-/// `x`, in every lane.
-#[inline]
-#[target_feature(enable = "dotprod")]
-unsafe fn sdot_lane<const LANE: usize>(
-    mut acc: int32x4_t,
-    w: int8x16_t,
-    x: int8x16_t,
-) -> int32x4_t {
-    // SAFETY: `SDOT Vd.4S, Vn.16B, Vm.4B[i]` reads and writes only
-    // registers; the caller's target feature says the CPU has it.
-    asm!(
-        "sdot {acc:v}.4s, {w:v}.16b, {x:v}.4b[{lane}]",
-        acc = inout(vreg) acc,
-        w = in(vreg) w,
-        x = in(vreg) x,
-        lane = const LANE,
-        options(pure, nomem, nostack),
-    );
-    acc
 }
 
 /// Activation rows of the `SDOT` tile: one register holds a word of each.
