@@ -38,8 +38,10 @@ pub(super) type PanelDot =
 #[derive(Clone, Copy)]
 pub(super) enum QuantDot {
     Row(VecDot),
-    // Written for AVX-512 VNNI only so far.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     Rows {
         rows: RowsDot,
         panel: Option<PanelDot>,
@@ -228,7 +230,9 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
     }))
 }
 
-/// NEON kernels where written, `SDOT` ones where the CPU has it.
+/// NEON kernels, `SDOT` ones where the CPU has it; the Q8_0-activation
+/// types as rows kernels (each weight block unpacked once for 4
+/// activation rows).
 #[cfg(target_arch = "aarch64")]
 fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
     use super::super::features::has_neon_dotprod;
@@ -238,23 +242,27 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
         return None;
     }
     let sdot = has_neon_dotprod();
-    let pick = |plain: VecDot, dot: VecDot| if sdot { dot } else { plain };
-    Some(QuantDot::Row(match ty {
-        T::Q8_0 => pick(n::vec_dot_q8_0, n::vec_dot_q8_0_sdot),
-        T::Q4_0 => pick(n::vec_dot_q4_0, n::vec_dot_q4_0_sdot),
-        T::Q5_0 => pick(n::vec_dot_q5_0, n::vec_dot_q5_0_sdot),
-        T::IQ4_NL => pick(n::vec_dot_iq4_nl, n::vec_dot_iq4_nl_sdot),
-        T::MXFP4 => pick(n::vec_dot_mxfp4, n::vec_dot_mxfp4_sdot),
-        T::Q4_1 => pick(n::vec_dot_q4_1, n::vec_dot_q4_1_sdot),
-        T::Q5_1 => pick(n::vec_dot_q5_1, n::vec_dot_q5_1_sdot),
-        T::Q2_K => pick(n::vec_dot_q2_k, n::vec_dot_q2_k_sdot),
-        T::Q3_K => pick(n::vec_dot_q3_k, n::vec_dot_q3_k_sdot),
-        T::Q4_K => pick(n::vec_dot_q4_k, n::vec_dot_q4_k_sdot),
-        T::Q5_K => pick(n::vec_dot_q5_k, n::vec_dot_q5_k_sdot),
-        T::Q6_K => pick(n::vec_dot_q6_k, n::vec_dot_q6_k_sdot),
-        T::IQ4_XS => pick(n::vec_dot_iq4_xs, n::vec_dot_iq4_xs_sdot),
+    let row = |plain: VecDot, dot: VecDot| QuantDot::Row(if sdot { dot } else { plain });
+    let rows = |plain: RowsDot, dot: RowsDot| QuantDot::Rows {
+        rows: if sdot { dot } else { plain },
+        panel: None,
+    };
+    Some(match ty {
+        T::Q8_0 => rows(n::rows_q8_0, n::rows_q8_0_sdot),
+        T::Q4_0 => rows(n::rows_q4_0, n::rows_q4_0_sdot),
+        T::Q5_0 => rows(n::rows_q5_0, n::rows_q5_0_sdot),
+        T::IQ4_NL => rows(n::rows_iq4_nl, n::rows_iq4_nl_sdot),
+        T::MXFP4 => rows(n::rows_mxfp4, n::rows_mxfp4_sdot),
+        T::Q4_1 => row(n::vec_dot_q4_1, n::vec_dot_q4_1_sdot),
+        T::Q5_1 => row(n::vec_dot_q5_1, n::vec_dot_q5_1_sdot),
+        T::Q2_K => row(n::vec_dot_q2_k, n::vec_dot_q2_k_sdot),
+        T::Q3_K => row(n::vec_dot_q3_k, n::vec_dot_q3_k_sdot),
+        T::Q4_K => row(n::vec_dot_q4_k, n::vec_dot_q4_k_sdot),
+        T::Q5_K => row(n::vec_dot_q5_k, n::vec_dot_q5_k_sdot),
+        T::Q6_K => row(n::vec_dot_q6_k, n::vec_dot_q6_k_sdot),
+        T::IQ4_XS => row(n::vec_dot_iq4_xs, n::vec_dot_iq4_xs_sdot),
         _ => return None,
-    }))
+    })
 }
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]

@@ -161,34 +161,49 @@ unsafe fn widening(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     vpadalq_s16(vpadalq_s16(acc, lo), hi)
 }
 
-/// Σ over blocks of `d_w·d_a·Σ w·a`, the reference's order of operations;
-/// `scale` reads a weight block's `d_w`.
+/// `R` activation rows' dots with one weight row: Σ over blocks of
+/// `d_w·d_a·Σ w·a`, the reference's order of operations, for each row; each
+/// weight block is unpacked once for all `R`. `scale` reads a weight
+/// block's `d_w`.
 #[inline(always)]
-unsafe fn q8_0_dot<const BLOCK: usize>(
+unsafe fn q8_0_dots<const BLOCK: usize, const R: usize>(
     w: &[u8],
-    a: &[u8],
+    a: [&[u8]; R],
     unpack: Unpack,
     dot: Dot,
     scale: impl Fn(&[u8]) -> f32,
-) -> f32 {
+) -> [f32; R] {
     let f16 = f16_table();
-    let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(BLOCK).zip(a.chunks_exact(Q8_0_BYTES)) {
+    let blocks = w.len() / BLOCK;
+    assert!(a.iter().all(|a| a.len() >= blocks * Q8_0_BYTES));
+    let a = a.map(|a| a.as_ptr());
+    let mut sum = [0f32; R];
+    for (b, wb) in w.chunks_exact(BLOCK).enumerate() {
         let (w0, w1) = unpack(wb);
-        let (a0, a1) = unpack_q8_0(ab);
-        let acc = dot(dot(vdupq_n_s32(0), w0, a0), w1, a1);
-        let sumi = vaddvq_s32(acc);
-        let da = f16[usize::from(u16::from_le_bytes([ab[0], ab[1]]))];
-        sum += (scale(wb) * da) * sumi as f32;
+        let dw = scale(wb);
+        for (s, &a) in sum.iter_mut().zip(&a) {
+            // SAFETY: block `b < blocks` of a row that holds `blocks`
+            // (asserted above).
+            let ab = std::slice::from_raw_parts(a.add(b * Q8_0_BYTES), Q8_0_BYTES);
+            let (a0, a1) = unpack_q8_0(ab);
+            let sumi = vaddvq_s32(dot(dot(vdupq_n_s32(0), w0, a0), w1, a1));
+            let da = f16[usize::from(u16::from_le_bytes([ab[0], ab[1]]))];
+            *s += (dw * da) * sumi as f32;
+        }
     }
     sum
 }
 
-/// [`q8_0_dot`] for weight blocks led by an f16 scale.
+/// [`q8_0_dots`] for weight blocks led by an f16 scale.
 #[inline(always)]
-unsafe fn vec_dot<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot: Dot) -> f32 {
+unsafe fn vec_dots<const BLOCK: usize, const R: usize>(
+    w: &[u8],
+    a: [&[u8]; R],
+    unpack: Unpack,
+    dot: Dot,
+) -> [f32; R] {
     let f16 = f16_table();
-    q8_0_dot::<BLOCK>(w, a, unpack, dot, |wb| {
+    q8_0_dots::<BLOCK, R>(w, a, unpack, dot, |wb| {
         f16[usize::from(u16::from_le_bytes([wb[0], wb[1]]))]
     })
 }
@@ -200,12 +215,132 @@ fn e8m0_table() -> &'static [f32; 256] {
     TABLE.get_or_init(|| std::array::from_fn(|e| e8m0_half(e as u8)))
 }
 
-/// [`q8_0_dot`] for MXFP4 blocks, led by an E8M0 exponent.
+/// [`q8_0_dots`] for MXFP4 blocks, led by an E8M0 exponent.
 #[inline(always)]
-unsafe fn vec_dot_e8m0<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot: Dot) -> f32 {
+unsafe fn vec_dots_e8m0<const BLOCK: usize, const R: usize>(
+    w: &[u8],
+    a: [&[u8]; R],
+    unpack: Unpack,
+    dot: Dot,
+) -> [f32; R] {
     let e8m0 = e8m0_table();
-    q8_0_dot::<BLOCK>(w, a, unpack, dot, |wb| e8m0[usize::from(wb[0])])
+    q8_0_dots::<BLOCK, R>(w, a, unpack, dot, |wb| e8m0[usize::from(wb[0])])
 }
+
+/// A multi-row driver of [`q8_0_dots`]' shape.
+type Dots<const R: usize> = unsafe fn(&[u8], [&[u8]; R], Unpack, Dot) -> [f32; R];
+
+/// The rows kernel (`kernels::RowsDot`) over a multi-row driver: per weight
+/// row, activation rows 4 at a time, then one by one. Each output has the
+/// one-row kernel's bits, whatever the number of rows.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_of(
+    w: &[u8],
+    row_bytes: usize,
+    acts: &[u8],
+    act_row_bytes: usize,
+    out: &mut [&mut [f32]],
+    col: usize,
+    (one, four): (Dots<1>, Dots<4>),
+    unpack: Unpack,
+    dot: Dot,
+) {
+    let m = out.len();
+    let act = |i: usize| &acts[i * act_row_bytes..(i + 1) * act_row_bytes];
+    for (r, wr) in w.chunks_exact(row_bytes).enumerate() {
+        let mut i = 0;
+        while i + 4 <= m {
+            let s = four(
+                wr,
+                [act(i), act(i + 1), act(i + 2), act(i + 3)],
+                unpack,
+                dot,
+            );
+            for (j, v) in s.into_iter().enumerate() {
+                out[i + j][col + r] = v;
+            }
+            i += 4;
+        }
+        for (i, o) in out.iter_mut().enumerate().skip(i) {
+            o[col + r] = one(wr, [act(i)], unpack, dot)[0];
+        }
+    }
+}
+
+/// Defines the rows kernels `name` (baseline NEON) and `name_dot` (`SDOT`)
+/// of a Q8_0-activation type from its multi-row driver and unpack function.
+macro_rules! rows_dots {
+    ($name:ident, $name_dot:ident, $driver:ident::<$block:literal>, $part:ident) => {
+        /// # Safety
+        /// `w` whole rows of `row_bytes`, `acts` `out.len()` rows of
+        /// `act_row_bytes` (Q8_0 blocks), `out` rows of at least `col` plus
+        /// the weight rows.
+        pub(super) unsafe fn $name(
+            w: &[u8],
+            row_bytes: usize,
+            acts: &[u8],
+            act_row_bytes: usize,
+            out: &mut [&mut [f32]],
+            col: usize,
+        ) {
+            let drivers = (
+                $driver::<{ $block }, 1> as Dots<1>,
+                $driver::<{ $block }, 4> as Dots<4>,
+            );
+            rows_of(
+                w,
+                row_bytes,
+                acts,
+                act_row_bytes,
+                out,
+                col,
+                drivers,
+                $part,
+                widening,
+            )
+        }
+
+        /// # Safety
+        /// As above, on a CPU with the dot-product extension.
+        #[target_feature(enable = "dotprod")]
+        pub(super) unsafe fn $name_dot(
+            w: &[u8],
+            row_bytes: usize,
+            acts: &[u8],
+            act_row_bytes: usize,
+            out: &mut [&mut [f32]],
+            col: usize,
+        ) {
+            let drivers = (
+                $driver::<{ $block }, 1> as Dots<1>,
+                $driver::<{ $block }, 4> as Dots<4>,
+            );
+            rows_of(
+                w,
+                row_bytes,
+                acts,
+                act_row_bytes,
+                out,
+                col,
+                drivers,
+                $part,
+                sdot,
+            )
+        }
+    };
+}
+
+rows_dots!(rows_q8_0, rows_q8_0_sdot, vec_dots::<34>, unpack_q8_0);
+rows_dots!(rows_q4_0, rows_q4_0_sdot, vec_dots::<18>, unpack_q4_0);
+rows_dots!(rows_q5_0, rows_q5_0_sdot, vec_dots::<22>, unpack_q5_0);
+rows_dots!(rows_iq4_nl, rows_iq4_nl_sdot, vec_dots::<18>, unpack_iq4_nl);
+rows_dots!(
+    rows_mxfp4,
+    rows_mxfp4_sdot,
+    vec_dots_e8m0::<17>,
+    unpack_mxfp4
+);
 
 /// As [`vec_dot`] against Q8_1 activations, whose `s = d·Σq` carries the
 /// weight block's minimum (its second f16).
@@ -245,21 +380,6 @@ macro_rules! dots {
     };
 }
 
-dots!(vec_dot_q8_0, vec_dot_q8_0_sdot, vec_dot::<34>, unpack_q8_0);
-dots!(vec_dot_q4_0, vec_dot_q4_0_sdot, vec_dot::<18>, unpack_q4_0);
-dots!(vec_dot_q5_0, vec_dot_q5_0_sdot, vec_dot::<22>, unpack_q5_0);
-dots!(
-    vec_dot_iq4_nl,
-    vec_dot_iq4_nl_sdot,
-    vec_dot::<18>,
-    unpack_iq4_nl
-);
-dots!(
-    vec_dot_mxfp4,
-    vec_dot_mxfp4_sdot,
-    vec_dot_e8m0::<17>,
-    unpack_mxfp4
-);
 dots!(
     vec_dot_q4_1,
     vec_dot_q4_1_sdot,
@@ -603,7 +723,7 @@ pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::kernels::VecDot;
+    use super::super::kernels::{RowsDot, VecDot};
     use super::super::scalar;
     use super::*;
     use crate::cpu::features::has_neon_dotprod;
@@ -678,8 +798,8 @@ mod tests {
             name: &'static str,
             weights: fn(usize, u64) -> Vec<u8>,
             acts: fn(usize, u64) -> Vec<u8>,
-            plain: VecDot,
-            dot: VecDot,
+            plain: Kern,
+            dot: Kern,
             reference: VecDot,
         }
         let q8_0_acts = |n, seed| weight_blocks(Q8_0_BYTES, &[0], n, seed);
@@ -689,127 +809,173 @@ mod tests {
                 name: "q8_0",
                 weights: |n, seed| weight_blocks(34, &[0], n, seed),
                 acts: q8_0_acts,
-                plain: vec_dot_q8_0,
-                dot: vec_dot_q8_0_sdot,
+                plain: Kern::Rows(rows_q8_0),
+                dot: Kern::Rows(rows_q8_0_sdot),
                 reference: scalar::vec_dot_q8_0,
             },
             Case {
                 name: "q4_0",
                 weights: |n, seed| weight_blocks(18, &[0], n, seed),
                 acts: q8_0_acts,
-                plain: vec_dot_q4_0,
-                dot: vec_dot_q4_0_sdot,
+                plain: Kern::Rows(rows_q4_0),
+                dot: Kern::Rows(rows_q4_0_sdot),
                 reference: scalar::vec_dot_q4_0,
             },
             Case {
                 name: "q5_0",
                 weights: |n, seed| weight_blocks(22, &[0], n, seed),
                 acts: q8_0_acts,
-                plain: vec_dot_q5_0,
-                dot: vec_dot_q5_0_sdot,
+                plain: Kern::Rows(rows_q5_0),
+                dot: Kern::Rows(rows_q5_0_sdot),
                 reference: scalar::vec_dot_q5_0,
             },
             Case {
                 name: "iq4_nl",
                 weights: |n, seed| weight_blocks(18, &[0], n, seed),
                 acts: q8_0_acts,
-                plain: vec_dot_iq4_nl,
-                dot: vec_dot_iq4_nl_sdot,
+                plain: Kern::Rows(rows_iq4_nl),
+                dot: Kern::Rows(rows_iq4_nl_sdot),
                 reference: scalar::vec_dot_iq4_nl,
             },
             Case {
                 name: "q4_1",
                 weights: |n, seed| weight_blocks(20, &[0, 2], n, seed),
                 acts: q8_1_acts,
-                plain: vec_dot_q4_1,
-                dot: vec_dot_q4_1_sdot,
+                plain: Kern::Row(vec_dot_q4_1),
+                dot: Kern::Row(vec_dot_q4_1_sdot),
                 reference: scalar::vec_dot_q4_1,
             },
             Case {
                 name: "q5_1",
                 weights: |n, seed| weight_blocks(24, &[0, 2], n, seed),
                 acts: q8_1_acts,
-                plain: vec_dot_q5_1,
-                dot: vec_dot_q5_1_sdot,
+                plain: Kern::Row(vec_dot_q5_1),
+                dot: Kern::Row(vec_dot_q5_1_sdot),
                 reference: scalar::vec_dot_q5_1,
             },
             Case {
                 name: "q5_k",
                 weights: |n, seed| weight_blocks(176, &[0, 2], n, seed),
                 acts: q8_k_blocks,
-                plain: vec_dot_q5_k,
-                dot: vec_dot_q5_k_sdot,
+                plain: Kern::Row(vec_dot_q5_k),
+                dot: Kern::Row(vec_dot_q5_k_sdot),
                 reference: scalar::vec_dot_q5_k,
             },
             Case {
                 name: "iq4_xs",
                 weights: |n, seed| weight_blocks(136, &[0], n, seed),
                 acts: q8_k_blocks,
-                plain: vec_dot_iq4_xs,
-                dot: vec_dot_iq4_xs_sdot,
+                plain: Kern::Row(vec_dot_iq4_xs),
+                dot: Kern::Row(vec_dot_iq4_xs_sdot),
                 reference: scalar::vec_dot_iq4_xs,
             },
             Case {
                 name: "q4_k",
                 weights: |n, seed| weight_blocks(144, &[0, 2], n, seed),
                 acts: q8_k_blocks,
-                plain: vec_dot_q4_k,
-                dot: vec_dot_q4_k_sdot,
+                plain: Kern::Row(vec_dot_q4_k),
+                dot: Kern::Row(vec_dot_q4_k_sdot),
                 reference: scalar::vec_dot_q4_k,
             },
             Case {
                 name: "q6_k",
                 weights: |n, seed| weight_blocks(210, &[208], n, seed),
                 acts: q8_k_blocks,
-                plain: vec_dot_q6_k,
-                dot: vec_dot_q6_k_sdot,
+                plain: Kern::Row(vec_dot_q6_k),
+                dot: Kern::Row(vec_dot_q6_k_sdot),
                 reference: scalar::vec_dot_q6_k,
             },
             Case {
                 name: "mxfp4",
                 weights: mxfp4_blocks,
                 acts: q8_0_acts,
-                plain: vec_dot_mxfp4,
-                dot: vec_dot_mxfp4_sdot,
+                plain: Kern::Rows(rows_mxfp4),
+                dot: Kern::Rows(rows_mxfp4_sdot),
                 reference: scalar::vec_dot_mxfp4,
             },
             Case {
                 name: "q2_k",
                 weights: |n, seed| weight_blocks(84, &[80, 82], n, seed),
                 acts: q8_k_blocks,
-                plain: vec_dot_q2_k,
-                dot: vec_dot_q2_k_sdot,
+                plain: Kern::Row(vec_dot_q2_k),
+                dot: Kern::Row(vec_dot_q2_k_sdot),
                 reference: scalar::vec_dot_q2_k,
             },
             Case {
                 name: "q3_k",
                 weights: |n, seed| weight_blocks(110, &[108], n, seed),
                 acts: q8_k_blocks,
-                plain: vec_dot_q3_k,
-                dot: vec_dot_q3_k_sdot,
+                plain: Kern::Row(vec_dot_q3_k),
+                dot: Kern::Row(vec_dot_q3_k_sdot),
                 reference: scalar::vec_dot_q3_k,
             },
         ];
+        // 3 weight rows against 1, 5 and 9 activation rows: the rows
+        // kernels' groups of 4 and their remainders.
+        const ROWS: usize = 3;
         for c in cases {
             for n in [1, 2, 7, 33] {
-                let w = (c.weights)(n, 3 * n as u64);
-                let a = (c.acts)(n, 5 * n as u64);
-                // SAFETY: the scalar reference has no requirement.
-                let want = unsafe { (c.reference)(&w, &a) };
-                // SAFETY: whole blocks; NEON is baseline.
-                let got = unsafe { (c.plain)(&w, &a) };
-                assert_eq!(
-                    got.to_bits(),
-                    want.to_bits(),
-                    "{} × {n}: {got} vs {want}",
-                    c.name
-                );
-                if has_neon_dotprod() {
-                    // SAFETY: as above, and the CPU has SDOT.
-                    let got = unsafe { (c.dot)(&w, &a) };
-                    assert_eq!(got.to_bits(), want.to_bits(), "{} sdot × {n}", c.name);
+                for m in [1, 5, 9] {
+                    let w = (c.weights)(ROWS * n, 3 * n as u64);
+                    let a = (c.acts)(m * n, 5 * n as u64);
+                    let (wb, ab) = (w.len() / ROWS, a.len() / m);
+                    let want: Vec<f32> = (0..m * ROWS)
+                        .map(|o| {
+                            let (i, r) = (o / ROWS, o % ROWS);
+                            // SAFETY: the scalar reference has no requirement.
+                            unsafe { (c.reference)(&w[r * wb..][..wb], &a[i * ab..][..ab]) }
+                        })
+                        .collect();
+                    let mut kernels = vec![("plain", c.plain)];
+                    if has_neon_dotprod() {
+                        kernels.push(("sdot", c.dot));
+                    }
+                    for (variant, k) in kernels {
+                        // SAFETY: whole blocks; NEON is baseline, and the
+                        // `SDOT` variants run only where the CPU has it.
+                        let got = unsafe { k.run(&w, ROWS, &a, m) };
+                        for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert_eq!(
+                                g.to_bits(),
+                                w.to_bits(),
+                                "{} {variant} × {n} blocks, {m} rows, output {o}: {g} vs {w}",
+                                c.name
+                            );
+                        }
+                    }
                 }
             }
+        }
+    }
+
+    /// A kernel under test: one row at a time, or many.
+    #[derive(Clone, Copy)]
+    enum Kern {
+        Row(VecDot),
+        Rows(RowsDot),
+    }
+
+    impl Kern {
+        /// `out[i · rows + r]` = weight row `r` · activation row `i`.
+        ///
+        /// # Safety
+        /// Whole blocks; the CPU has what the kernel needs.
+        unsafe fn run(self, w: &[u8], rows: usize, a: &[u8], m: usize) -> Vec<f32> {
+            let (wb, ab) = (w.len() / rows, a.len() / m);
+            let mut out = vec![f32::NAN; m * rows];
+            match self {
+                Kern::Row(f) => {
+                    for (o, y) in out.iter_mut().enumerate() {
+                        let (i, r) = (o / rows, o % rows);
+                        *y = f(&w[r * wb..][..wb], &a[i * ab..][..ab]);
+                    }
+                }
+                Kern::Rows(f) => {
+                    let mut refs: Vec<&mut [f32]> = out.chunks_mut(rows).collect();
+                    f(w, wb, a, ab, &mut refs, 0);
+                }
+            }
+            out
         }
     }
 }
