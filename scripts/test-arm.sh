@@ -22,6 +22,10 @@ cargo clippy --target aarch64-unknown-linux-gnu -p rlx-runtime -p rlx-gemma --al
 cargo check --target aarch64-apple-darwin -p rlx-runtime -p rlx-gemma --all-targets
 cargo test --target aarch64-unknown-linux-gnu --release -p rlx-runtime
 cargo test --target aarch64-unknown-linux-gnu --release -p rlx-gemma --test tiny_models
+# Mixed batches on every tiny model (rows kernels, the GEMM, batched
+# attention) against each sequence alone.
+cargo test --target aarch64-unknown-linux-gnu --release -p rlx-gemma --test batching \
+    batched_sequences_match_each_alone_on_every_tiny_model
 for cpu in neoverse-n1 cortex-a72; do
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -cpu $cpu -L /usr/aarch64-linux-gnu" \
         cargo test --target aarch64-unknown-linux-gnu --release -p rlx-runtime --lib --test matmul --test kernels
