@@ -74,16 +74,7 @@ pub(super) unsafe fn dot_f32_tile(
         // SAFETY: `group` holds `out.len()` rows `xs` apart and `w` holds
         // `n` rows (`act_groups` checked); this function's caller has
         // AVX-512.
-        unsafe {
-            match out.len() {
-                6 => act_group::<6>(x, xs, w, n, k, out, col),
-                5 => act_group::<5>(x, xs, w, n, k, out, col),
-                4 => act_group::<4>(x, xs, w, n, k, out, col),
-                3 => act_group::<3>(x, xs, w, n, k, out, col),
-                2 => act_group::<2>(x, xs, w, n, k, out, col),
-                _ => act_group::<1>(x, xs, w, n, k, out, col),
-            }
-        }
+        unsafe { super::exact::by_group_rows!(out.len(), act_group(x, xs, w, n, k, out, col)) }
     })
 }
 

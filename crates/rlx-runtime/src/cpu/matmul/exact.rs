@@ -68,6 +68,22 @@ pub(super) fn act_groups(
     }
 }
 
+/// `$tile::<M>(args…)` with `M` the rows of an activation group `$m`
+/// (1..=[`TILE_ACTS`]): the SIMD prefill tiles are const-generic in it.
+macro_rules! by_group_rows {
+    ($m:expr, $tile:ident($($arg:expr),* $(,)?)) => {
+        match $m {
+            6 => $tile::<6>($($arg),*),
+            5 => $tile::<5>($($arg),*),
+            4 => $tile::<4>($($arg),*),
+            3 => $tile::<3>($($arg),*),
+            2 => $tile::<2>($($arg),*),
+            _ => $tile::<1>($($arg),*),
+        }
+    };
+}
+pub(super) use by_group_rows;
+
 /// F32 weight rows viewed in place, when the bytes are suitably aligned and the
 /// target is little-endian (so the file's bytes are already native f32s).
 pub(super) fn f32_in_place(ty: GgmlType, bytes: &[u8]) -> Option<&[f32]> {

@@ -192,16 +192,12 @@ pub(super) fn pack_acts(
         let mut codes = codes[t].lock().expect("tile lock");
         let mut d16 = ds16[t].lock().expect("tile lock");
         let mut d32 = ds32[t].lock().expect("tile lock");
-        // A partner row (past `mt`) is a block of zeros with scale 0.
+        // A partner row (past `mt`) is blocks of zeros with scale 0.
         let zeros = [0u8; Q8_0];
         for i in 0..lr {
-            let row = if i < mt {
-                &q8[(t * MT + i) * row_bytes..][..row_bytes]
-            } else {
-                &zeros[..]
-            };
+            let row = (i < mt).then(|| &q8[(t * MT + i) * row_bytes..][..row_bytes]);
             for b in 0..k / 32 {
-                let blk = row.get(b * Q8_0..(b + 1) * Q8_0).unwrap_or(&zeros);
+                let blk = row.map_or(&zeros[..], |r| &r[b * Q8_0..(b + 1) * Q8_0]);
                 let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
                 let q = &blk[2..];
                 for (w, bytes) in q.chunks_exact(word).enumerate() {

@@ -87,11 +87,8 @@ pub(super) unsafe fn tile<const P: usize, const PAIRS: usize, const SBG: usize>(
                 let d = ds.add(sb * 2 * rows);
                 for pp in 0..PAIRS_PER_PASS {
                     let l = lane0 + 2 * pp;
-                    let scale = vzip1q_f32(vld1q_dup_pair(f.add(l)), vld1q_dup_pair(f.add(l)));
-                    let offset = vzip1q_f32(
-                        vld1q_dup_pair(f.add(LANES + l)),
-                        vld1q_dup_pair(f.add(LANES + l)),
-                    );
+                    let scale = vld1q_each_twice(f.add(l));
+                    let offset = vld1q_each_twice(f.add(LANES + l));
                     for j in 0..PAIRS {
                         let dx = vld1q_dup_pair(d.add(2 * j));
                         let sx = vld1q_dup_pair(d.add(rows + 2 * j));
@@ -190,4 +187,12 @@ pub(super) unsafe fn tile_sdot<const P: usize, const SBQ: usize>(
 unsafe fn vld1q_dup_pair(p: *const f32) -> float32x4_t {
     let v = vld1_f32(p);
     vcombine_f32(v, v)
+}
+
+/// `[p[0], p[0], p[1], p[1]]`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn vld1q_each_twice(p: *const f32) -> float32x4_t {
+    let v = vld1_f32(p);
+    vcombine_f32(vzip1_f32(v, v), vzip2_f32(v, v))
 }
