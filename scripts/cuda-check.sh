@@ -41,7 +41,7 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     M=/tmp/rlx-models
     mkdir -p "$M"
-    SHAPES=${SHAPES:-270m 1b 4b}
+    SHAPES=${SHAPES-270m 1b 4b}
     for shape in 270m 1b $SHAPES; do
       [ -f "$M/$shape.gguf" ] || "$BIN/make_gguf" random --shape "$shape" --type q4_k_m \
         --tokenizer-from "$BIN/tokenizer.gguf" -o "$M/$shape.gguf" 2>&1 | head -1

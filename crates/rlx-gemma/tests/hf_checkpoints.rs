@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{fixtures, rel_l2, TINY_GENERATIONS};
+use common::{fixtures, rel_l2, ODD_SIZES, TINY_GENERATIONS};
 use rlx_gemma::model::open_file;
 use rlx_gemma::{GemmaConfig, Model, ModelOptions, Precision, SessionOptions};
 use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Tokenizer};
@@ -72,6 +72,39 @@ fn checkpoints_give_the_converted_files_config_and_logits() {
         for (name, d) in prompt_distances(&dir, &exact(&hf), &exact(&gguf)) {
             assert!(d <= 1e-6, "{m} {name}: rel L2 {d:e}");
             eprintln!("{m} {name}: checkpoint against converted GGUF, rel L2 {d:e}");
+        }
+    }
+}
+
+#[test]
+fn checkpoints_of_odd_sizes_match_transformers() {
+    // The exact path against transformers' f32 logits: the same bound as
+    // every f32 file (measured about 1e-6).
+    for m in ODD_SIZES {
+        let dir = fixtures().join("tiny").join(m);
+        let model = exact(&dir.join("hf"));
+        let prompts: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap())
+                .unwrap();
+        for (name, ids) in prompts.as_object().unwrap() {
+            let ids: Vec<u32> = ids
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let mut s = model
+                .session(SessionOptions {
+                    context: Some(ids.len()),
+                    prefill_chunk: 7,
+                    ..SessionOptions::default()
+                })
+                .unwrap();
+            let ours = s.score(&ids).unwrap();
+            let theirs = common::read_npy(&dir.join("hf-f32").join(format!("{name}.npy"))).f32s();
+            let d = rel_l2(&ours, &theirs);
+            eprintln!("{m} {name}: against transformers, rel L2 {d:e}");
+            assert!(d < 1e-4, "{m} {name}: rel L2 {d:e}");
         }
     }
 }

@@ -23,6 +23,12 @@ pub const TINY_GENERATIONS: [&str; 7] = [
     "gemma4-moe",
 ];
 
+/// Tiny models whose widths are not multiples of 32 (hidden 40, FFN 72,
+/// per-layer input 12, head sizes 20 and 40), committed as Hugging Face
+/// checkpoints (`<name>/hf`) with transformers' logits (`<name>/hf-f32`) by
+/// `scripts/tiny/make_odd_models.py`.
+pub const ODD_SIZES: [&str; 2] = ["gemma4-odd", "gemma3-odd"];
+
 /// The real Gemma 3 270M file: `$RLX_TEST_MODEL`, else the default cache.
 /// Missing is a failure with instructions, not a skip.
 pub fn real_model() -> PathBuf {

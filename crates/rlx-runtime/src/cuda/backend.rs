@@ -64,10 +64,11 @@ impl Backend for CudaBackend {
             Op::Attention(spec) => {
                 matches!(spec.kv, KvSource::Cache(_)) && !spec.bidirectional_spans
             }
-            Op::BatchMatMul | Op::MatchRms { .. } | Op::GaussianTopK { .. } | Op::Moe { .. } => {
-                false
-            }
             Op::Input { .. }
+            | Op::BatchMatMul
+            | Op::MatchRms { .. }
+            | Op::GaussianTopK { .. }
+            | Op::Moe { .. }
             | Op::Weight { .. }
             | Op::Gather
             | Op::MatMul { .. }

@@ -60,6 +60,18 @@ __device__ __forceinline__ int block_bytes(int t) {
 
 __device__ __forceinline__ int block_elems(int t) { return t >= T_Q4_K ? 256 : 32; }
 
+// Bytes of a row of k elements: float rows may have any length (the kernels
+// take their last, partial 32-element unit element by element); a block
+// type's k is a whole number of blocks (the GGUF reader checks).
+__device__ __forceinline__ size_t row_size(int t, int k) {
+    switch (t) {
+        case T_F32: return 4 * (size_t)k;
+        case T_F16:
+        case T_BF16: return 2 * (size_t)k;
+        default: return (size_t)(k / block_elems(t)) * block_bytes(t);
+    }
+}
+
 __device__ __forceinline__ void scale_min_k4(int j, const u8* q, float* sc, float* mn) {
     if (j < 4) {
         *sc = (float)(q[j] & 63);
@@ -215,23 +227,22 @@ __device__ __forceinline__ float elem(const u8* __restrict__ row, int u, int l) 
 }
 
 // y[t, y_off + r] = Σ_k x[t, k] · w[r, k] for rows r < n and tokens t < m
-// (where cuBLAS is missing). One warp per row and block of TM tokens: the
+// (where cuBLAS is missing, and for float rows whose length is not a
+// multiple of 32). One warp per row and block of TM tokens: the
 // warp walks the row's units, lane l taking element l of each (coalesced
 // loads of the quants and of x), so each weight is read once per TM tokens;
 // the loop is unrolled so the loads of several units are in flight at once.
 #define TM 8
+
+// The warp's weight row against up to TM activation rows xs[t] (mt of them,
+// each k long): acc[t] = Σ row[i] · xs[t][i] summed over the warp, the
+// lanes taking element l of each 32-element unit (coalesced loads), the
+// loop unrolled so the loads of several units are in flight at once.
 template <int T>
-__device__ void matmul_body(const u8* __restrict__ w, const float* __restrict__ x,
-                            float* __restrict__ y, int m, int n, int k, int ldy, int y_off) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (r >= n) return;
-    int t0 = blockIdx.y * TM;
-    int mt = min(TM, m - t0);
-    size_t row_bytes = (size_t)(k / block_elems(T)) * block_bytes(T);
-    const u8* row = w + (size_t)r * row_bytes;
-    const float* xt = x + (size_t)t0 * k + lane;
-    float acc[TM];
+__device__ __forceinline__ void row_dots(const u8* __restrict__ row,
+                                         const float* const* xs, int mt, int k,
+                                         float* acc) {
+    int lane = threadIdx.x & 31;
     #pragma unroll
     for (int t = 0; t < TM; t++) acc[t] = 0.0f;
     int units = k >> 5;
@@ -240,13 +251,36 @@ __device__ void matmul_body(const u8* __restrict__ w, const float* __restrict__ 
         float v = elem<T>(row, u, lane);
         #pragma unroll
         for (int t = 0; t < TM; t++)
-            if (t < mt) acc[t] += v * xt[(size_t)t * k + 32 * u];
+            if (t < mt) acc[t] += v * xs[t][32 * u + lane];
+    }
+    // A float row's partial last unit (block types have none).
+    if (32 * units + lane < k) {
+        float v = elem<T>(row, units, lane);
+        #pragma unroll
+        for (int t = 0; t < TM; t++)
+            if (t < mt) acc[t] += v * xs[t][32 * units + lane];
     }
     #pragma unroll
-    for (int t = 0; t < TM; t++) {
-        float s = warp_sum(acc[t]);
-        if (lane == 0 && t < mt) y[(size_t)(t0 + t) * ldy + y_off + r] = s;
-    }
+    for (int t = 0; t < TM; t++) acc[t] = warp_sum(acc[t]);
+}
+
+template <int T>
+__device__ void matmul_body(const u8* __restrict__ w, const float* __restrict__ x,
+                            float* __restrict__ y, int m, int n, int k, int ldy, int y_off) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (r >= n) return;
+    int t0 = blockIdx.y * TM;
+    int mt = min(TM, m - t0);
+    const u8* row = w + (size_t)r * row_size(T, k);
+    const float* xs[TM];
+    #pragma unroll
+    for (int t = 0; t < TM; t++) xs[t] = x + (size_t)(t0 + min(t, mt - 1)) * k;
+    float acc[TM];
+    row_dots<T>(row, xs, mt, k, acc);
+    #pragma unroll
+    for (int t = 0; t < TM; t++)
+        if (lane == 0 && t < mt) y[(size_t)(t0 + t) * ldy + y_off + r] = acc[t];
 }
 
 #define MATMUL(NAME, T)                                                                      \
@@ -271,7 +305,8 @@ MATMUL(matmul_q6_k, T_Q6_K)
 // lane, then its lanes dequantize the row's 32-element units from there.
 // (On an H200 this beat one element per lane from memory, as `matmul_body`
 // reads, at 4B: 105 against 99 and 72 tokens/s.) Dynamic shared memory:
-// warps per block × the row rounded up to words.
+// warps per block × the row rounded up to words. k must be a multiple of 32
+// and x 16-byte aligned (the host sends other products to `matmul_body`).
 __device__ __forceinline__ void st4(u32* d, uint4 v) {
     d[0] = v.x;
     d[1] = v.y;
@@ -286,7 +321,7 @@ __device__ void matvec_body(const u8* __restrict__ w, const float* __restrict__ 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp;
     if (r >= n) return;
-    int row_bytes = (k / block_elems(T)) * block_bytes(T);
+    int row_bytes = (int)row_size(T, k);
     int words = (row_bytes + 3) >> 2;
     u32* buf = staged + (size_t)warp * words;
     const u8* row = w + (size_t)r * row_bytes;
@@ -348,17 +383,22 @@ MATVEC(matvec_q4_k, T_Q4_K)
 MATVEC(matvec_q5_k, T_Q5_K)
 MATVEC(matvec_q6_k, T_Q6_K)
 
-// out[i, :] = table[ids[i], :] dequantized; one thread per 32-element unit.
+// out[i, :] = table[ids[i], :] dequantized; one thread per 32-element unit
+// (a float row's partial last unit element by element).
 template <int T>
 __device__ void gather_body(const u8* table, const int* ids, float* out, int n, int k) {
-    int units = k >> 5;
+    int units = (k + 31) >> 5;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n * units) return;
     int i = idx / units, u = idx % units;
-    size_t row_bytes = (size_t)(k / block_elems(T)) * block_bytes(T);
-    float v[32];
-    unit<T>(table + (size_t)ids[i] * row_bytes, u, v);
+    const u8* row = table + (size_t)ids[i] * row_size(T, k);
     float* o = out + (size_t)i * k + 32 * u;
+    if (32 * u + 32 > k) {
+        for (int j = 0; 32 * u + j < k; j++) o[j] = elem<T>(row, u, j);
+        return;
+    }
+    float v[32];
+    unit<T>(row, u, v);
     #pragma unroll
     for (int j = 0; j < 32; j++) o[j] = v[j];
 }
@@ -388,7 +428,8 @@ __device__ __forceinline__ u32 f2bf(float f) {
 
 // Rows of a weight dequantized for a library matrix product: n rows of k
 // elements from w into out [n, k], as f32, or as bf16 when `bf16` is set.
-// One thread per 32-element unit, written with 16-byte stores.
+// One thread per 32-element unit, written with 16-byte stores (so k is a
+// multiple of 32; the host sends other products to `matmul_body`).
 template <int T>
 __device__ void dequant_body(const u8* w, void* out, long long n, int k, int bf16) {
     int units = k >> 5;
@@ -396,7 +437,7 @@ __device__ void dequant_body(const u8* w, void* out, long long n, int k, int bf1
     if (idx >= n * units) return;
     long long i = idx / units;
     int u = (int)(idx % units);
-    size_t row_bytes = (size_t)(k / block_elems(T)) * block_bytes(T);
+    size_t row_bytes = row_size(T, k);
     float v[32];
     unit<T>(w + i * row_bytes, u, v);
     if (bf16) {
@@ -650,6 +691,201 @@ extern "C" __global__ void attention(const float* q, const float* kc, const floa
             if (sm_m[w] > NEG_INF) o += expf(sm_m[w] - big) * sm_o[w][c];
         orow[c] = total > 0.0f ? o / total : 0.0f;
     }
+}
+
+// Sum of v over the block (all threads get it), in f64 as the CPU sums
+// row statistics; `part` is 32 doubles of shared memory.
+__device__ __forceinline__ double block_sum(double v, double* part) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    __syncthreads();  // `part` may still be read from a previous sum
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double t = 0.0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += part[w];
+    return t;
+}
+
+// Per row of d (one block): x · rms(target) / sqrt(max(mean(x²), floor)).
+extern "C" __global__ void match_rms(const float* x, const float* target, float* y, int d,
+                                     float floor) {
+    __shared__ double part[32];
+    const float* xr = x + (size_t)blockIdx.x * d;
+    const float* tr = target + (size_t)blockIdx.x * d;
+    double sx = 0.0, st = 0.0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        sx += (double)xr[i] * (double)xr[i];
+        st += (double)tr[i] * (double)tr[i];
+    }
+    sx = block_sum(sx, part);
+    st = block_sum(st, part);
+    float want = sqrtf((float)(st / d));
+    float have = sqrtf(fmaxf((float)(sx / d), floor));
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        y[(size_t)blockIdx.x * d + i] = __fmul_rn(xr[i], want) / have;
+}
+
+// Per row of d (one block): relu(x − (mean + k · std)), population std.
+extern "C" __global__ void gaussian_topk(const float* x, float* y, int d, float k) {
+    __shared__ double part[32];
+    const float* xr = x + (size_t)blockIdx.x * d;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) s += (double)xr[i];
+    float mean = (float)(block_sum(s, part) / d);
+    double v = 0.0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        double c = (double)xr[i] - (double)mean;
+        v += c * c;
+    }
+    float sd = (float)sqrt(block_sum(v, part) / d);
+    float cutoff = __fadd_rn(mean, __fmul_rn(sd, k));
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        y[(size_t)blockIdx.x * d + i] = fmaxf(xr[i] - cutoff, 0.0f);
+}
+
+// out[t] = a[t] · b[t] for a [n, p, q], b [n, q, r]; one thread per output.
+extern "C" __global__ void batch_matmul(const float* a, const float* b, float* out, long long n,
+                                        int p, int q, int r) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n * p * r) return;
+    int j = (int)(idx % r);
+    long long ti = idx / r;
+    int i = (int)(ti % p);
+    long long t = ti / p;
+    const float* ar = a + (t * p + i) * q;
+    const float* bc = b + t * q * r + j;
+    float acc = 0.0f;
+    for (int c = 0; c < q; c++) acc = __fadd_rn(acc, __fmul_rn(ar[c], bc[(size_t)c * r]));
+    out[idx] = acc;
+}
+
+// Mixture of experts. A step's tokens each choose top_k experts; choice j of
+// token t is slot t·top_k + j. `moe_route` picks the experts and weights,
+// `moe_lists` lists each expert's slots, `moe_rows_<type>` multiplies each
+// chosen expert's rows by the activations of its slots (the gate/up rows,
+// then, after `moe_geglu`, the down rows), and `moe_combine` adds each
+// token's weighted expert outputs.
+
+// Per token t (one thread): softmax of logits[t] over E experts, the top_k
+// largest (ties to the lower index), their probabilities renormalised over
+// the chosen times scale[e].
+extern "C" __global__ void moe_route(const float* logits, const float* scale, int* sel,
+                                     float* wts, int n, int E, int top_k) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    const float* l = logits + (size_t)t * E;
+    float mx = NEG_INF;
+    for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < E; e++) sum += expf(l[e] - mx);
+    int* st = sel + (size_t)t * top_k;
+    float* wt = wts + (size_t)t * top_k;
+    float chosen = 0.0f;
+    for (int j = 0; j < top_k; j++) {
+        int best = -1;
+        float bp = -1.0f;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++) taken |= st[i] == e;
+            float p = expf(l[e] - mx) / sum;
+            if (!taken && p > bp) {
+                bp = p;
+                best = e;
+            }
+        }
+        st[j] = best;
+        wt[j] = bp;
+        chosen += bp;
+    }
+    for (int j = 0; j < top_k; j++) wt[j] = wt[j] / chosen * scale[st[j]];
+}
+
+// Per expert e (one thread): the slots routed to it, in slot order, at
+// list[e·cap ..], and how many.
+extern "C" __global__ void moe_lists(const int* sel, int slots, int E, int cap, int* list,
+                                     int* count) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= E) return;
+    int c = 0;
+    for (int s = 0; s < slots; s++)
+        if (sel[s] == e) list[(size_t)e * cap + c++] = s;
+    count[e] = c;
+}
+
+// Expert e = blockIdx.y, a warp per row r of its n rows (w_e starts e·n rows
+// into w): y[slot·n + r] = w_e[r] · x[slot / x_div] for every slot listed
+// for e, TM slots at a time, so a chosen expert's rows are read from memory
+// once per step and the others not at all.
+template <int T>
+__device__ void moe_rows_body(const u8* __restrict__ w, const float* __restrict__ x,
+                              float* __restrict__ y, const int* list, const int* count,
+                              int cap, int n, int k, int x_div) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int e = blockIdx.y;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    int c = count[e];
+    if (r >= n || c == 0) return;
+    const u8* row = w + ((size_t)e * n + r) * row_size(T, k);
+    const int* slots = list + (size_t)e * cap;
+    for (int s0 = 0; s0 < c; s0 += TM) {
+        int mt = min(TM, c - s0);
+        const float* xs[TM];
+        #pragma unroll
+        for (int t = 0; t < TM; t++) xs[t] = x + (size_t)(slots[s0 + min(t, mt - 1)] / x_div) * k;
+        float acc[TM];
+        row_dots<T>(row, xs, mt, k, acc);
+        #pragma unroll
+        for (int t = 0; t < TM; t++)
+            if (lane == 0 && t < mt) y[(size_t)slots[s0 + t] * n + r] = acc[t];
+    }
+}
+
+#define MOE_ROWS(NAME, T)                                                                   \
+    extern "C" __global__ void NAME(const u8* w, const float* x, float* y, const int* list, \
+                                    const int* count, int cap, int n, int k, int x_div) {   \
+        moe_rows_body<T>(w, x, y, list, count, cap, n, k, x_div);                           \
+    }
+MOE_ROWS(moe_rows_f32, T_F32)
+MOE_ROWS(moe_rows_f16, T_F16)
+MOE_ROWS(moe_rows_bf16, T_BF16)
+MOE_ROWS(moe_rows_q4_0, T_Q4_0)
+MOE_ROWS(moe_rows_q4_1, T_Q4_1)
+MOE_ROWS(moe_rows_q5_0, T_Q5_0)
+MOE_ROWS(moe_rows_q5_1, T_Q5_1)
+MOE_ROWS(moe_rows_q8_0, T_Q8_0)
+MOE_ROWS(moe_rows_q4_k, T_Q4_K)
+MOE_ROWS(moe_rows_q5_k, T_Q5_K)
+MOE_ROWS(moe_rows_q6_k, T_Q6_K)
+
+// a[s, i] = gelu(h[s, i]) · h[s, ff + i] for the slots' gate/up rows h [slots, 2·ff].
+extern "C" __global__ void moe_geglu(const float* h, float* a, long long slots, int ff) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= slots * ff) return;
+    long long s = idx / ff;
+    int i = (int)(idx % ff);
+    a[idx] = gelu(h[s * 2 * ff + i]) * h[s * 2 * ff + ff + i];
+}
+
+// out[t, c] = Σ_j wts[t, j] · y[t·top_k + j, c], the chosen experts added in
+// ascending expert order (as the CPU adds them).
+extern "C" __global__ void moe_combine(const float* y, const int* sel, const float* wts,
+                                       float* out, int n, int d, int top_k) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)n * d) return;
+    int t = (int)(idx / d), c = (int)(idx % d);
+    const int* st = sel + (size_t)t * top_k;
+    float acc = 0.0f;
+    int last = -1;
+    for (int j = 0; j < top_k; j++) {
+        int bj = -1;
+        for (int i = 0; i < top_k; i++)
+            if (st[i] > last && (bj < 0 || st[i] < st[bj])) bj = i;
+        if (bj < 0) break;  // no expert chosen (NaN logits)
+        last = st[bj];
+        acc = __fadd_rn(acc, __fmul_rn(wts[(size_t)t * top_k + bj],
+                                       y[((size_t)t * top_k + bj) * d + c]));
+    }
+    out[idx] = acc;
 }
 
 // y [m, width] = rows rows[i] of x [n, width] (checked < n on the host).

@@ -138,6 +138,16 @@ struct Kernels {
     /// Per weight type code: `dequant_<type>`, rows into f32 or bf16 for a
     /// cuBLAS product.
     dequant: Vec<CudaFunction>,
+    /// Per weight type code: `moe_rows_<type>`, expert rows against the
+    /// activations of the slots routed to each expert.
+    moe_rows: Vec<CudaFunction>,
+    moe_route: CudaFunction,
+    moe_lists: CudaFunction,
+    moe_geglu: CudaFunction,
+    moe_combine: CudaFunction,
+    match_rms: CudaFunction,
+    gaussian_topk: CudaFunction,
+    batch_matmul: CudaFunction,
     to_bf16: CudaFunction,
     rms_norm: CudaFunction,
     binary: CudaFunction,
@@ -258,6 +268,14 @@ impl CudaDevice {
             matvec: per_type("matvec")?,
             gather: per_type("gather")?,
             dequant: per_type("dequant")?,
+            moe_rows: per_type("moe_rows")?,
+            moe_route: f("moe_route")?,
+            moe_lists: f("moe_lists")?,
+            moe_geglu: f("moe_geglu")?,
+            moe_combine: f("moe_combine")?,
+            match_rms: f("match_rms")?,
+            gaussian_topk: f("gaussian_topk")?,
+            batch_matmul: f("batch_matmul")?,
             to_bf16: f("to_bf16")?,
             rms_norm: f("rms_norm")?,
             binary: f("binary")?,

@@ -10,6 +10,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
     CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
+use rlx_gguf::GgmlType;
 use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, Mask, NodeId, Op};
 
 use super::kv::{CudaKvStorage, LayerPtrs};
@@ -193,6 +194,64 @@ struct GemmScratch {
     x16: Option<CudaSlice<u16>>,
 }
 
+/// The sizes a plan's mixture-of-experts steps need (the largest of each;
+/// a model's MoE layers all have the same): slots are a step's tokens times
+/// the experts each chooses.
+#[derive(Clone, Copy, Debug)]
+struct MoeSizes {
+    slots: usize,
+    /// The most slots one expert can get: a step's tokens.
+    cap: usize,
+    experts: usize,
+    ff: usize,
+    d: usize,
+}
+
+impl MoeSizes {
+    fn max(&self, o: &MoeSizes) -> MoeSizes {
+        MoeSizes {
+            slots: self.slots.max(o.slots),
+            cap: self.cap.max(o.cap),
+            experts: self.experts.max(o.experts),
+            ff: self.ff.max(o.ff),
+            d: self.d.max(o.d),
+        }
+    }
+
+    // Offsets in 4-byte elements: per slot its expert (i32) and weight; per
+    // expert its slot count and list (i32); the slots' gate/up rows
+    // [slots, 2·ff], activations [slots, ff] and down rows [slots, d].
+    fn sel(&self) -> usize {
+        0
+    }
+    fn wts(&self) -> usize {
+        self.slots
+    }
+    fn count(&self) -> usize {
+        2 * self.slots
+    }
+    fn list(&self) -> usize {
+        self.count() + self.experts
+    }
+    fn gate_up(&self) -> usize {
+        self.list() + self.experts * self.cap
+    }
+    fn act(&self) -> usize {
+        self.gate_up() + 2 * self.slots * self.ff
+    }
+    fn down(&self) -> usize {
+        self.act() + self.slots * self.ff
+    }
+    fn elems(&self) -> usize {
+        self.down() + self.slots * self.d
+    }
+}
+
+struct MoeScratch {
+    buf: CudaSlice<f32>,
+    sizes: MoeSizes,
+}
+
 // SAFETY: a CUDA graph may be launched and destroyed from any thread as
 // long as no two threads use it at once; it lives in a plan and is only
 // touched through `&mut CudaPlan`.
@@ -230,6 +289,8 @@ pub struct CudaPlan {
     captured: Vec<Captured>,
     /// Products of more than one row through cuBLAS, where it is loaded.
     gemm: Option<GemmScratch>,
+    /// The mixture-of-experts steps' scratch, if the graph has any.
+    moe: Option<MoeScratch>,
     /// Page-locked host memory that outputs are copied into (a copy into
     /// pageable memory goes through the driver's own staging at a fraction
     /// of the speed: logits of a 64-sequence step are 64 MiB).
@@ -237,9 +298,13 @@ pub struct CudaPlan {
     max: Bindings,
 }
 
-/// The weight type code and device address of a weight node.
+/// The weight type code and device address of a weight node, or of the
+/// weight a reshape views (a stack of matrices read as one).
 fn weight_of(g: &Graph, weights: &CudaWeights, id: NodeId) -> Result<(u32, u64), CudaError> {
-    let n = g.node(id);
+    let mut n = g.node(id);
+    while let Op::Reshape { .. } = n.op {
+        n = g.node(n.inputs[0]);
+    }
     let (Op::Weight { id: w, name }, DType::Ggml(ty)) = (&n.op, n.dtype) else {
         return Err(node_err(g, id, "expected a weight").into());
     };
@@ -290,6 +355,7 @@ pub fn compile_cuda(
     let (mut weight_elems, mut x_elems, mut max_k) = (0usize, 0usize, 0usize);
     // The most rows a step has: every input, K/V write and attention fits.
     let mut rows = 1usize;
+    let mut moe: Option<MoeSizes> = None;
     let rows_at_max = |id: NodeId| -> usize {
         g.node(id)
             .shape
@@ -359,8 +425,24 @@ pub fn compile_cuda(
             }
             Op::KvWrite { .. } if n.inputs.len() > 2 => return Err(unsupported("span ids")),
             Op::KvWrite { .. } => rows = rows.max(rows_at_max(n.inputs[0])),
-            Op::BatchMatMul | Op::MatchRms { .. } | Op::GaussianTopK { .. } | Op::Moe { .. } => {
-                return Err(unsupported("this op"))
+            Op::Moe { top_k } => {
+                weight_of(&g, weights, n.inputs[2])?;
+                weight_of(&g, weights, n.inputs[3])?;
+                let gu: Vec<usize> = g
+                    .node(n.inputs[2])
+                    .shape
+                    .0
+                    .iter()
+                    .map(|d| d.fixed().expect("weights are fixed"))
+                    .collect();
+                let need = MoeSizes {
+                    slots: rows_at_max(n.inputs[0]) * top_k,
+                    cap: rows_at_max(n.inputs[0]),
+                    experts: gu[0],
+                    ff: gu[1] / 2,
+                    d: gu[2],
+                };
+                moe = Some(moe.map_or(need, |m: MoeSizes| m.max(&need)));
             }
             _ => {}
         }
@@ -405,7 +487,15 @@ pub fn compile_cuda(
     } else {
         None
     };
+    let moe = match moe {
+        Some(sizes) => Some(MoeScratch {
+            buf: s.alloc_zeros(sizes.elems().max(1))?,
+            sizes,
+        }),
+        None => None,
+    };
     Ok(CudaPlan {
+        moe,
         gathers,
         takes,
         kv_steps,
@@ -639,7 +729,10 @@ impl CudaPlan {
                     self.host = Some(unsafe { self.device.ctx.alloc_pinned_with_flags(len, 0) }?);
                 }
                 let host = self.host.as_mut().expect("sized above");
-                stream.memcpy_dtoh(&src, host)?;
+                // Into the first `len` elements only: the copy moves as
+                // many bytes as its destination holds, and the buffer may
+                // be larger than this output (from an earlier step).
+                stream.memcpy_dtoh(&src, &mut host.as_mut_slice()?[..len])?;
                 stream.synchronize()?;
                 host.as_slice()?[..len].to_vec()
             } else {
@@ -851,7 +944,7 @@ impl CudaPlan {
                 let rows = dims[0];
                 self.launch(
                     &k.gather[code as usize],
-                    linear(rows * width / 32),
+                    linear(rows * width.div_ceil(32)),
                     &[
                         Arg::Ptr(table),
                         Arg::Ptr(inp(1)),
@@ -908,8 +1001,27 @@ impl CudaPlan {
                     let DType::Ggml(ty) = g.node(w).dtype else {
                         unreachable!("a weight")
                     };
-                    if let Some(gs) = gemm {
+                    // f32 weights go to an f32 product as they are; others
+                    // are dequantized a chunk of whole 32-element units at
+                    // a time.
+                    let direct =
+                        ty == GgmlType::F32 && gemm.is_some_and(|gs| gs.ty == GemmType::F32);
+                    if let Some(gs) = gemm.filter(|_| direct || kin % 32 == 0) {
                         let row_bytes = kin / ty.block_elems() * ty.block_bytes();
+                        if direct {
+                            self.device.gemm(
+                                gs.ty,
+                                ptr,
+                                gx,
+                                out + 4 * off as u64,
+                                m,
+                                rows,
+                                kin,
+                                total,
+                            )?;
+                            off += rows;
+                            continue;
+                        }
                         let chunk = (gs.elems / kin).max(1);
                         let scratch = self.device.ptr(&gs.weights);
                         for r0 in (0..rows).step_by(chunk) {
@@ -944,7 +1056,9 @@ impl CudaPlan {
                     // general kernel).
                     let words = (kin / ty.block_elems() * ty.block_bytes()).div_ceil(4);
                     let warps = (48 * 1024 / (4 * words)).min(4);
-                    if m == 1 && warps > 0 {
+                    // Whole 32-element units and 16-byte activation loads.
+                    let units = kin % 32 == 0 && x % 16 == 0;
+                    if m == 1 && warps > 0 && units {
                         self.launch(
                             &k.matvec[code as usize],
                             LaunchConfig {
@@ -964,8 +1078,8 @@ impl CudaPlan {
                         off += rows;
                         continue;
                     }
-                    // Without cuBLAS: the weights read once per 8 tokens,
-                    // one warp per weight row.
+                    // Without cuBLAS, and for float rows of other lengths:
+                    // the weights read once per 8 tokens, one warp per row.
                     self.launch(
                         &k.matmul[code as usize],
                         grid(rows.div_ceil(4), m.div_ceil(8), 128),
@@ -1179,10 +1293,155 @@ impl CudaPlan {
                     off += len;
                 }
             }
-            Op::BatchMatMul | Op::MatchRms { .. } | Op::GaussianTopK { .. } | Op::Moe { .. } => {
-                unreachable!("rejected at compile")
+            Op::MatchRms { floor } => {
+                let d = *dims.last().expect("rank");
+                self.launch(
+                    &k.match_rms,
+                    grid(numel / d, 1, 256),
+                    &[
+                        Arg::Ptr(inp(0)),
+                        Arg::Ptr(inp(1)),
+                        Arg::Ptr(out),
+                        Arg::I32(d as i32),
+                        Arg::F32(*floor),
+                    ],
+                )?;
             }
+            Op::GaussianTopK { std_multiplier } => {
+                let d = *dims.last().expect("rank");
+                self.launch(
+                    &k.gaussian_topk,
+                    grid(numel / d, 1, 256),
+                    &[
+                        Arg::Ptr(inp(0)),
+                        Arg::Ptr(out),
+                        Arg::I32(d as i32),
+                        Arg::F32(*std_multiplier),
+                    ],
+                )?;
+            }
+            Op::BatchMatMul => {
+                let ad = in_dims(0);
+                self.launch(
+                    &k.batch_matmul,
+                    linear(numel),
+                    &[
+                        Arg::Ptr(inp(0)),
+                        Arg::Ptr(inp(1)),
+                        Arg::Ptr(out),
+                        Arg::I64(ad[0] as i64),
+                        Arg::I32(ad[1] as i32),
+                        Arg::I32(ad[2] as i32),
+                        Arg::I32(dims[2] as i32),
+                    ],
+                )?;
+            }
+            Op::Moe { top_k } => self.moe(n, *top_k, &dims, out)?,
         }
+        Ok(())
+    }
+
+    /// A mixture-of-experts step: route on the device, list each expert's
+    /// slots, then the chosen experts' products over their slots only.
+    fn moe(
+        &self,
+        n: &rlx_ir::Node,
+        top_k: usize,
+        dims: &[usize],
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let g = &self.graph_ir;
+        let k = &self.device.kernels;
+        let m = self.moe.as_ref().expect("sized at compile");
+        let at = |offset: usize| self.device.ptr(&m.buf) + 4 * offset as u64;
+        let z = m.sizes;
+        let fixed = |i: usize| -> Vec<usize> {
+            g.node(n.inputs[i])
+                .shape
+                .0
+                .iter()
+                .map(|d| d.fixed().expect("weights are fixed"))
+                .collect()
+        };
+        let gu = fixed(2);
+        let (experts, ff, d) = (gu[0], gu[1] / 2, gu[2]);
+        let tokens = dims[0];
+        let slots = tokens * top_k;
+        let (gu_code, gu_ptr) = weight_of(g, &self.weights, n.inputs[2])?;
+        let (down_code, down_ptr) = weight_of(g, &self.weights, n.inputs[3])?;
+        let inp = |i: usize| self.addr(n.inputs[i]);
+        self.launch(
+            &k.moe_route,
+            linear(tokens),
+            &[
+                Arg::Ptr(inp(1)),
+                Arg::Ptr(inp(4)),
+                Arg::Ptr(at(z.sel())),
+                Arg::Ptr(at(z.wts())),
+                Arg::I32(tokens as i32),
+                Arg::I32(experts as i32),
+                Arg::I32(top_k as i32),
+            ],
+        )?;
+        self.launch(
+            &k.moe_lists,
+            linear(experts),
+            &[
+                Arg::Ptr(at(z.sel())),
+                Arg::I32(slots as i32),
+                Arg::I32(experts as i32),
+                Arg::I32(z.cap as i32),
+                Arg::Ptr(at(z.list())),
+                Arg::Ptr(at(z.count())),
+            ],
+        )?;
+        // (weight, its code, activations, output, rows, k, slot → activation row)
+        let products = [
+            (gu_ptr, gu_code, inp(0), at(z.gate_up()), 2 * ff, d, top_k),
+            (down_ptr, down_code, at(z.act()), at(z.down()), d, ff, 1),
+        ];
+        for (i, &(w, code, x, y, rows, kin, x_div)) in products.iter().enumerate() {
+            if i == 1 {
+                self.launch(
+                    &k.moe_geglu,
+                    linear(slots * ff),
+                    &[
+                        Arg::Ptr(at(z.gate_up())),
+                        Arg::Ptr(at(z.act())),
+                        Arg::I64(slots as i64),
+                        Arg::I32(ff as i32),
+                    ],
+                )?;
+            }
+            self.launch(
+                &k.moe_rows[code as usize],
+                grid(rows.div_ceil(4), experts, 128),
+                &[
+                    Arg::Ptr(w),
+                    Arg::Ptr(x),
+                    Arg::Ptr(y),
+                    Arg::Ptr(at(z.list())),
+                    Arg::Ptr(at(z.count())),
+                    Arg::I32(z.cap as i32),
+                    Arg::I32(rows as i32),
+                    Arg::I32(kin as i32),
+                    Arg::I32(x_div as i32),
+                ],
+            )?;
+        }
+        self.launch(
+            &k.moe_combine,
+            linear(tokens * d),
+            &[
+                Arg::Ptr(at(z.down())),
+                Arg::Ptr(at(z.sel())),
+                Arg::Ptr(at(z.wts())),
+                Arg::Ptr(out),
+                Arg::I32(tokens as i32),
+                Arg::I32(d as i32),
+                Arg::I32(top_k as i32),
+            ],
+        )?;
         Ok(())
     }
 
