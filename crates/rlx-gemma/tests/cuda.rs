@@ -53,7 +53,8 @@ fn load_at(path: &Path, device: Device, precision: Precision) -> Result<Model, M
 }
 
 /// The worst relative L2 between the CPU and the GPU over every check, or
-/// the GPU's refusal of the model (from its first session).
+/// the GPU's refusal of the model (from its first session; every model and
+/// type is expected to run, so a refusal fails the test with its reason).
 fn compare(path: &Path, prompt_len: usize, chunk: usize) -> Result<f64, ModelError> {
     let cpu = load(path, Device::Cpu).unwrap();
     let gpu = load(path, Device::Cuda(0))?;
@@ -109,11 +110,6 @@ fn compare(path: &Path, prompt_len: usize, chunk: usize) -> Result<f64, ModelErr
     Ok(worst)
 }
 
-/// What the CUDA backend does not run yet: a file may be refused only with
-/// an error that names one of these ops or weight types. Any other refusal
-/// fails, and every file it accepts must give the CPU's logits.
-const NOT_YET_ON_CUDA: [&str; 5] = ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4"];
-
 /// Every model file of the tiny fixtures (every generation and weight
 /// type, Hugging Face checkpoints included, the odd-sized models) and of
 /// the quantization fixtures.
@@ -144,12 +140,12 @@ fn every_tiny_file() -> Vec<PathBuf> {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU (see the file's header)"]
-fn every_tiny_model_matches_the_cpu_or_is_refused() {
+fn every_tiny_model_matches_the_cpu() {
     // Held so that the kernels compile once for all the models.
     let _gpu = rlx_runtime::cuda::CudaDevice::new(0).unwrap();
     let files = every_tiny_file();
     assert!(files.len() >= 30, "fixtures missing: {files:?}");
-    let (mut matched, mut refused) = (Vec::new(), Vec::new());
+    let mut matched = Vec::new();
     for f in &files {
         let name = f
             .strip_prefix(fixture(""))
@@ -157,27 +153,11 @@ fn every_tiny_model_matches_the_cpu_or_is_refused() {
             .display()
             .to_string();
         // 40 tokens in chunks of 16: the 8-token sliding window's ring wraps.
-        match compare(f, 40, 16) {
-            Ok(worst) => {
-                println!("{name}: worst relative L2 {worst:.2e}");
-                matched.push(name);
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                println!("{name}: refused: {msg}");
-                assert!(
-                    NOT_YET_ON_CUDA.iter().any(|w| msg.contains(w)) && msg.contains("CUDA"),
-                    "{name}: refused for another reason: {msg}"
-                );
-                refused.push(name);
-            }
-        }
+        let worst = compare(f, 40, 16).unwrap_or_else(|e| panic!("{name}: refused: {e}"));
+        println!("{name}: worst relative L2 {worst:.2e}");
+        matched.push(name);
     }
-    println!(
-        "{} files match the CPU, {} refused: {refused:?}",
-        matched.len(),
-        refused.len()
-    );
+    println!("{} files match the CPU", matched.len());
     // Every generation and layer kind.
     for must in [
         "gemma/model-f32",
@@ -191,6 +171,9 @@ fn every_tiny_model_matches_the_cpu_or_is_refused() {
         "gemma4-moe/model-Q8_0",
         "gemma4-odd/hf",
         "gemma3-odd/hf",
+        "gemma3-q/model-Q2_K",
+        "gemma3-q/model-IQ4_NL",
+        "../quantize/gemma3-Q3_K_M",
     ] {
         assert!(
             matched.iter().any(|m| m.starts_with(must)),
@@ -298,21 +281,6 @@ fn extra_models_match_the_cpu() {
         let worst = compare(Path::new(path), 700, 256).unwrap_or_else(|e| panic!("{path}: {e}"));
         println!("{path}: worst relative L2 {worst:.2e}");
     }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU (see the file's header)"]
-fn a_type_without_kernels_is_a_clear_error() {
-    let model = load(&fixture("gemma3-q/model-Q2_K.gguf"), Device::Cuda(0)).unwrap();
-    let err = model
-        .session(SessionOptions {
-            context: Some(16),
-            ..SessionOptions::default()
-        })
-        .err()
-        .expect("Q2_K has no CUDA kernel");
-    let msg = err.to_string();
-    assert!(msg.contains("Q2_K") && msg.contains("CUDA"), "{msg}");
 }
 
 /// The worst relative L2, over the scenario's sequences, of the GPU's

@@ -24,6 +24,37 @@ typedef unsigned int u32;
 #define T_Q4_K 8
 #define T_Q5_K 9
 #define T_Q6_K 10
+#define T_Q2_K 11
+#define T_Q3_K 12
+#define T_IQ4_NL 13
+#define T_IQ4_XS 14
+#define T_MXFP4 15
+
+// Every weight type: X(kernel-name suffix, code). Each per-type kernel
+// family is instantiated from this one list.
+#define FOR_EACH_TYPE(X) \
+    X(f32, T_F32)        \
+    X(f16, T_F16)        \
+    X(bf16, T_BF16)      \
+    X(q4_0, T_Q4_0)      \
+    X(q4_1, T_Q4_1)      \
+    X(q5_0, T_Q5_0)      \
+    X(q5_1, T_Q5_1)      \
+    X(q8_0, T_Q8_0)      \
+    X(q4_k, T_Q4_K)      \
+    X(q5_k, T_Q5_K)      \
+    X(q6_k, T_Q6_K)      \
+    X(q2_k, T_Q2_K)      \
+    X(q3_k, T_Q3_K)      \
+    X(iq4_nl, T_IQ4_NL)  \
+    X(iq4_xs, T_IQ4_XS)  \
+    X(mxfp4, T_MXFP4)
+
+// The non-linear 4-bit codebooks: IQ4_NL/IQ4_XS values, and E2M1 (FP4)
+// doubled (MXFP4's scale is halved to match).
+__constant__ signed char KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                              1,    13,   25,  38,  53,  69,  89,  113};
+__constant__ signed char KVALUES_FP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
@@ -54,11 +85,38 @@ __device__ __forceinline__ int block_bytes(int t) {
         case T_Q8_0: return 34;
         case T_Q4_K: return 144;
         case T_Q5_K: return 176;
-        default: return 210;  // Q6_K
+        case T_Q6_K: return 210;
+        case T_Q2_K: return 84;
+        case T_Q3_K: return 110;
+        case T_IQ4_NL: return 18;
+        case T_IQ4_XS: return 136;
+        default: return 17;  // MXFP4
     }
 }
 
-__device__ __forceinline__ int block_elems(int t) { return t >= T_Q4_K ? 256 : 32; }
+__device__ __forceinline__ int block_elems(int t) {
+    switch (t) {
+        case T_Q4_K:
+        case T_Q5_K:
+        case T_Q6_K:
+        case T_Q2_K:
+        case T_Q3_K:
+        case T_IQ4_XS: return 256;
+        default: return 32;
+    }
+}
+
+// MXFP4's E8M0 scale, halved (the FP4 table is doubled): 2^(e − 128).
+__device__ __forceinline__ float e8m0_half(u8 e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (u32)(e - 1) << 23);
+}
+
+// The 2-bit code of element e (of 256) of Q2_K/Q3_K `qs` (64 bytes): two
+// halves of 128, each four 32-byte shifts apart.
+__device__ __forceinline__ int crumb(const u8* qs, int e) {
+    int r = e & 127;
+    return (qs[32 * (e >> 7) + (r & 31)] >> (2 * (r >> 5))) & 3;
+}
 
 // Bytes of a row of k elements: float rows may have any length (the kernels
 // take their last, partial 32-element unit element by element); a block
@@ -91,6 +149,9 @@ __device__ __forceinline__ void k4_sub(const u8* b, int j, float* d1, float* m1)
     *d1 = d * sc;
     *m1 = dmin * mn;
 }
+
+template <int T>
+__device__ __forceinline__ float elem(const u8* __restrict__ row, int u, int l);
 
 // Unit `u` (elements 32u .. 32u+32) of a row of type `t` into v[32].
 template <int T>
@@ -143,6 +204,9 @@ __device__ __forceinline__ void unit(const u8* row, int u, float* v) {
             if (T == T_Q5_K) q += ((b[16 + i] >> j) & 1) << 4;
             v[i] = d1 * (float)q - m1;
         }
+    } else if (T != T_Q6_K) {  // the rest element by element
+        #pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = elem<T>(row, u, i);
     } else {  // Q6_K: unit j of 8 is quad (j % 4) of half (j / 4)
         int j = u & 7;
         const u8* b = row + 210 * (u >> 3);
@@ -211,6 +275,34 @@ __device__ __forceinline__ float elem(const u8* __restrict__ row, int u, int l) 
         int q = (qs[l] >> ((j & 1) * 4)) & 0xF;
         if (T == T_Q5_K) q += ((b[16 + l] >> j) & 1) << 4;
         return d1 * (float)q - m1;
+    } else if (T == T_Q2_K || T == T_Q3_K) {
+        const u8* b = row + (T == T_Q2_K ? 84 : 110) * (u >> 3);
+        int e = 32 * (u & 7) + l;
+        if (T == T_Q2_K) {
+            int sc = b[e >> 4];
+            float d = h2f(ld16(b + 80)), dmin = h2f(ld16(b + 82));
+            return d * (float)(sc & 0xF) * (float)crumb(b + 16, e) - dmin * (float)(sc >> 4);
+        }
+        int j = e >> 4;
+        const u8* s = b + 96;
+        int low = j < 8 ? (s[j] & 0xF) : (s[j - 8] >> 4);
+        int high = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+        int sc = (low | (high << 4)) - 32;
+        int q = crumb(b + 32, e) - (((b[e & 31] >> (e >> 5)) & 1) ? 0 : 4);
+        return h2f(ld16(b + 108)) * (float)sc * (float)q;
+    } else if (T == T_IQ4_NL || T == T_MXFP4) {
+        const u8* b = row + (T == T_IQ4_NL ? 18 : 17) * u;
+        const u8* qs = b + (T == T_IQ4_NL ? 2 : 1);
+        int q = l < 16 ? (qs[l] & 0xF) : (qs[l - 16] >> 4);
+        if (T == T_IQ4_NL) return h2f(ld16(b)) * (float)KVALUES_IQ4NL[q];
+        return (float)KVALUES_FP4[q] * e8m0_half(b[0]);
+    } else if (T == T_IQ4_XS) {
+        const u8* b = row + 136 * (u >> 3);
+        int ib = u & 7;
+        int ls = ((b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 0xF) | (((ld16(b + 2) >> (2 * ib)) & 3) << 4);
+        const u8* qs = b + 8 + 16 * ib;
+        int q = l < 16 ? (qs[l] & 0xF) : (qs[l - 16] >> 4);
+        return h2f(ld16(b)) * (float)(ls - 32) * (float)KVALUES_IQ4NL[q];
     } else {  // Q6_K
         int j = u & 7;
         const u8* b = row + 210 * (u >> 3);
@@ -283,22 +375,12 @@ __device__ void matmul_body(const u8* __restrict__ w, const float* __restrict__ 
         if (lane == 0 && t < mt) y[(size_t)(t0 + t) * ldy + y_off + r] = acc[t];
 }
 
-#define MATMUL(NAME, T)                                                                      \
-    extern "C" __global__ void NAME(const u8* w, const float* x, float* y, int m, int n,   \
-                                    int k, int ldy, int y_off) {                           \
-        matmul_body<T>(w, x, y, m, n, k, ldy, y_off);                                      \
+#define MATMUL(SUF, T)                                                                    \
+    extern "C" __global__ void matmul_##SUF(const u8* w, const float* x, float* y, int m, \
+                                            int n, int k, int ldy, int y_off) {           \
+        matmul_body<T>(w, x, y, m, n, k, ldy, y_off);                                     \
     }
-MATMUL(matmul_f32, T_F32)
-MATMUL(matmul_f16, T_F16)
-MATMUL(matmul_bf16, T_BF16)
-MATMUL(matmul_q4_0, T_Q4_0)
-MATMUL(matmul_q4_1, T_Q4_1)
-MATMUL(matmul_q5_0, T_Q5_0)
-MATMUL(matmul_q5_1, T_Q5_1)
-MATMUL(matmul_q8_0, T_Q8_0)
-MATMUL(matmul_q4_k, T_Q4_K)
-MATMUL(matmul_q5_k, T_Q5_K)
-MATMUL(matmul_q6_k, T_Q6_K)
+FOR_EACH_TYPE(MATMUL)
 
 // y[y_off + r] = Σ_k x[k] · w[r, k] (one token). Each warp first copies its
 // row into shared memory with coalesced 16-byte loads, four in flight per
@@ -366,22 +448,12 @@ __device__ void matvec_body(const u8* __restrict__ w, const float* __restrict__ 
     if (lane == 0) y[y_off + r] = acc;
 }
 
-#define MATVEC(NAME, T)                                                                   \
-    extern "C" __global__ void NAME(const u8* w, const float* x, float* y, int n, int k, \
-                                    int y_off) {                                         \
+#define MATVEC(SUF, T)                                                                   \
+    extern "C" __global__ void matvec_##SUF(const u8* w, const float* x, float* y, int n, \
+                                            int k, int y_off) {                          \
         matvec_body<T>(w, x, y, n, k, y_off);                                            \
     }
-MATVEC(matvec_f32, T_F32)
-MATVEC(matvec_f16, T_F16)
-MATVEC(matvec_bf16, T_BF16)
-MATVEC(matvec_q4_0, T_Q4_0)
-MATVEC(matvec_q4_1, T_Q4_1)
-MATVEC(matvec_q5_0, T_Q5_0)
-MATVEC(matvec_q5_1, T_Q5_1)
-MATVEC(matvec_q8_0, T_Q8_0)
-MATVEC(matvec_q4_k, T_Q4_K)
-MATVEC(matvec_q5_k, T_Q5_K)
-MATVEC(matvec_q6_k, T_Q6_K)
+FOR_EACH_TYPE(MATVEC)
 
 // out[i, :] = table[ids[i], :] dequantized; one thread per 32-element unit
 // (a float row's partial last unit element by element).
@@ -403,21 +475,12 @@ __device__ void gather_body(const u8* table, const int* ids, float* out, int n, 
     for (int j = 0; j < 32; j++) o[j] = v[j];
 }
 
-#define GATHER(NAME, T)                                                                       \
-    extern "C" __global__ void NAME(const u8* table, const int* ids, float* out, int n, int k) { \
-        gather_body<T>(table, ids, out, n, k);                                                \
+#define GATHER(SUF, T)                                                                   \
+    extern "C" __global__ void gather_##SUF(const u8* table, const int* ids, float* out,  \
+                                            int n, int k) {                              \
+        gather_body<T>(table, ids, out, n, k);                                           \
     }
-GATHER(gather_f32, T_F32)
-GATHER(gather_f16, T_F16)
-GATHER(gather_bf16, T_BF16)
-GATHER(gather_q4_0, T_Q4_0)
-GATHER(gather_q4_1, T_Q4_1)
-GATHER(gather_q5_0, T_Q5_0)
-GATHER(gather_q5_1, T_Q5_1)
-GATHER(gather_q8_0, T_Q8_0)
-GATHER(gather_q4_k, T_Q4_K)
-GATHER(gather_q5_k, T_Q5_K)
-GATHER(gather_q6_k, T_Q6_K)
+FOR_EACH_TYPE(GATHER)
 
 // f32 to bf16, rounded to nearest even (NaN stays NaN).
 __device__ __forceinline__ u32 f2bf(float f) {
@@ -455,21 +518,12 @@ __device__ void dequant_body(const u8* w, void* out, long long n, int k, int bf1
     }
 }
 
-#define DEQUANT(NAME, T)                                                                    \
-    extern "C" __global__ void NAME(const u8* w, void* out, long long n, int k, int bf16) { \
-        dequant_body<T>(w, out, n, k, bf16);                                                \
+#define DEQUANT(SUF, T)                                                                   \
+    extern "C" __global__ void dequant_##SUF(const u8* w, void* out, long long n, int k,  \
+                                             int bf16) {                                  \
+        dequant_body<T>(w, out, n, k, bf16);                                              \
     }
-DEQUANT(dequant_f32, T_F32)
-DEQUANT(dequant_f16, T_F16)
-DEQUANT(dequant_bf16, T_BF16)
-DEQUANT(dequant_q4_0, T_Q4_0)
-DEQUANT(dequant_q4_1, T_Q4_1)
-DEQUANT(dequant_q5_0, T_Q5_0)
-DEQUANT(dequant_q5_1, T_Q5_1)
-DEQUANT(dequant_q8_0, T_Q8_0)
-DEQUANT(dequant_q4_k, T_Q4_K)
-DEQUANT(dequant_q5_k, T_Q5_K)
-DEQUANT(dequant_q6_k, T_Q6_K)
+FOR_EACH_TYPE(DEQUANT)
 
 // y = x as bf16 (the activations of a bf16 library product).
 extern "C" __global__ void to_bf16(const float* x, u16* y, long long n) {
@@ -840,22 +894,13 @@ __device__ void moe_rows_body(const u8* __restrict__ w, const float* __restrict_
     }
 }
 
-#define MOE_ROWS(NAME, T)                                                                   \
-    extern "C" __global__ void NAME(const u8* w, const float* x, float* y, const int* list, \
-                                    const int* count, int cap, int n, int k, int x_div) {   \
-        moe_rows_body<T>(w, x, y, list, count, cap, n, k, x_div);                           \
+#define MOE_ROWS(SUF, T)                                                                  \
+    extern "C" __global__ void moe_rows_##SUF(const u8* w, const float* x, float* y,      \
+                                              const int* list, const int* count, int cap, \
+                                              int n, int k, int x_div) {                  \
+        moe_rows_body<T>(w, x, y, list, count, cap, n, k, x_div);                         \
     }
-MOE_ROWS(moe_rows_f32, T_F32)
-MOE_ROWS(moe_rows_f16, T_F16)
-MOE_ROWS(moe_rows_bf16, T_BF16)
-MOE_ROWS(moe_rows_q4_0, T_Q4_0)
-MOE_ROWS(moe_rows_q4_1, T_Q4_1)
-MOE_ROWS(moe_rows_q5_0, T_Q5_0)
-MOE_ROWS(moe_rows_q5_1, T_Q5_1)
-MOE_ROWS(moe_rows_q8_0, T_Q8_0)
-MOE_ROWS(moe_rows_q4_k, T_Q4_K)
-MOE_ROWS(moe_rows_q5_k, T_Q5_K)
-MOE_ROWS(moe_rows_q6_k, T_Q6_K)
+FOR_EACH_TYPE(MOE_ROWS)
 
 // a[s, i] = gelu(h[s, i]) · h[s, ff + i] for the slots' gate/up rows h [slots, 2·ff].
 extern "C" __global__ void moe_geglu(const float* h, float* a, long long slots, int ff) {

@@ -83,8 +83,8 @@ impl CudaError {
 const BLAS_WORKSPACE: usize = 32 << 20;
 
 /// Weight types the kernels read, and their kernel-name suffixes; a type's
-/// index is the code `kernels.cu` uses (`T_F32` = 0 …).
-const TYPES: [(GgmlType, &str); 11] = [
+/// index is the code `kernels.cu` uses (`T_F32` = 0 …, its `FOR_EACH_TYPE`).
+const TYPES: [(GgmlType, &str); 16] = [
     (GgmlType::F32, "f32"),
     (GgmlType::F16, "f16"),
     (GgmlType::BF16, "bf16"),
@@ -96,6 +96,11 @@ const TYPES: [(GgmlType, &str); 11] = [
     (GgmlType::Q4_K, "q4_k"),
     (GgmlType::Q5_K, "q5_k"),
     (GgmlType::Q6_K, "q6_k"),
+    (GgmlType::Q2_K, "q2_k"),
+    (GgmlType::Q3_K, "q3_k"),
+    (GgmlType::IQ4_NL, "iq4_nl"),
+    (GgmlType::IQ4_XS, "iq4_xs"),
+    (GgmlType::MXFP4, "mxfp4"),
 ];
 
 /// The kernel code of a weight type, if the kernels read it.

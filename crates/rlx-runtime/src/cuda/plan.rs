@@ -517,9 +517,14 @@ pub fn compile_cuda(
     })
 }
 
-/// 1-D launch over `n` elements.
-fn linear(n: usize) -> LaunchConfig {
-    LaunchConfig::for_num_elems(n.max(1) as u32)
+/// 1-D launch over `n` elements, in blocks of 256 threads (so a kernel may
+/// use up to 255 registers a thread; 1024-thread blocks allow only 64).
+pub(super) fn linear(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.max(1).div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {

@@ -397,3 +397,167 @@ fn kernels_compile_with_nvrtc() {
         }
     }
 }
+
+/// Random blocks of `ty` for `rows × k` elements: every code bit random, the
+/// scales random but finite and modest (a NaN or infinite scale decodes the
+/// same nowhere), float types random finite values.
+fn random_rows(ty: GgmlType, rows: usize, k: usize, r: &mut Rng) -> Vec<u8> {
+    let n = rows * k;
+    let mut byte = || (r.next().to_bits() >> 7) as u8;
+    match ty {
+        GgmlType::F32 => (0..n)
+            .flat_map(|_| (byte() as f32 - 128.0).to_le_bytes())
+            .collect(),
+        GgmlType::F16 => (0..n)
+            .flat_map(|_| half::f16::from_f32(byte() as f32 / 64.0 - 2.0).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => (0..n)
+            .flat_map(|_| half::bf16::from_f32(byte() as f32 / 64.0 - 2.0).to_le_bytes())
+            .collect(),
+        _ => {
+            let bytes = ty.block_bytes();
+            let mut out: Vec<u8> = (0..n / ty.block_elems() * bytes).map(|_| byte()).collect();
+            // Byte offsets of each block's f16 scales.
+            let halves: &[usize] = match ty {
+                GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+                GgmlType::Q6_K => &[208],
+                GgmlType::Q2_K => &[80, 82],
+                GgmlType::Q3_K => &[108],
+                GgmlType::MXFP4 => &[],
+                _ => &[0],
+            };
+            for block in out.chunks_exact_mut(bytes) {
+                for &at in halves {
+                    let v = (block[at] as f32 / 255.0 + 0.1) * 0.01;
+                    block[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+                }
+                if ty == GgmlType::MXFP4 {
+                    // E8M0 exponents around 2^-8.
+                    block[0] = 112 + block[0] % 16;
+                }
+            }
+            out
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn every_type_decodes_as_the_reference() {
+    // Each type's two decoders on the GPU (whole 32-element units, read by
+    // the gather and dequantization kernels; single elements, read by the
+    // products) against rlx_gguf::dequantize on random blocks. The product
+    // reads them through one-hot activations, so each output is one weight.
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    let dev = super::CudaDevice::new(0).unwrap();
+    let s = &dev.stream;
+    let (rows, k) = (3usize, 512usize);
+    let mut r = Rng(11);
+    let launch = |f: &cudarc::driver::CudaFunction, cfg: LaunchConfig, args: &[u64]| {
+        let mut b = s.launch_builder(f);
+        for a in args {
+            b.arg(a);
+        }
+        // SAFETY: each call below passes its kernel's arguments, as u64
+        // values the kernels read as pointers or (little-endian) integers
+        // of the sizes this test allocates.
+        unsafe { b.launch(cfg) }.unwrap();
+    };
+    let mut failures = Vec::new();
+    for (code, &(ty, name)) in super::TYPES.iter().enumerate() {
+        let bytes = random_rows(ty, rows, k, &mut r);
+        let want = rlx_gguf::dequantize_to_vec(ty, &bytes).unwrap();
+        let w = s.clone_htod(&bytes).unwrap();
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let mut check = |what: &str, got: &[f32], want: &[f32]| {
+            let worst = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            // f32 rounding of the same formula (or a fused multiply-add).
+            if worst > 1e-6 * scale {
+                failures.push(format!("{name} {what}: off by {worst:e} (scale {scale:e})"));
+            }
+        };
+        let k32 = |v: usize| v as u64;
+        // dequant: rows → [rows, k] f32.
+        let out = s.alloc_zeros::<f32>(rows * k).unwrap();
+        launch(
+            &dev.kernels.dequant[code],
+            super::plan::linear(rows * k / 32),
+            &[dev.ptr(&w), dev.ptr(&out), k32(rows), k32(k), 0],
+        );
+        check("dequant", &s.clone_dtoh(&out).unwrap(), &want);
+        // gather of rows 2, 0, 1.
+        let ids = s.clone_htod(&[2i32, 0, 1]).unwrap();
+        let out = s.alloc_zeros::<f32>(rows * k).unwrap();
+        launch(
+            &dev.kernels.gather[code],
+            super::plan::linear(rows * k / 32),
+            &[dev.ptr(&w), dev.ptr(&ids), dev.ptr(&out), k32(rows), k32(k)],
+        );
+        let mut permuted = want[2 * k..].to_vec();
+        permuted.extend_from_slice(&want[..2 * k]);
+        check("gather", &s.clone_dtoh(&out).unwrap(), &permuted);
+        // matmul against the k one-hot rows: y [k, rows] = wᵀ.
+        let mut x = vec![0f32; k * k];
+        for t in 0..k {
+            x[t * k + t] = 1.0;
+        }
+        let x = s.clone_htod(&x).unwrap();
+        let y = s.alloc_zeros::<f32>(k * rows).unwrap();
+        launch(
+            &dev.kernels.matmul[code],
+            LaunchConfig {
+                grid_dim: (rows.div_ceil(4) as u32, k.div_ceil(8) as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            &[
+                dev.ptr(&w),
+                dev.ptr(&x),
+                dev.ptr(&y),
+                k32(k),
+                k32(rows),
+                k32(k),
+                k32(rows),
+                0,
+            ],
+        );
+        let y = s.clone_dtoh(&y).unwrap();
+        let transposed: Vec<f32> = (0..rows * k).map(|i| y[(i % k) * rows + i / k]).collect();
+        check("matmul", &transposed, &want);
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn a_weight_type_without_kernels_is_refused_by_name() {
+    let ty = GgmlType::IQ2_XXS;
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", "test").unwrap();
+    let bytes = vec![0u8; 2 * ty.block_bytes()];
+    w.add_tensor("table.weight", ty, &[ty.block_elems() as u64, 2], bytes)
+        .unwrap();
+    let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
+    let s = Arc::new(WeightStore::new(Arc::new(file)));
+    let gpu = open(Device::Cuda(0), &s, &BackendOptions { threads: 1 }).unwrap();
+    assert!(!gpu.supports_weight(ty));
+    let mut g = Graph::new();
+    let tokens = g.input("tokens", DType::I32, Shape::new([seq()]));
+    let table = s.node(&mut g, "table.weight").unwrap();
+    let x = g.gather(table, tokens).unwrap();
+    g.output("x", x);
+    let max = Bindings::new().with(Sym::SEQ, 4);
+    let e = gpu
+        .compile(&g, &CompileOptions::new(max))
+        .err()
+        .expect("no kernel reads IQ2_XXS");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("IQ2_XXS") && msg.contains("table.weight"),
+        "{msg}"
+    );
+}
