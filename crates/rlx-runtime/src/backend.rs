@@ -43,13 +43,12 @@ impl Device {
         }
     }
 
-    /// The K/V storage type used when none is asked for: f16 with `q8` on
-    /// the CPU (llama.cpp's choice), f32 otherwise (the exact path, and the
-    /// CUDA kernels, which read f32 rows).
+    /// The K/V storage type used when none is asked for: f16 with `q8`
+    /// (llama.cpp's choice), f32 on the exact path.
     pub fn default_kv_dtype(self, precision: Precision) -> KvDType {
-        match (self, precision) {
-            (Device::Cpu, Precision::Quantized) => KvDType::F16,
-            _ => KvDType::F32,
+        match precision {
+            Precision::Quantized => KvDType::F16,
+            Precision::Exact => KvDType::F32,
         }
     }
 
@@ -63,10 +62,7 @@ impl Device {
 
     /// K/V storage types this device's kernels read.
     pub fn kv_dtypes(self) -> &'static [KvDType] {
-        match self {
-            Device::Cpu => &[KvDType::F32, KvDType::F16, KvDType::BF16],
-            Device::Cuda(_) => &[KvDType::F32],
-        }
+        &[KvDType::F32, KvDType::F16, KvDType::BF16]
     }
 }
 

@@ -41,7 +41,7 @@ pub struct ModelArgs {
     /// llama.cpp keeps).
     #[arg(long = "kv-type", default_value = "auto", value_parser = ["auto", "f32", "f16", "bf16"])]
     pub kv_type: String,
-    /// Where to run: `cpu`, or `cuda` / `cuda:N` for GPU N (f32 K/V cache).
+    /// Where to run: `cpu`, or `cuda` / `cuda:N` for GPU N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
 }

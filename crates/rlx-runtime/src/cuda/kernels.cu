@@ -618,20 +618,34 @@ extern "C" __global__ void rope(const float* x, const int* pos, const float* inv
     y[idx] = c < half ? a * co - b * s : b * co + a * s;
 }
 
-// Rows t < n of k [n, kd] and v [n, vd] stored at physical rows rows[t] of
-// the layer's K/V buffers (the pool's choice: a block of the row's sequence
-// at its position).
-extern "C" __global__ void kv_write(const float* k, const float* v, float* kc, float* vc,
-                                    const int* rows, int n, int kd, int vd) {
+// Element i of a K/V buffer of type t (T_F32, T_F16 or T_BF16).
+__device__ __forceinline__ float kv_load(const void* base, int t, size_t i) {
+    if (t == T_F32) return ((const float*)base)[i];
+    u16 h = ((const u16*)base)[i];
+    return t == T_F16 ? h2f(h) : bf2f(h);
+}
+
+__device__ __forceinline__ void kv_store(void* base, int t, size_t i, float x) {
+    if (t == T_F32)
+        ((float*)base)[i] = x;
+    else
+        ((u16*)base)[i] = t == T_F16 ? f2h(x) : (u16)f2bf(x);
+}
+
+// Rows t < n of k [n, kd] and v [n, vd] stored, as elements of type `ty`, at
+// physical rows rows[t] of the layer's K/V buffers (the pool's choice: a
+// block of the row's sequence at its position).
+extern "C" __global__ void kv_write(const float* k, const float* v, void* kc, void* vc,
+                                    const int* rows, int n, int kd, int vd, int ty) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     int per = kd + vd;
     if (idx >= (long long)n * per) return;
     int t = (int)(idx / per), c = (int)(idx % per);
     size_t row = (size_t)rows[t];
     if (c < kd)
-        kc[row * kd + c] = k[(size_t)t * kd + c];
+        kv_store(kc, ty, row * kd + c, k[(size_t)t * kd + c]);
     else
-        vc[row * vd + (c - kd)] = v[(size_t)t * vd + (c - kd)];
+        kv_store(vc, ty, row * vd + (c - kd), v[(size_t)t * vd + (c - kd)]);
 }
 
 // Rows of a K/V block; the Rust side's BLOCK_TOKENS.
@@ -670,13 +684,14 @@ __device__ __forceinline__ bool block_visible(int mask, int w, int qp, int lo) {
 // hd] and vc [rows, hkv, hdv]; rows at or past run_end[r] hold nothing of this
 // run yet. The warps take every 4th row of each visible block with an online
 // softmax, and their partial results are merged at the end. A query that
-// sees no key gets zeros. out [n, hq, hdv]; hd, hdv ≤ 512.
+// sees no key gets zeros. out [n, hq, hdv]; hd, hdv ≤ 512; K/V elements of
+// type kvt (`kv_load`).
 #define AW 4
-extern "C" __global__ void attention(const float* q, const float* kc, const float* vc,
+extern "C" __global__ void attention(const float* q, const void* kc, const void* vc,
                                      const int* qpos, const int* run_of_row, const int* run_end,
                                      const int* block_start, const int* table, float* out,
                                      int hq, int hkv, int hd, int hdv, float scale,
-                                     float softcap, int mask, int window) {
+                                     float softcap, int mask, int window, int kvt) {
     __shared__ float sm_m[AW], sm_l[AW];
     __shared__ float sm_o[AW][512];
     int qi = blockIdx.x / hq, h = blockIdx.x % hq;
@@ -702,22 +717,22 @@ extern "C" __global__ void attention(const float* q, const float* kc, const floa
             int kp = lo + i;
             if (kp >= end || !visible(mask, window, qp, kp)) continue;
             size_t row = (size_t)phys * BLOCK + i;
-            const float* kr = kc + (row * hkv + g) * hd;
+            size_t kr = (row * hkv + g) * hd;
             float s = 0.0f;
             #pragma unroll
             for (int j = 0; j < 16; j++) {
                 int c = lane + 32 * j;
-                if (c < hd) s += qv[j] * kr[c];
+                if (c < hd) s += qv[j] * kv_load(kc, kvt, kr + c);
             }
             s = warp_sum(s) * scale;
             if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
             float m_new = fmaxf(m, s);
             float alpha = expf(m - m_new), p = expf(s - m_new);
-            const float* vr = vc + (row * hkv + g) * hdv;
+            size_t vr = (row * hkv + g) * hdv;
             #pragma unroll
             for (int j = 0; j < 16; j++) {
                 int c = lane + 32 * j;
-                if (c < hdv) acc[j] = acc[j] * alpha + p * vr[c];
+                if (c < hdv) acc[j] = acc[j] * alpha + p * kv_load(vc, kvt, vr + c);
             }
             l = l * alpha + p;
             m = m_new;

@@ -1,23 +1,25 @@
-//! K/V storage in device memory: per owning layer, the f32 rows of every
-//! block of its group in one buffer for keys and one for values. Where a row
-//! belongs (sequence, position) is the [`KvPool`](crate::KvPool)'s
-//! bookkeeping; each step's plan uploads what its kernels need of it.
+//! K/V storage in device memory: per owning layer, the rows of every block
+//! of its group in one buffer for keys and one for values, in the pool's
+//! element type (f32, f16 or bf16). Where a row belongs (sequence, position)
+//! is the [`KvPool`](crate::KvPool)'s bookkeeping; each step's plan uploads
+//! what its kernels need of it.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DriverError};
+use rlx_gguf::GgmlType;
 
-use super::{CudaDevice, CudaError};
+use super::{type_code, CudaDevice, CudaError};
 use crate::kv::{KvDType, KvError, KvPoolConfig, KvStorage, BLOCK_TOKENS};
 
 /// One owning layer's rows.
 struct LayerRows {
-    /// `[blocks · BLOCK_TOKENS, kv_heads · head_dim]`.
-    k: CudaSlice<f32>,
-    /// `[blocks · BLOCK_TOKENS, kv_heads · v_head_dim]`.
-    v: CudaSlice<f32>,
+    /// `[blocks · BLOCK_TOKENS, kv_heads · head_dim]` elements.
+    k: CudaSlice<u8>,
+    /// `[blocks · BLOCK_TOKENS, kv_heads · v_head_dim]` elements.
+    v: CudaSlice<u8>,
     k_width: usize,
     v_width: usize,
 }
@@ -27,9 +29,11 @@ struct LayerRows {
 pub(crate) struct LayerPtrs {
     pub k: u64,
     pub v: u64,
-    /// f32 elements per row of `k` and `v`.
+    /// Elements per row of `k` and `v`.
     pub k_width: usize,
     pub v_width: usize,
+    /// The kernels' type code of the elements (`kernels.cu`'s `T_*`).
+    pub ty: u32,
 }
 
 /// The K/V rows of a pool on a GPU.
@@ -42,25 +46,31 @@ pub struct CudaKvStorage {
     layers: Vec<Option<LayerRows>>,
     /// The owning slots of each group.
     groups: Vec<Vec<usize>>,
+    /// Bytes per element.
+    elem_bytes: usize,
+    ty: u32,
+}
+
+/// The element type of a K/V dtype, as the kernels name it.
+fn kv_type(dtype: KvDType) -> GgmlType {
+    match dtype {
+        KvDType::F32 => GgmlType::F32,
+        KvDType::F16 => GgmlType::F16,
+        KvDType::BF16 => GgmlType::BF16,
+    }
 }
 
 impl CudaKvStorage {
-    /// Zeroed rows for every owning layer of `config`, which must hold f32
-    /// K/V (the kernels read f32 rows).
+    /// Zeroed rows for every owning layer of `config`.
     pub fn new(device: &Arc<CudaDevice>, config: &KvPoolConfig) -> Result<Self, CudaError> {
         config.validate()?;
-        if config.dtype != KvDType::F32 {
-            return Err(KvError::Config(format!(
-                "the CUDA K/V storage holds f32 rows; {:?} is not supported",
-                config.dtype
-            ))
-            .into());
-        }
+        let ty = type_code(kv_type(config.dtype)).expect("the kernels read every K/V type");
+        let elem_bytes = config.dtype.bytes();
         let s = &device.stream;
         let layers = config.alloc_layers(|l| {
             Ok::<_, CudaError>(LayerRows {
-                k: s.alloc_zeros(l.rows * l.k_width)?,
-                v: s.alloc_zeros(l.rows * l.v_width)?,
+                k: s.alloc_zeros(l.rows * l.k_width * elem_bytes)?,
+                v: s.alloc_zeros(l.rows * l.v_width * elem_bytes)?,
                 k_width: l.k_width,
                 v_width: l.v_width,
             })
@@ -71,6 +81,8 @@ impl CudaKvStorage {
             device: Arc::clone(device),
             layers,
             groups: config.group_slots(),
+            elem_bytes,
+            ty,
         })
     }
 
@@ -90,15 +102,16 @@ impl CudaKvStorage {
             v: self.device.ptr(&l.v),
             k_width: l.k_width,
             v_width: l.v_width,
+            ty: self.ty,
         })
     }
 }
 
-/// Copies `len` elements of `buf` from `from` to `to` on `stream`; the
-/// ranges must not overlap (they are different blocks).
+/// Copies `len` bytes of `buf` from `from` to `to` on `stream`; the ranges
+/// must not overlap (they are different blocks).
 fn copy_within(
     stream: &Arc<CudaStream>,
-    buf: &mut CudaSlice<f32>,
+    buf: &mut CudaSlice<u8>,
     from: usize,
     to: usize,
     len: usize,
@@ -130,7 +143,7 @@ impl KvStorage for CudaKvStorage {
         let stream = &self.device.stream;
         for &slot in slots {
             let l = self.layers[slot].as_mut().expect("owners have storage");
-            let (kw, vw) = (l.k_width, l.v_width);
+            let (kw, vw) = (l.k_width * self.elem_bytes, l.v_width * self.elem_bytes);
             copy_within(stream, &mut l.k, src * kw, dst * kw, BLOCK_TOKENS * kw)
                 .and_then(|()| copy_within(stream, &mut l.v, src * vw, dst * vw, BLOCK_TOKENS * vw))
                 .map_err(|e| KvError::Storage(format!("copying block {from} to {to}: {e}")))?;
@@ -142,7 +155,7 @@ impl KvStorage for CudaKvStorage {
         self.layers
             .iter()
             .flatten()
-            .map(|l| (l.k.len() + l.v.len()) * 4)
+            .map(|l| l.k.len() + l.v.len())
             .sum()
     }
 

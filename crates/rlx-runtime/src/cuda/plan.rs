@@ -939,6 +939,7 @@ impl CudaPlan {
                         Arg::I32(rows as i32),
                         Arg::I32(l.k_width as i32),
                         Arg::I32(l.v_width as i32),
+                        Arg::I32(l.ty as i32),
                     ],
                 )?;
             }
@@ -1236,6 +1237,7 @@ impl CudaPlan {
                         Arg::F32(spec.softcap.unwrap_or(0.0)),
                         Arg::I32(mask),
                         Arg::I32(window.min(i32::MAX as usize) as i32),
+                        Arg::I32(l.ty as i32),
                     ],
                 )?;
             }

@@ -159,6 +159,10 @@ fn model_graph(s: &WeightStore) -> Graph {
 }
 
 fn pool(backend: &dyn Backend) -> KvPool {
+    pool_of(backend, KvDType::F32)
+}
+
+fn pool_of(backend: &dyn Backend, dtype: KvDType) -> KvPool {
     let spec = |window, shares| KvLayerSpec {
         kv_heads: HKV,
         head_dim: HD,
@@ -173,7 +177,7 @@ fn pool(backend: &dyn Backend) -> KvPool {
                 spec(None, None),
                 spec(None, Some(CacheSlot(1))),
             ],
-            dtype: KvDType::F32,
+            dtype,
             tokens: 4 * 160,
             max_seqs: 4,
             max_chunk: 48,
@@ -238,7 +242,7 @@ fn drive(kv: &mut KvPool, step: &mut dyn FnMut(&mut KvPool, &Batch)) {
 /// The scenario's logits on `backend`: batches of up to 3 rows on a decode
 /// plan of 3 rows (full ones replay its captured graph), the others on a
 /// prefill plan.
-fn scenario(backend: &dyn Backend) -> Vec<Vec<f32>> {
+fn scenario(backend: &dyn Backend, dtype: KvDType) -> Vec<Vec<f32>> {
     let g = model_graph(backend.store());
     let compile = |rows: usize| -> Box<dyn Executable> {
         let max = Bindings::new().with(Sym::SEQ, rows).with(Sym::ROWS, rows);
@@ -246,7 +250,7 @@ fn scenario(backend: &dyn Backend) -> Vec<Vec<f32>> {
     };
     let (mut prefill, mut decode) = (compile(64), compile(3));
     let mut out = Vec::new();
-    drive(&mut pool(backend), &mut |kv, b| {
+    drive(&mut pool_of(backend, dtype), &mut |kv, b| {
         let p = if b.len() <= 3 {
             &mut decode
         } else {
@@ -355,13 +359,18 @@ fn paged_batches_match_the_cpu() {
     let opts = BackendOptions { threads: 2 };
     let cpu = open(Device::Cpu, &s, &opts).unwrap();
     let gpu = open(Device::Cuda(0), &s, &opts).unwrap();
-    let want = scenario(&*cpu);
-    let got = scenario(&*gpu);
-    assert_eq!(want.len(), got.len());
-    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
-        assert_eq!(w.len(), g.len(), "step {i}");
-        let err = rel_l2(g, w);
-        assert!(err < 1e-4, "step {i}: CUDA vs CPU relative L2 {err}");
+    for dtype in [KvDType::F32, KvDType::F16, KvDType::BF16] {
+        let want = scenario(&*cpu, dtype);
+        let got = scenario(&*gpu, dtype);
+        assert_eq!(want.len(), got.len());
+        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(w.len(), g.len(), "step {i}");
+            let err = rel_l2(g, w);
+            assert!(
+                err < 1e-4,
+                "{dtype:?} K/V, step {i}: CUDA vs CPU relative L2 {err}"
+            );
+        }
     }
 }
 
