@@ -65,8 +65,23 @@ enum Command {
     Detokenize(cmd::tokenize::DetokenizeArgs),
 }
 
+/// llama.cpp's single-dash flags of several letters (which clap's short
+/// flags cannot spell) as rlx's long ones, so its users' commands work.
+const LLAMA_SPELLINGS: [(&str, &str); 2] = [("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")];
+
+fn args() -> Vec<std::ffi::OsString> {
+    std::env::args_os()
+        .map(|a| {
+            LLAMA_SPELLINGS
+                .iter()
+                .find(|(short, _)| a == *short)
+                .map_or(a, |(_, long)| long.into())
+        })
+        .collect()
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(args());
     let result = match cli.command {
         Command::Info(args) => cmd::info::run(&args),
         Command::Score(args) => cmd::score::run(&args),

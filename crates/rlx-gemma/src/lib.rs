@@ -19,5 +19,5 @@ pub mod sequences;
 pub use builder::build_graph;
 pub use config::{Arch, AttentionKind, ConfigError, GemmaConfig, LayerSpec, MoeSpec};
 pub use model::{Model, ModelError, ModelOptions};
-pub use rlx_runtime::{Device, Precision, SeqId};
+pub use rlx_runtime::{Device, KvDType, KvTypes, Precision, SeqId};
 pub use sequences::{Feed, Sequences, SequencesOptions, Session, SessionOptions, StepLogits, Want};

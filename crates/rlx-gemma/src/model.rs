@@ -8,7 +8,7 @@ use rlx_gguf::GgufFile;
 use rlx_ir::{Bindings, CacheSlot, Sym};
 use rlx_runtime::{
     open, Backend, BackendOptions, CompileOptions, Device, Executable, KvDType, KvError,
-    KvLayerSpec, KvPoolConfig, Precision, RunError, WeightStore,
+    KvLayerSpec, KvPoolConfig, KvTypes, Precision, RunError, WeightStore,
 };
 
 use crate::builder::{build_graph, BuildError};
@@ -253,7 +253,7 @@ impl Model {
         tokens: usize,
         max_seqs: usize,
         max_chunk: usize,
-        dtype: KvDType,
+        types: KvTypes,
     ) -> KvPoolConfig {
         KvPoolConfig {
             layers: self
@@ -271,7 +271,7 @@ impl Model {
                     shares: s.kv_source.map(|src| CacheSlot(src as u32)),
                 })
                 .collect(),
-            dtype,
+            types,
             tokens,
             max_seqs,
             max_chunk,

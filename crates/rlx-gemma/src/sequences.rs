@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use rlx_runtime::{Batch as StepBatch, Executable, KvDType, KvPool, SeqId};
+use rlx_runtime::{Batch as StepBatch, Executable, KvPool, KvTypes, SeqId};
 
 use crate::model::{Model, ModelError, Result};
 
@@ -95,8 +95,9 @@ pub struct SequencesOptions {
     pub context: Option<usize>,
     /// Most tokens in one step, over all sequences (the prefill chunk).
     pub max_step_tokens: usize,
-    /// K/V storage type (default: the device's for the model's precision).
-    pub kv_dtype: Option<KvDType>,
+    /// K/V storage types (default: the device's for the model's precision,
+    /// for keys and values).
+    pub kv_types: Option<KvTypes>,
     /// Refuse to start when the estimate exceeds this.
     pub memory_limit_bytes: Option<usize>,
 }
@@ -108,7 +109,7 @@ impl Default for SequencesOptions {
             kv_tokens: None,
             context: None,
             max_step_tokens: 512,
-            kv_dtype: None,
+            kv_types: None,
             memory_limit_bytes: None,
         }
     }
@@ -148,8 +149,10 @@ impl Model {
         let kv_tokens = opts.kv_tokens.unwrap_or(per_seq * max_seqs).max(1);
         let context = context.min(kv_tokens);
         let step_tokens = opts.max_step_tokens.clamp(1, kv_tokens);
-        let dtype = opts.kv_dtype.unwrap_or_else(|| self.default_kv_dtype());
-        let kv_config = self.kv_config(kv_tokens, max_seqs, step_tokens.min(context), dtype);
+        let types = opts
+            .kv_types
+            .unwrap_or_else(|| KvTypes::both(self.default_kv_dtype()));
+        let kv_config = self.kv_config(kv_tokens, max_seqs, step_tokens.min(context), types);
         let kv = kv_config.memory_bytes();
         let needed = kv + self.activation_bytes(step_tokens, max_seqs);
         if let Some(limit) = opts.memory_limit_bytes {
@@ -403,8 +406,9 @@ pub struct SessionOptions {
     pub context: Option<usize>,
     /// Tokens per prefill step.
     pub prefill_chunk: usize,
-    /// K/V storage type (default: the device's for the model's precision).
-    pub kv_dtype: Option<KvDType>,
+    /// K/V storage types (default: the device's for the model's precision,
+    /// for keys and values).
+    pub kv_types: Option<KvTypes>,
     /// Refuse to start when the estimate exceeds this.
     pub memory_limit_bytes: Option<usize>,
 }
@@ -414,7 +418,7 @@ impl Default for SessionOptions {
         SessionOptions {
             context: None,
             prefill_chunk: 512,
-            kv_dtype: None,
+            kv_types: None,
             memory_limit_bytes: None,
         }
     }
@@ -437,7 +441,7 @@ impl Model {
             kv_tokens: Some(context),
             context: Some(context),
             max_step_tokens: opts.prefill_chunk.clamp(1, context),
-            kv_dtype: opts.kv_dtype,
+            kv_types: opts.kv_types,
             memory_limit_bytes: opts.memory_limit_bytes,
         })?;
         let id = seqs.add()?;

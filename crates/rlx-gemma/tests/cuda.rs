@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use common::scenario::{worst_against_alone, Script};
 
 use rlx_gemma::{Device, Model, ModelError, ModelOptions, Precision, SessionOptions};
-use rlx_runtime::KvDType;
+use rlx_runtime::{KvDType, KvTypes};
 
 fn fixture(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -77,17 +77,20 @@ fn compare_kv(
     let opts = SessionOptions {
         context: Some(prompt_len + 32),
         prefill_chunk: chunk,
-        kv_dtype: kv,
+        kv_types: kv.map(KvTypes::both),
         ..SessionOptions::default()
     };
     let mut b = gpu.session(opts.clone())?;
     let mut a = cpu.session(opts).unwrap();
-    // Rounding K/V to f16 or bf16 turns the devices' last-bit differences
-    // in an element into one unit of the cache type now and then: 2^-11 or
-    // 2^-8 of it, where f32 storage keeps 2^-24.
+    // Rounding K/V to a smaller type turns the devices' last-bit
+    // differences in an element into one unit of the cache type now and
+    // then: 2^-11 of it for f16, 2^-8 for bf16, a 127th or an 8th of its
+    // block's largest for Q8_0 and Q4_0 (where f32 storage keeps 2^-24).
     let bound = match kv {
         Some(KvDType::F16) => 1e-3,
         Some(KvDType::BF16) => 5e-3,
+        Some(KvDType::Q8_0) => 2e-2,
+        Some(KvDType::Q4_0) => 5e-2,
         _ => 1e-4,
     };
     let mut worst = 0f64;
@@ -208,7 +211,7 @@ fn every_tiny_model_matches_the_cpu() {
 /// GPU against the CPU for prompts of `n` tokens: the first that differs
 /// says where a kernel goes wrong. `None` where the GPU refuses the model.
 fn named_values(path: &Path, n: usize) -> Option<Vec<(String, f64)>> {
-    use rlx_runtime::{Batch, CompileOptions, HostTensor, KvDType};
+    use rlx_runtime::{Batch, CompileOptions, HostTensor};
     let cpu = load(path, Device::Cpu).unwrap();
     let gpu = load(path, Device::Cuda(0)).unwrap();
     let run = |model: &Model| -> Option<Vec<(String, HostTensor)>> {
@@ -231,7 +234,7 @@ fn named_values(path: &Path, n: usize) -> Option<Vec<(String, f64)>> {
         let mut plan = model.backend().compile(&g, &opts).ok()?;
         let mut pool = model
             .backend()
-            .kv_pool(model.kv_config(n.max(32), 1, n, KvDType::F32))
+            .kv_pool(model.kv_config(n.max(32), 1, n, KvTypes::both(KvDType::F32)))
             .unwrap();
         let seq = pool.add_sequence();
         let mut batch = Batch::new();
@@ -291,9 +294,10 @@ fn every_named_value_matches_the_cpu() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU (see the file's header)"]
-fn half_precision_caches_match_the_cpus() {
-    // Both devices round K/V to the same f16 or bf16 values (round to
-    // nearest even) and compute attention over them in f32.
+fn every_cache_type_matches_the_cpus() {
+    // Both devices round K/V to the same values (f16/bf16 round to nearest
+    // even; Q8_0/Q4_0 blocks as rlx_gguf quantizes) and compute attention
+    // over them in f32. (gemma4-odd's heads fit no 32-element block.)
     let _gpu = rlx_runtime::cuda::CudaDevice::new(0).unwrap();
     for f in [
         "gemma2/model-f32.gguf",
@@ -303,7 +307,11 @@ fn half_precision_caches_match_the_cpus() {
         "gemma4-moe/model-Q8_0.gguf",
         "gemma4-odd/hf",
     ] {
-        for kv in [KvDType::F16, KvDType::BF16] {
+        let blocks = !f.contains("odd");
+        for kv in KvDType::ALL
+            .into_iter()
+            .filter(|t| *t != KvDType::F32 && (blocks || t.block_elems() == 1))
+        {
             let worst = compare_kv(&fixture(f), 40, 16, Some(kv)).unwrap();
             println!("{f}, {kv:?} K/V: worst relative L2 {worst:.2e}");
         }

@@ -62,7 +62,7 @@ impl Device {
 
     /// K/V storage types this device's kernels read.
     pub fn kv_dtypes(self) -> &'static [KvDType] {
-        &[KvDType::F32, KvDType::F16, KvDType::BF16]
+        &KvDType::ALL
     }
 }
 

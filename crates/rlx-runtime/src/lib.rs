@@ -25,7 +25,7 @@ pub use batch::{Batch, BatchError, SeqId, SeqRun};
 pub use compile::{CompileOptions, HostTensor, RunError, StepInputs, Tap};
 pub use cpu::matmul::Precision;
 pub use kv::{
-    KvDType, KvError, KvGroup, KvLayerSpec, KvPool, KvPoolConfig, KvStorage, StepLayout,
+    KvDType, KvError, KvGroup, KvLayerSpec, KvPool, KvPoolConfig, KvStorage, KvTypes, StepLayout,
     BLOCK_TOKENS,
 };
 pub use weights::{WeightError, WeightInfo, WeightStore};

@@ -8,7 +8,7 @@
 use proptest::prelude::*;
 use rlx_ir::CacheSlot;
 use rlx_runtime::cpu::CpuKvStorage;
-use rlx_runtime::{Batch, KvDType, KvError, KvLayerSpec, KvPool, KvPoolConfig, SeqId};
+use rlx_runtime::{Batch, KvDType, KvError, KvLayerSpec, KvPool, KvPoolConfig, KvTypes, SeqId};
 
 const B: usize = rlx_runtime::BLOCK_TOKENS;
 
@@ -33,7 +33,7 @@ fn config(tokens: usize, max_seqs: usize, max_chunk: usize) -> KvPoolConfig {
                 ..spec(2, 8, None)
             },
         ],
-        dtype: KvDType::F32,
+        types: KvTypes::both(KvDType::F32),
         tokens,
         max_seqs,
         max_chunk,

@@ -14,8 +14,8 @@ use rlx_ir::{
 };
 use rlx_runtime::cpu::{compile, CpuDevice, CpuKvStorage, Plan};
 use rlx_runtime::{
-    Batch, CompileOptions, KvDType, KvError, KvLayerSpec, KvPool, KvPoolConfig, RunError, SeqId,
-    WeightStore,
+    Batch, CompileOptions, KvDType, KvError, KvLayerSpec, KvPool, KvPoolConfig, KvTypes, RunError,
+    SeqId, WeightStore,
 };
 
 const D: usize = 256;
@@ -204,7 +204,7 @@ fn pool(max_chunk: usize, seqs: usize) -> KvPool {
     };
     let config = KvPoolConfig {
         layers: (0..LAYERS).map(layer).collect(),
-        dtype: KvDType::F32,
+        types: KvTypes::both(KvDType::F32),
         tokens: 64 * seqs,
         max_seqs: seqs,
         max_chunk,

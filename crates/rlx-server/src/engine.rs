@@ -18,7 +18,7 @@ use std::time::Instant;
 use rlx_gemma::generate::Constraint;
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 use rlx_gemma::{Feed, Model, ModelError, SeqId, Sequences, SequencesOptions, Want};
-use rlx_runtime::KvDType;
+use rlx_runtime::KvTypes;
 use rlx_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -157,8 +157,8 @@ pub struct EngineOptions {
     pub context: usize,
     /// Tokens per step: decode tokens first, prompt chunks in what is left.
     pub step_tokens: usize,
-    /// K/V storage type (default: the device's for the model's precision).
-    pub kv_dtype: Option<KvDType>,
+    /// K/V storage types (default: the device's for the model's precision).
+    pub kv_types: Option<KvTypes>,
     /// Requests that may wait for a place; more are refused as busy.
     pub max_queue: usize,
 }
@@ -169,7 +169,7 @@ impl Default for EngineOptions {
             parallel: 1,
             context: 4096,
             step_tokens: 512,
-            kv_dtype: None,
+            kv_types: None,
             max_queue: 64,
         }
     }
@@ -241,7 +241,7 @@ impl Engine {
                     kv_tokens: Some(parallel * context.next_multiple_of(rlx_runtime::BLOCK_TOKENS)),
                     context: Some(context),
                     max_step_tokens: opts.step_tokens.max(parallel),
-                    kv_dtype: opts.kv_dtype,
+                    kv_types: opts.kv_types,
                     memory_limit_bytes: None,
                 });
                 let seqs = match seqs {

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use rlx_gemma::{Model, SessionOptions};
-use rlx_runtime::KvDType;
+use rlx_runtime::KvTypes;
 use serde_json::json;
 
 use super::common::ModelArgs;
@@ -128,7 +128,7 @@ fn sum_lanes(c: &[u64]) -> u64 {
 
 /// Bytes a decode step reads: every weight once (the per-layer embedding
 /// table is gathered by rows, so it does not count), plus K/V of the context.
-fn decode_bytes(model: &Model, kv_dtype: KvDType, context: usize) -> f64 {
+fn decode_bytes(model: &Model, kv: KvTypes, context: usize) -> f64 {
     let weights: u64 = model
         .file()
         .tensors()
@@ -146,7 +146,8 @@ fn decode_bytes(model: &Model, kv_dtype: KvDType, context: usize) -> f64 {
                 rlx_gemma::AttentionKind::Sliding { window } => context.min(window),
                 rlx_gemma::AttentionKind::Global => context,
             };
-            rows * l.n_head_kv * l.head_dim * 2 * kv_dtype.bytes()
+            rows * (kv.k.row_bytes(l.n_head_kv * l.head_dim)
+                + kv.v.row_bytes(l.n_head_kv * l.head_dim))
         })
         .sum();
     weights as f64 + kv as f64
@@ -177,17 +178,11 @@ pub(super) fn tokens(model: &Model, n: usize, salt: usize) -> Vec<u32> {
         .collect()
 }
 
-fn time_one(
-    model: &Model,
-    kv_dtype: KvDType,
-    depth: usize,
-    prompt: usize,
-    gen: usize,
-) -> Result<f64> {
+fn time_one(model: &Model, kv: KvTypes, depth: usize, prompt: usize, gen: usize) -> Result<f64> {
     let mut s = model.session(SessionOptions {
         context: Some(depth + prompt + gen + 1),
         prefill_chunk: prompt.max(512),
-        kv_dtype: Some(kv_dtype),
+        kv_types: Some(kv),
         ..Default::default()
     })?;
     if depth > 0 {
@@ -210,12 +205,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bail!("-r must be at least 1");
     }
     let model = args.model.load()?;
-    let kv_dtype = args
+    let kv = args
         .model
-        .kv_dtype()
-        .unwrap_or_else(|| model.default_kv_dtype());
+        .kv_types(&model)
+        .unwrap_or_else(|| KvTypes::both(model.default_kv_dtype()));
     if !args.batch.is_empty() {
-        return super::bench_batch::run(args, &model, kv_dtype);
+        return super::bench_batch::run(args, &model, kv);
     }
     let threads = args
         .model
@@ -231,9 +226,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     for &p in args.prompt.iter().filter(|&&p| p > 0) {
         // One untimed warm-up run, as llama-bench does.
-        time_one(&model, kv_dtype, args.depth, p, 0)?;
+        time_one(&model, kv, args.depth, p, 0)?;
         let tps = (0..args.reps)
-            .map(|_| time_one(&model, kv_dtype, args.depth, p, 0))
+            .map(|_| time_one(&model, kv, args.depth, p, 0))
             .collect::<Result<Vec<_>>>()?;
         rows.push(Row {
             test: suffix(format!("pp{p}")),
@@ -247,11 +242,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let gpu = model.device() != rlx_gemma::Device::Cpu;
     let probe = (!gen.is_empty() && !gpu).then(|| BandwidthProbe::new(threads));
     for n in gen {
-        time_one(&model, kv_dtype, args.depth, 0, n.min(8))?;
+        time_one(&model, kv, args.depth, 0, n.min(8))?;
         let mut tps = Vec::with_capacity(args.reps);
         let mut bandwidth = Vec::with_capacity(args.reps);
         for _ in 0..args.reps {
-            tps.push(time_one(&model, kv_dtype, args.depth, 0, n)?);
+            tps.push(time_one(&model, kv, args.depth, 0, n)?);
             if let Some(p) = &probe {
                 bandwidth.push(p.measure());
             }
@@ -261,7 +256,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             tps,
             bytes_per_token: probe
                 .is_some()
-                .then(|| decode_bytes(&model, kv_dtype, args.depth + n / 2)),
+                .then(|| decode_bytes(&model, kv, args.depth + n / 2)),
             bandwidth,
         });
     }
@@ -292,7 +287,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     "repetitions": r.tps.len(),
                     "precision": args.model.precision_name(),
                     "device": args.model.device,
-                    "kv_type": format!("{kv_dtype:?}").to_lowercase(),
+                    "kv_type": kv.to_string(),
                     "model_bytes": file_bytes,
                     "bytes_per_token": r.bytes_per_token,
                     "memory_bandwidth_bytes_per_s": (!r.bandwidth.is_empty()).then(|| mean_std(&r.bandwidth).0),

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use rlx_gemma::{Feed, Model, SeqId, Sequences, SequencesOptions, Want};
-use rlx_runtime::KvDType;
+use rlx_runtime::KvTypes;
 use serde_json::json;
 
 use super::bench::{mean_std, tokens, BenchArgs};
@@ -27,19 +27,13 @@ struct Sample {
 }
 
 /// One repetition at batch `b`.
-fn time_batch(
-    model: &Model,
-    kv_dtype: KvDType,
-    b: usize,
-    prompt: usize,
-    gen: usize,
-) -> Result<Sample> {
+fn time_batch(model: &Model, kv: KvTypes, b: usize, prompt: usize, gen: usize) -> Result<Sample> {
     let context = prompt + gen + 1;
     let mut seqs: Sequences = model.sequences(SequencesOptions {
         max_seqs: b,
         context: Some(context),
         max_step_tokens: STEP_TOKENS.max(b),
-        kv_dtype: Some(kv_dtype),
+        kv_types: Some(kv),
         ..Default::default()
     })?;
     let ids: Vec<SeqId> = (0..b)
@@ -96,7 +90,7 @@ fn time_batch(
     })
 }
 
-pub fn run(args: &BenchArgs, model: &Model, kv_dtype: KvDType) -> Result<()> {
+pub fn run(args: &BenchArgs, model: &Model, kv: KvTypes) -> Result<()> {
     let (Some(&prompt), Some(&gen)) = (args.prompt.first(), args.gen.first()) else {
         bail!("--batch needs -p and -n");
     };
@@ -114,9 +108,9 @@ pub fn run(args: &BenchArgs, model: &Model, kv_dtype: KvDType) -> Result<()> {
     let mut rows = Vec::new();
     for &b in &args.batch {
         // One untimed warm-up, as the single-sequence tests do.
-        time_batch(model, kv_dtype, b, prompt.min(32), gen.min(4))?;
+        time_batch(model, kv, b, prompt.min(32), gen.min(4))?;
         let samples = (0..args.reps)
-            .map(|_| time_batch(model, kv_dtype, b, prompt, gen))
+            .map(|_| time_batch(model, kv, b, prompt, gen))
             .collect::<Result<Vec<_>>>()?;
         rows.push((b, samples));
     }
@@ -141,7 +135,7 @@ pub fn run(args: &BenchArgs, model: &Model, kv_dtype: KvDType) -> Result<()> {
                     "repetitions": s.len(),
                     "precision": args.model.precision_name(),
                     "device": args.model.device,
-                    "kv_type": format!("{kv_dtype:?}").to_lowercase(),
+                    "kv_type": kv.to_string(),
                     "kv_bytes": last.kv_used,
                     "kv_bytes_full_length": last.kv_full_length,
                 })

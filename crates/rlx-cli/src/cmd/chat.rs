@@ -38,7 +38,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let template = ChatTemplate::from_gguf(model.file())?;
     let mut session = model.session(SessionOptions {
         context: Some(args.ctx),
-        kv_dtype: args.model.kv_dtype(),
+        kv_types: args.model.kv_types(&model),
         ..SessionOptions::default()
     })?;
     // Ctrl-C during a reply stops the reply; at the prompt it ends the program.

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use rlx_gemma::{Device, Model, ModelOptions};
-use rlx_runtime::KvDType;
 use rlx_runtime::Precision;
+use rlx_runtime::{KvDType, KvTypes};
 
 /// The model used when `-m` is not given (fetched by scripts/fetch-model.sh).
 pub const DEFAULT_MODEL: &str = "gemma-3-270m-q4_k_m";
@@ -36,26 +36,48 @@ pub struct ModelArgs {
     /// the row kernels at every batch size, at some cost to batched speed.
     #[arg(long)]
     pub batch_invariant: bool,
-    /// K/V cache element type: `f32`, `f16`, `bf16` (half the cache memory
-    /// and bandwidth), or `auto`: f32 with `exact`, f16 with `q8` (what
-    /// llama.cpp keeps).
-    #[arg(long = "kv-type", default_value = "auto", value_parser = ["auto", "f32", "f16", "bf16"])]
+    /// K/V cache type of keys and values: `f32`, `f16`, `bf16` (half the
+    /// cache memory and bandwidth), `q8_0`, `q4_0` (ggml's blocks: about a
+    /// quarter and an eighth of f32), or `auto`: f32 with `exact`, f16 with
+    /// `q8` (what llama.cpp keeps).
+    #[arg(long = "kv-type", default_value = "auto", value_parser = KV_TYPES)]
     pub kv_type: String,
+    /// The keys' cache type, overriding `--kv-type` (also `-ctk`).
+    #[arg(long = "cache-type-k", value_parser = KV_TYPES)]
+    pub cache_type_k: Option<String>,
+    /// The values' cache type, overriding `--kv-type` (also `-ctv`).
+    #[arg(long = "cache-type-v", value_parser = KV_TYPES)]
+    pub cache_type_v: Option<String>,
     /// Where to run: `cpu`, or `cuda` / `cuda:N` for GPU N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
 }
 
+/// What the K/V type flags take.
+const KV_TYPES: [&str; 6] = ["auto", "f32", "f16", "bf16", "q8_0", "q4_0"];
+
 impl ModelArgs {
-    /// The K/V cache element type `--kv-type` asks for: `None` (auto) lets
-    /// the device choose for the precision.
-    pub fn kv_dtype(&self) -> Option<KvDType> {
-        match self.kv_type.as_str() {
-            "f32" => Some(KvDType::F32),
-            "f16" => Some(KvDType::F16),
-            "bf16" => Some(KvDType::BF16),
-            _ => None,
+    /// The keys' and values' cache types the flags ask for, each `None`
+    /// where it is `auto`.
+    fn kv_flags(&self) -> [(&str, Option<KvDType>); 2] {
+        let k = self.cache_type_k.as_deref().unwrap_or(&self.kv_type);
+        let v = self.cache_type_v.as_deref().unwrap_or(&self.kv_type);
+        [(k, KvDType::parse(k)), (v, KvDType::parse(v))]
+    }
+
+    /// The cache types for `model`: what the flags ask for, the device's
+    /// default for the precision where they say `auto`; `None` when both
+    /// are `auto`.
+    pub fn kv_types(&self, model: &Model) -> Option<KvTypes> {
+        let [(_, k), (_, v)] = self.kv_flags();
+        if k.is_none() && v.is_none() {
+            return None;
         }
+        let default = model.default_kv_dtype();
+        Some(KvTypes {
+            k: k.unwrap_or(default),
+            v: v.unwrap_or(default),
+        })
     }
 
     /// The device `--device` names.
@@ -84,13 +106,16 @@ impl ModelArgs {
             };
         }
         opts.device = self.device()?;
-        if let Some(kv) = self.kv_dtype() {
-            if !opts.device.kv_dtypes().contains(&kv) {
+        for (name, kv) in self.kv_flags() {
+            if kv.is_some_and(|kv| !opts.device.kv_dtypes().contains(&kv)) {
                 bail!(
-                    "--kv-type {}: {} keeps K/V as {:?}",
-                    self.kv_type,
+                    "K/V type {name}: {} keeps K/V as {:?}",
                     opts.device,
-                    opts.device.kv_dtypes()
+                    opts.device
+                        .kv_dtypes()
+                        .iter()
+                        .map(|t| t.name())
+                        .collect::<Vec<_>>()
                 );
             }
         }

@@ -44,7 +44,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let model = args.model.load()?;
     let mut session = model.session(SessionOptions {
         context: Some(prompt.len() + args.n),
-        kv_dtype: args.model.kv_dtype(),
+        kv_types: args.model.kv_types(&model),
         ..SessionOptions::default()
     })?;
     let cfg = SamplerConfig {

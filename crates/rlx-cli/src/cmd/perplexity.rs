@@ -56,7 +56,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     let mut session = model.session(SessionOptions {
         context: Some(n_ctx),
         prefill_chunk: n_ctx,
-        kv_dtype: args.model.kv_dtype(),
+        kv_types: args.model.kv_types(&model),
         ..SessionOptions::default()
     })?;
     let first = n_ctx / 2;

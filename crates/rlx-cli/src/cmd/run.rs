@@ -142,7 +142,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let ids = prompt_tokens(&tok, model.file(), &messages, args.raw)?;
     let mut session = model.session(SessionOptions {
         context: Some(args.ctx.unwrap_or(ids.len() + args.sample.n)),
-        kv_dtype: args.model.kv_dtype(),
+        kv_types: args.model.kv_types(&model),
         ..SessionOptions::default()
     })?;
     let mut sampler = args.sample.sampler()?;

@@ -40,7 +40,7 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
     let mut session = model.session(SessionOptions {
         context: Some(tokens.len().max(1)),
         prefill_chunk: args.chunk,
-        kv_dtype: args.model.kv_dtype(),
+        kv_types: args.model.kv_types(&model),
         ..SessionOptions::default()
     })?;
     let logits = session.score(&tokens)?;

@@ -71,7 +71,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         let engine = EngineOptions {
             parallel,
             context,
-            kv_dtype: model_args.kv_dtype(),
+            kv_types: model_args.kv_types(&model),
             max_queue,
             ..EngineOptions::default()
         };

@@ -1,9 +1,11 @@
 //! K/V storage in host memory: per owning layer, the rows of every block
-//! of its group in one vector, in f32, f16 or bf16.
+//! of its group in one vector, in f32, f16, bf16 or one of ggml's 32-element
+//! block formats (Q8_0, Q4_0).
 
 use std::any::Any;
 
 use half::{bf16, f16};
+use rlx_gguf::GgmlType;
 
 use crate::kv::{KvDType, KvError, KvPoolConfig, KvStorage, BLOCK_TOKENS};
 
@@ -11,6 +13,8 @@ pub(crate) enum Rows {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    /// Whole blocks of a block type; element `i` is in block `i / 32`.
+    Blocks(GgmlType, Vec<u8>),
 }
 
 impl Rows {
@@ -19,9 +23,16 @@ impl Rows {
             KvDType::F32 => Rows::F32(vec![0.0; n]),
             KvDType::F16 => Rows::F16(vec![f16::ZERO; n]),
             KvDType::BF16 => Rows::BF16(vec![bf16::ZERO; n]),
+            KvDType::Q8_0 | KvDType::Q4_0 => {
+                let ty = dtype.ggml();
+                // Zero bytes are blocks of zeros (scale 0) in both formats.
+                Rows::Blocks(ty, vec![0; dtype.row_bytes(n)])
+            }
         }
     }
 
+    /// Stores `src` from element `at` on (for block types both whole
+    /// blocks: rows are whole blocks, as the pool's config checks).
     pub(crate) fn write(&mut self, at: usize, src: &[f32]) {
         match self {
             Rows::F32(v) => v[at..at + src.len()].copy_from_slice(src),
@@ -33,6 +44,11 @@ impl Rows {
                 .iter_mut()
                 .zip(src)
                 .for_each(|(d, s)| *d = bf16::from_f32(*s)),
+            Rows::Blocks(ty, v) => {
+                let (be, bb) = (ty.block_elems(), ty.block_bytes());
+                rlx_gguf::quantize(*ty, src, &mut v[at / be * bb..][..src.len() / be * bb])
+                    .expect("whole blocks of a quantizable type");
+            }
         }
     }
 
@@ -41,14 +57,21 @@ impl Rows {
             Rows::F32(v) => RowsView::F32(v),
             Rows::F16(v) => RowsView::F16(v),
             Rows::BF16(v) => RowsView::BF16(v),
+            Rows::Blocks(ty, v) => RowsView::Blocks(*ty, v),
         }
     }
 
+    /// Copies `len` elements from element `from` to element `to` (whole
+    /// blocks of rows).
     fn copy_rows(&mut self, from: usize, to: usize, len: usize) {
         match self {
             Rows::F32(v) => v.copy_within(from..from + len, to),
             Rows::F16(v) => v.copy_within(from..from + len, to),
             Rows::BF16(v) => v.copy_within(from..from + len, to),
+            Rows::Blocks(ty, v) => {
+                let bytes = |e: usize| e / ty.block_elems() * ty.block_bytes();
+                v.copy_within(bytes(from)..bytes(from + len), bytes(to))
+            }
         }
     }
 
@@ -57,6 +80,7 @@ impl Rows {
             Rows::F32(v) => v.len() * 4,
             Rows::F16(v) => v.len() * 2,
             Rows::BF16(v) => v.len() * 2,
+            Rows::Blocks(_, v) => v.len(),
         }
     }
 }
@@ -67,6 +91,7 @@ pub enum RowsView<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
     BF16(&'a [bf16]),
+    Blocks(GgmlType, &'a [u8]),
 }
 
 impl RowsView<'_> {
@@ -77,6 +102,12 @@ impl RowsView<'_> {
             RowsView::F32(v) => v[i],
             RowsView::F16(v) => v[i].to_f32(),
             RowsView::BF16(v) => v[i].to_f32(),
+            RowsView::Blocks(ty, _) => {
+                let be = ty.block_elems();
+                let mut block = vec![0f32; be];
+                self.read(i / be * be, &mut block);
+                block[i % be]
+            }
         }
     }
 
@@ -93,7 +124,8 @@ impl RowsView<'_> {
         }
     }
 
-    /// Copies `out.len()` elements starting at `start` into `out` as f32.
+    /// Copies `out.len()` elements starting at `start` into `out` as f32
+    /// (whole blocks for block types).
     #[inline]
     pub fn read(&self, start: usize, out: &mut [f32]) {
         let end = start + out.len();
@@ -107,6 +139,11 @@ impl RowsView<'_> {
                 .iter_mut()
                 .zip(&v[start..end])
                 .for_each(|(o, s)| *o = s.to_f32()),
+            RowsView::Blocks(ty, v) => {
+                let bytes = |e: usize| e / ty.block_elems() * ty.block_bytes();
+                rlx_gguf::dequantize(*ty, &v[bytes(start)..bytes(end)], out)
+                    .expect("whole blocks of a known type");
+            }
         }
     }
 }
@@ -133,8 +170,8 @@ impl CpuKvStorage {
         config.validate()?;
         let layers = config.alloc_layers(|l| {
             Ok::<_, KvError>(LayerRows {
-                k: Rows::new(config.dtype, l.rows * l.k_width),
-                v: Rows::new(config.dtype, l.rows * l.v_width),
+                k: Rows::new(config.types.k, l.rows * l.k_width),
+                v: Rows::new(config.types.v, l.rows * l.v_width),
                 k_width: l.k_width,
                 v_width: l.v_width,
             })

@@ -618,34 +618,94 @@ extern "C" __global__ void rope(const float* x, const int* pos, const float* inv
     y[idx] = c < half ? a * co - b * s : b * co + a * s;
 }
 
-// Element i of a K/V buffer of type t (T_F32, T_F16 or T_BF16).
+// K/V buffers hold rows of f32, f16 or bf16 elements, or of ggml's Q8_0
+// or Q4_0 blocks (whole blocks a row), stored as the CPU stores them.
+
+// Element i of a K/V buffer of type t.
 __device__ __forceinline__ float kv_load(const void* base, int t, size_t i) {
     if (t == T_F32) return ((const float*)base)[i];
-    u16 h = ((const u16*)base)[i];
-    return t == T_F16 ? h2f(h) : bf2f(h);
+    if (t == T_F16 || t == T_BF16) {
+        u16 h = ((const u16*)base)[i];
+        return t == T_F16 ? h2f(h) : bf2f(h);
+    }
+    int l = (int)(i & 31);
+    if (t == T_Q8_0) {
+        const u8* b = (const u8*)base + (i >> 5) * 34;
+        return h2f(ld16(b)) * (float)(i8)b[2 + l];
+    }
+    const u8* b = (const u8*)base + (i >> 5) * 18;  // Q4_0
+    int q = l < 16 ? (b[2 + l] & 0xF) : (b[2 + l - 16] >> 4);
+    return (float)(q - 8) * h2f(ld16(b));
 }
 
-__device__ __forceinline__ void kv_store(void* base, int t, size_t i, float x) {
-    if (t == T_F32)
-        ((float*)base)[i] = x;
-    else
-        ((u16*)base)[i] = t == T_F16 ? f2h(x) : (u16)f2bf(x);
+__device__ __forceinline__ void st16(u8* p, u16 v) {
+    p[0] = (u8)v;
+    p[1] = (u8)(v >> 8);
 }
 
-// Rows t < n of k [n, kd] and v [n, vd] stored, as elements of type `ty`, at
-// physical rows rows[t] of the layer's K/V buffers (the pool's choice: a
-// block of the row's sequence at its position).
+// Unit u (elements 32u .. 32u + n, n ≤ 32, and n = 32 for block types) of
+// row `row` of a K/V buffer of type t whose rows have w elements, from x.
+// The block types are quantized as rlx_gguf quantizes (ggml's reference
+// rounding, no fused multiply-adds).
+__device__ void kv_store_unit(void* base, int t, size_t row, int w, int u, const float* x,
+                              int n) {
+    if (t == T_Q8_0) {
+        u8* b = (u8*)base + ((row * w >> 5) + u) * 34;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            float a = fabsf(x[j]);
+            amax = amax > a ? amax : a;
+        }
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        st16(b, f2h(d));
+        for (int j = 0; j < 32; j++) b[2 + j] = (u8)(int)roundf(__fmul_rn(x[j], id));
+        return;
+    }
+    if (t == T_Q4_0) {
+        u8* b = (u8*)base + ((row * w >> 5) + u) * 18;
+        float amax = 0.0f, mx = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            if (amax < fabsf(x[j])) {
+                amax = fabsf(x[j]);
+                mx = x[j];
+            }
+        }
+        float d = mx / -8.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        st16(b, f2h(d));
+        for (int j = 0; j < 16; j++) {
+            int lo = min(15, (int)(i8)(int)__fadd_rn(__fmul_rn(x[j], id), 8.5f));
+            int hi = min(15, (int)(i8)(int)__fadd_rn(__fmul_rn(x[16 + j], id), 8.5f));
+            b[2 + j] = (u8)(lo | (hi << 4));
+        }
+        return;
+    }
+    size_t i0 = row * w + 32 * u;
+    for (int j = 0; j < n; j++) {
+        if (t == T_F32)
+            ((float*)base)[i0 + j] = x[j];
+        else
+            ((u16*)base)[i0 + j] = t == T_F16 ? f2h(x[j]) : (u16)f2bf(x[j]);
+    }
+}
+
+// Rows t < n of k [n, kd] and v [n, vd] stored at physical rows rows[t] of
+// the layer's K/V buffers (the pool's choice: a block of the row's sequence
+// at its position), keys as type kt and values as vt; one thread per
+// 32-element unit.
 extern "C" __global__ void kv_write(const float* k, const float* v, void* kc, void* vc,
-                                    const int* rows, int n, int kd, int vd, int ty) {
+                                    const int* rows, int n, int kd, int vd, int kt, int vt) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    int per = kd + vd;
-    if (idx >= (long long)n * per) return;
-    int t = (int)(idx / per), c = (int)(idx % per);
+    int ku = (kd + 31) >> 5, vu = (vd + 31) >> 5;
+    if (idx >= (long long)n * (ku + vu)) return;
+    int t = (int)(idx / (ku + vu)), u = (int)(idx % (ku + vu));
     size_t row = (size_t)rows[t];
-    if (c < kd)
-        kv_store(kc, ty, row * kd + c, k[(size_t)t * kd + c]);
+    if (u < ku)
+        kv_store_unit(kc, kt, row, kd, u, k + (size_t)t * kd + 32 * u, min(32, kd - 32 * u));
     else
-        kv_store(vc, ty, row * vd + (c - kd), v[(size_t)t * vd + (c - kd)]);
+        kv_store_unit(vc, vt, row, vd, u - ku, v + (size_t)t * vd + 32 * (u - ku),
+                      min(32, vd - 32 * (u - ku)));
 }
 
 // Rows of a K/V block; the Rust side's BLOCK_TOKENS.
@@ -684,14 +744,14 @@ __device__ __forceinline__ bool block_visible(int mask, int w, int qp, int lo) {
 // hd] and vc [rows, hkv, hdv]; rows at or past run_end[r] hold nothing of this
 // run yet. The warps take every 4th row of each visible block with an online
 // softmax, and their partial results are merged at the end. A query that
-// sees no key gets zeros. out [n, hq, hdv]; hd, hdv ≤ 512; K/V elements of
-// type kvt (`kv_load`).
+// sees no key gets zeros. out [n, hq, hdv]; hd, hdv ≤ 512; keys of type kt
+// and values of type vt (`kv_load`).
 #define AW 4
 extern "C" __global__ void attention(const float* q, const void* kc, const void* vc,
                                      const int* qpos, const int* run_of_row, const int* run_end,
                                      const int* block_start, const int* table, float* out,
                                      int hq, int hkv, int hd, int hdv, float scale,
-                                     float softcap, int mask, int window, int kvt) {
+                                     float softcap, int mask, int window, int kt, int vt) {
     __shared__ float sm_m[AW], sm_l[AW];
     __shared__ float sm_o[AW][512];
     int qi = blockIdx.x / hq, h = blockIdx.x % hq;
@@ -722,7 +782,7 @@ extern "C" __global__ void attention(const float* q, const void* kc, const void*
             #pragma unroll
             for (int j = 0; j < 16; j++) {
                 int c = lane + 32 * j;
-                if (c < hd) s += qv[j] * kv_load(kc, kvt, kr + c);
+                if (c < hd) s += qv[j] * kv_load(kc, kt, kr + c);
             }
             s = warp_sum(s) * scale;
             if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
@@ -732,7 +792,7 @@ extern "C" __global__ void attention(const float* q, const void* kc, const void*
             #pragma unroll
             for (int j = 0; j < 16; j++) {
                 int c = lane + 32 * j;
-                if (c < hdv) acc[j] = acc[j] * alpha + p * kv_load(vc, kvt, vr + c);
+                if (c < hdv) acc[j] = acc[j] * alpha + p * kv_load(vc, vt, vr + c);
             }
             l = l * alpha + p;
             m = m_new;

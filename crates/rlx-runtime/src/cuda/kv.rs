@@ -1,6 +1,6 @@
 //! K/V storage in device memory: per owning layer, the rows of every block
 //! of its group in one buffer for keys and one for values, in the pool's
-//! element type (f32, f16 or bf16). Where a row belongs (sequence, position)
+//! storage types (f32, f16, bf16, or ggml's Q8_0 or Q4_0 blocks). Where a row belongs (sequence, position)
 //! is the [`KvPool`](crate::KvPool)'s bookkeeping; each step's plan uploads
 //! what its kernels need of it.
 
@@ -9,10 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DriverError};
-use rlx_gguf::GgmlType;
 
 use super::{type_code, CudaDevice, CudaError};
-use crate::kv::{KvDType, KvError, KvPoolConfig, KvStorage, BLOCK_TOKENS};
+use crate::kv::{KvDType, KvError, KvPoolConfig, KvStorage, KvTypes, BLOCK_TOKENS};
 
 /// One owning layer's rows.
 struct LayerRows {
@@ -32,8 +31,9 @@ pub(crate) struct LayerPtrs {
     /// Elements per row of `k` and `v`.
     pub k_width: usize,
     pub v_width: usize,
-    /// The kernels' type code of the elements (`kernels.cu`'s `T_*`).
-    pub ty: u32,
+    /// The kernels' type codes of keys and values (`kernels.cu`'s `T_*`).
+    pub k_ty: u32,
+    pub v_ty: u32,
 }
 
 /// The K/V rows of a pool on a GPU.
@@ -46,31 +46,25 @@ pub struct CudaKvStorage {
     layers: Vec<Option<LayerRows>>,
     /// The owning slots of each group.
     groups: Vec<Vec<usize>>,
-    /// Bytes per element.
-    elem_bytes: usize,
-    ty: u32,
+    types: KvTypes,
 }
 
-/// The element type of a K/V dtype, as the kernels name it.
-fn kv_type(dtype: KvDType) -> GgmlType {
-    match dtype {
-        KvDType::F32 => GgmlType::F32,
-        KvDType::F16 => GgmlType::F16,
-        KvDType::BF16 => GgmlType::BF16,
-    }
+/// The kernels' code of a K/V storage type.
+fn kv_code(t: KvDType) -> u32 {
+    type_code(t.ggml()).expect("the kernels read every K/V type")
 }
 
 impl CudaKvStorage {
     /// Zeroed rows for every owning layer of `config`.
     pub fn new(device: &Arc<CudaDevice>, config: &KvPoolConfig) -> Result<Self, CudaError> {
         config.validate()?;
-        let ty = type_code(kv_type(config.dtype)).expect("the kernels read every K/V type");
-        let elem_bytes = config.dtype.bytes();
+        let types = config.types;
         let s = &device.stream;
+        // Zero bytes are zeros in every type (block scales of 0).
         let layers = config.alloc_layers(|l| {
             Ok::<_, CudaError>(LayerRows {
-                k: s.alloc_zeros(l.rows * l.k_width * elem_bytes)?,
-                v: s.alloc_zeros(l.rows * l.v_width * elem_bytes)?,
+                k: s.alloc_zeros(l.rows * types.k.row_bytes(l.k_width))?,
+                v: s.alloc_zeros(l.rows * types.v.row_bytes(l.v_width))?,
                 k_width: l.k_width,
                 v_width: l.v_width,
             })
@@ -81,8 +75,7 @@ impl CudaKvStorage {
             device: Arc::clone(device),
             layers,
             groups: config.group_slots(),
-            elem_bytes,
-            ty,
+            types,
         })
     }
 
@@ -102,7 +95,8 @@ impl CudaKvStorage {
             v: self.device.ptr(&l.v),
             k_width: l.k_width,
             v_width: l.v_width,
-            ty: self.ty,
+            k_ty: kv_code(self.types.k),
+            v_ty: kv_code(self.types.v),
         })
     }
 }
@@ -143,7 +137,10 @@ impl KvStorage for CudaKvStorage {
         let stream = &self.device.stream;
         for &slot in slots {
             let l = self.layers[slot].as_mut().expect("owners have storage");
-            let (kw, vw) = (l.k_width * self.elem_bytes, l.v_width * self.elem_bytes);
+            let (kw, vw) = (
+                self.types.k.row_bytes(l.k_width),
+                self.types.v.row_bytes(l.v_width),
+            );
             copy_within(stream, &mut l.k, src * kw, dst * kw, BLOCK_TOKENS * kw)
                 .and_then(|()| copy_within(stream, &mut l.v, src * vw, dst * vw, BLOCK_TOKENS * vw))
                 .map_err(|e| KvError::Storage(format!("copying block {from} to {to}: {e}")))?;

@@ -929,7 +929,7 @@ impl CudaPlan {
                 let rows = in_dims(0)[0];
                 self.launch(
                     &k.kv_write,
-                    linear(rows * (l.k_width + l.v_width)),
+                    linear(rows * (l.k_width.div_ceil(32) + l.v_width.div_ceil(32))),
                     &[
                         Arg::Ptr(inp(0)),
                         Arg::Ptr(inp(1)),
@@ -939,7 +939,8 @@ impl CudaPlan {
                         Arg::I32(rows as i32),
                         Arg::I32(l.k_width as i32),
                         Arg::I32(l.v_width as i32),
-                        Arg::I32(l.ty as i32),
+                        Arg::I32(l.k_ty as i32),
+                        Arg::I32(l.v_ty as i32),
                     ],
                 )?;
             }
@@ -1237,7 +1238,8 @@ impl CudaPlan {
                         Arg::F32(spec.softcap.unwrap_or(0.0)),
                         Arg::I32(mask),
                         Arg::I32(window.min(i32::MAX as usize) as i32),
-                        Arg::I32(l.ty as i32),
+                        Arg::I32(l.k_ty as i32),
+                        Arg::I32(l.v_ty as i32),
                     ],
                 )?;
             }

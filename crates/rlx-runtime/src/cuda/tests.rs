@@ -16,7 +16,7 @@ use crate::backend::{open, Backend, BackendOptions, Device, Executable};
 use crate::batch::{Batch, SeqId};
 use crate::compile::CompileOptions;
 use crate::compile::StepInputs;
-use crate::kv::{KvDType, KvLayerSpec, KvPool, KvPoolConfig, BLOCK_TOKENS};
+use crate::kv::{KvDType, KvLayerSpec, KvPool, KvPoolConfig, KvTypes, BLOCK_TOKENS};
 use crate::weights::WeightStore;
 
 const D: usize = 256;
@@ -177,7 +177,7 @@ fn pool_of(backend: &dyn Backend, dtype: KvDType) -> KvPool {
                 spec(None, None),
                 spec(None, Some(CacheSlot(1))),
             ],
-            dtype,
+            types: KvTypes::both(dtype),
             tokens: 4 * 160,
             max_seqs: 4,
             max_chunk: 48,
@@ -359,18 +359,29 @@ fn paged_batches_match_the_cpu() {
     let opts = BackendOptions { threads: 2 };
     let cpu = open(Device::Cpu, &s, &opts).unwrap();
     let gpu = open(Device::Cuda(0), &s, &opts).unwrap();
-    for dtype in [KvDType::F32, KvDType::F16, KvDType::BF16] {
+    // Rounding to a smaller type can turn a last-bit difference into one
+    // unit of that type now and then (see rlx-gemma's tests/cuda.rs).
+    for (dtype, bound) in [
+        (KvDType::F32, 1e-4),
+        (KvDType::F16, 1e-3),
+        (KvDType::BF16, 5e-3),
+        (KvDType::Q8_0, 2e-2),
+        (KvDType::Q4_0, 5e-2),
+    ] {
         let want = scenario(&*cpu, dtype);
         let got = scenario(&*gpu, dtype);
         assert_eq!(want.len(), got.len());
+        let mut worst = 0f64;
         for (i, (w, g)) in want.iter().zip(&got).enumerate() {
             assert_eq!(w.len(), g.len(), "step {i}");
             let err = rel_l2(g, w);
             assert!(
-                err < 1e-4,
-                "{dtype:?} K/V, step {i}: CUDA vs CPU relative L2 {err}"
+                err < bound,
+                "{dtype} K/V, step {i}: CUDA vs CPU relative L2 {err}"
             );
+            worst = worst.max(err);
         }
+        println!("{dtype} K/V: worst relative L2 {worst:.2e}");
     }
 }
 

@@ -26,6 +26,7 @@ mod prefix;
 use std::any::Any;
 use std::collections::BTreeMap;
 
+use rlx_gguf::GgmlType;
 use rlx_ir::CacheSlot;
 
 use crate::batch::{Batch, BatchError, SeqId, SeqRun};
@@ -34,20 +35,97 @@ use prefix::{PrefixCache, ROOT};
 /// Rows per block: one key block of the attention kernels.
 pub const BLOCK_TOKENS: usize = 32;
 
-/// Storage precision of cached K/V.
+/// Storage type of cached keys or values: a float, or one of ggml's block
+/// formats (32 elements a block, so a quantized cache's head sizes must be
+/// multiples of 32), stored as ggml writes them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KvDType {
     #[default]
     F32,
     F16,
     BF16,
+    /// 8-bit codes with an f16 scale per 32: 34 bytes (8.5 bits an element).
+    Q8_0,
+    /// 4-bit codes with an f16 scale per 32: 18 bytes (4.5 bits an element).
+    Q4_0,
 }
 
 impl KvDType {
-    pub fn bytes(self) -> usize {
+    /// Every type, in the order `--kv-type` lists them.
+    pub const ALL: [KvDType; 5] = [
+        KvDType::F32,
+        KvDType::F16,
+        KvDType::BF16,
+        KvDType::Q8_0,
+        KvDType::Q4_0,
+    ];
+
+    /// The ggml type of the stored elements.
+    pub fn ggml(self) -> GgmlType {
         match self {
-            KvDType::F32 => 4,
-            KvDType::F16 | KvDType::BF16 => 2,
+            KvDType::F32 => GgmlType::F32,
+            KvDType::F16 => GgmlType::F16,
+            KvDType::BF16 => GgmlType::BF16,
+            KvDType::Q8_0 => GgmlType::Q8_0,
+            KvDType::Q4_0 => GgmlType::Q4_0,
+        }
+    }
+
+    /// Elements per stored block (1 for the float types).
+    pub fn block_elems(self) -> usize {
+        self.ggml().block_elems()
+    }
+
+    /// Bytes of `elems` elements, a whole number of blocks.
+    pub fn row_bytes(self, elems: usize) -> usize {
+        elems / self.block_elems() * self.ggml().block_bytes()
+    }
+
+    /// The name flags and messages use: `f32`, `f16`, `bf16`, `q8_0`, `q4_0`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDType::F32 => "f32",
+            KvDType::F16 => "f16",
+            KvDType::BF16 => "bf16",
+            KvDType::Q8_0 => "q8_0",
+            KvDType::Q4_0 => "q4_0",
+        }
+    }
+
+    /// The type a name (as [`KvDType::name`] gives it, any case) stands for.
+    pub fn parse(s: &str) -> Option<KvDType> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+    }
+}
+
+impl std::fmt::Display for KvDType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The storage types of a cache's keys and of its values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvTypes {
+    pub k: KvDType,
+    pub v: KvDType,
+}
+
+impl KvTypes {
+    /// Keys and values of one type.
+    pub fn both(t: KvDType) -> KvTypes {
+        KvTypes { k: t, v: t }
+    }
+}
+
+impl std::fmt::Display for KvTypes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.k == self.v {
+            write!(f, "{}", self.k)
+        } else {
+            write!(f, "K {} / V {}", self.k, self.v)
         }
     }
 }
@@ -69,7 +147,8 @@ pub struct KvLayerSpec {
 pub struct KvPoolConfig {
     /// One spec per slot; `CacheSlot(i)` is `layers[i]`.
     pub layers: Vec<KvLayerSpec>,
-    pub dtype: KvDType,
+    /// Storage types of keys and values.
+    pub types: KvTypes,
     /// Tokens the full-attention layers hold over all sequences (each
     /// sequence holds whole blocks).
     pub tokens: usize,
@@ -99,6 +178,17 @@ impl KvPoolConfig {
             )));
         }
         for (i, spec) in self.layers.iter().enumerate() {
+            for (what, t, dim) in [
+                ("K", self.types.k, spec.head_dim),
+                ("V", self.types.v, spec.v_head_dim),
+            ] {
+                if spec.shares.is_none() && dim % t.block_elems() != 0 {
+                    return Err(KvError::Config(format!(
+                        "a {t} {what} cache stores heads in blocks of {}, but layer {i}'s heads have {dim} elements",
+                        t.block_elems()
+                    )));
+                }
+            }
             let Some(src) = spec.shares else { continue };
             let ok = (src.0 as usize) < i
                 && self.layers[src.0 as usize].shares.is_none()
@@ -176,7 +266,8 @@ impl KvPoolConfig {
             .iter()
             .map(|s| {
                 let l = &self.layers[s.0 as usize];
-                l.kv_heads * (l.head_dim + l.v_head_dim) * self.dtype.bytes()
+                self.types.k.row_bytes(l.kv_heads * l.head_dim)
+                    + self.types.v.row_bytes(l.kv_heads * l.v_head_dim)
             })
             .sum()
     }

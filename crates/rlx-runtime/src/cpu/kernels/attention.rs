@@ -29,6 +29,7 @@ use rlx_ir::Mask;
 use crate::cpu::features::Isa;
 use crate::cpu::kernels::elementwise::exp_f32;
 use crate::cpu::kv::RowsView;
+use crate::cpu::matmul::dequantize_blocks;
 use crate::cpu::pool::ThreadPool;
 use crate::cpu::SharedMut;
 
@@ -677,8 +678,8 @@ enum Block<'a> {
 }
 
 /// Rows `t0 .. t0 + nk` of KV head `g`: in place (`heads·dim` apart) for f32
-/// storage, and for f16 when `in_place`; otherwise widened into `tile`
-/// (`dim` apart).
+/// storage, and for f16 when `in_place`; otherwise widened or dequantized
+/// into `tile` (`dim` apart).
 #[allow(clippy::too_many_arguments)]
 fn block_rows<'a>(
     view: RowsView<'a>,
@@ -701,6 +702,16 @@ fn block_rows<'a>(
         }
         RowsView::F16(v) => (v.reinterpret_cast(), tiles.widen_f16),
         RowsView::BF16(v) => (v.reinterpret_cast(), tiles.widen_bf16),
+        RowsView::Blocks(ty, v) => {
+            // Each head's row is whole blocks (the pool's config checks).
+            let bytes = |e: usize| e / ty.block_elems() * ty.block_bytes();
+            tile.resize(nk * dim, 0.0);
+            for (j, dst) in tile.chunks_exact_mut(dim).enumerate() {
+                let at = start + j * stride;
+                dequantize_blocks(ty, &v[bytes(at)..bytes(at + dim)], dst);
+            }
+            return Block::F32(&tile[..], dim);
+        }
     };
     tile.resize(nk * dim, 0.0);
     for (j, dst) in tile.chunks_exact_mut(dim).enumerate() {

@@ -168,6 +168,14 @@ pub enum MatmulError {
     IsaUnsupported { requested: Isa, available: Isa },
 }
 
+/// Dequantizes whole blocks of `ty` into `dst` (`rlx_gguf::dequantize`'s
+/// values, bit for bit) with the fastest kernel this CPU has for the type.
+pub(crate) fn dequantize_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    // SAFETY: `dequant` hands out kernels of the ISA asked for, which is
+    // what this CPU has.
+    unsafe { kernels::dequant(ty, Isa::detect()).apply(src, dst) }
+}
+
 /// The activation format [`Precision::Quantized`] pairs with weights of type
 /// `ty` (`Q8_0`, `Q8_1` or `Q8_K`), or `None` if `ty` has no quantized kernel
 /// and runs on the Exact path.

@@ -6,6 +6,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use half::{bf16, f16};
+use rlx_gguf::GgmlType;
 use rlx_ir::Mask;
 
 use super::*;
@@ -35,6 +36,9 @@ enum Storage {
     F32,
     F16,
     BF16,
+    /// ggml blocks of 32 (head sizes a multiple of 32).
+    Q8_0,
+    Q4_0,
 }
 
 /// K or V rows in one storage type, and the f32 values they hold.
@@ -42,6 +46,7 @@ struct Stored {
     f32s: Vec<f32>,
     f16s: Vec<f16>,
     bf16s: Vec<bf16>,
+    blocks: Vec<u8>,
     storage: Storage,
 }
 
@@ -49,15 +54,25 @@ impl Stored {
     fn new(values: Vec<f32>, storage: Storage) -> Stored {
         let f16s: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
         let bf16s: Vec<bf16> = values.iter().map(|&x| bf16::from_f32(x)).collect();
-        let f32s = match storage {
-            Storage::F32 => values,
-            Storage::F16 => f16s.iter().map(|x| x.to_f32()).collect(),
-            Storage::BF16 => bf16s.iter().map(|x| x.to_f32()).collect(),
+        let block_type = match storage {
+            Storage::Q8_0 => Some(GgmlType::Q8_0),
+            Storage::Q4_0 => Some(GgmlType::Q4_0),
+            _ => None,
+        };
+        let blocks = block_type.map_or_else(Vec::new, |ty| {
+            rlx_gguf::quantize_to_vec(ty, &values).expect("whole blocks")
+        });
+        let f32s = match (storage, block_type) {
+            (_, Some(ty)) => rlx_gguf::dequantize_to_vec(ty, &blocks).unwrap(),
+            (Storage::F16, _) => f16s.iter().map(|x| x.to_f32()).collect(),
+            (Storage::BF16, _) => bf16s.iter().map(|x| x.to_f32()).collect(),
+            _ => values,
         };
         Stored {
             f32s,
             f16s,
             bf16s,
+            blocks,
             storage,
         }
     }
@@ -66,6 +81,8 @@ impl Stored {
             Storage::F32 => RowsView::F32(&self.f32s),
             Storage::F16 => RowsView::F16(&self.f16s),
             Storage::BF16 => RowsView::BF16(&self.bf16s),
+            Storage::Q8_0 => RowsView::Blocks(GgmlType::Q8_0, &self.blocks),
+            Storage::Q4_0 => RowsView::Blocks(GgmlType::Q4_0, &self.blocks),
         }
     }
 }
@@ -274,6 +291,23 @@ fn softcap_and_half_precision_rows_match_the_definition() {
                 let p = params(mask, hd, cap);
                 let case = Case::ring(&mut r, (4, 1, hd, hd), 5, 70, 70, p, storage);
                 case.check(&format!("{storage:?}, hd {hd}, cap {cap:?}, {mask:?}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn block_quantized_rows_match_the_definition() {
+    // Keys and values stored as ggml's Q8_0 / Q4_0 blocks, dequantized per
+    // block as the tiles read them; the definition runs on the same
+    // dequantized values.
+    let mut r = Rng(29);
+    for storage in [Storage::Q8_0, Storage::Q4_0] {
+        for hd in [32, 64, 256] {
+            for (n, len, rows) in [(1, 70, 70), (5, 70, 70), (1, 2500, 3000)] {
+                let p = params(Mask::Sliding { window: 2100 }, hd, None);
+                let case = Case::ring(&mut r, (4, 2, hd, hd), n, len, rows, p, storage);
+                case.check(&format!("{storage:?}, hd {hd}, n {n}, len {len}"));
             }
         }
     }
