@@ -75,6 +75,18 @@ impl Rows {
         }
     }
 
+    /// The stored bytes, little-endian (tests compare devices' storage).
+    #[cfg(test)]
+    pub(crate) fn bytes_into(&self, out: &mut [u8]) {
+        let raw: Vec<u8> = match self {
+            Rows::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Rows::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Rows::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Rows::Blocks(_, v) => v.clone(),
+        };
+        out.copy_from_slice(&raw);
+    }
+
     pub(crate) fn bytes(&self) -> usize {
         match self {
             Rows::F32(v) => v.len() * 4,

@@ -621,15 +621,16 @@ extern "C" __global__ void rope(const float* x, const int* pos, const float* inv
 // K/V buffers hold rows of f32, f16 or bf16 elements, or of ggml's Q8_0
 // or Q4_0 blocks (whole blocks a row), stored as the CPU stores them.
 
-// Element i of a K/V buffer of type t.
-__device__ __forceinline__ float kv_load(const void* base, int t, size_t i) {
-    if (t == T_F32) return ((const float*)base)[i];
-    if (t == T_F16 || t == T_BF16) {
+// Element i of a K/V buffer of type T.
+template <int T>
+__device__ __forceinline__ float kv_load(const void* base, size_t i) {
+    if (T == T_F32) return ((const float*)base)[i];
+    if (T == T_F16 || T == T_BF16) {
         u16 h = ((const u16*)base)[i];
-        return t == T_F16 ? h2f(h) : bf2f(h);
+        return T == T_F16 ? h2f(h) : bf2f(h);
     }
     int l = (int)(i & 31);
-    if (t == T_Q8_0) {
+    if (T == T_Q8_0) {
         const u8* b = (const u8*)base + (i >> 5) * 34;
         return h2f(ld16(b)) * (float)(i8)b[2 + l];
     }
@@ -638,10 +639,10 @@ __device__ __forceinline__ float kv_load(const void* base, int t, size_t i) {
     return (float)(q - 8) * h2f(ld16(b));
 }
 
-__device__ __forceinline__ void st16(u8* p, u16 v) {
-    p[0] = (u8)v;
-    p[1] = (u8)(v >> 8);
-}
+// A block's f16 scale, as one 16-bit store (blocks of 34 and 18 bytes start
+// 2-byte aligned). Written as two byte stores of the converted half (the
+// PTX was right), the low byte came out 0 on an H200 (sm_90, CUDA 13).
+__device__ __forceinline__ void st_half(u8* p, float v) { *(u16*)p = f2h(v); }
 
 // Unit u (elements 32u .. 32u + n, n ≤ 32, and n = 32 for block types) of
 // row `row` of a K/V buffer of type t whose rows have w elements, from x.
@@ -658,7 +659,7 @@ __device__ void kv_store_unit(void* base, int t, size_t row, int w, int u, const
         }
         float d = amax / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
-        st16(b, f2h(d));
+        st_half(b, d);
         for (int j = 0; j < 32; j++) b[2 + j] = (u8)(int)roundf(__fmul_rn(x[j], id));
         return;
     }
@@ -673,7 +674,7 @@ __device__ void kv_store_unit(void* base, int t, size_t row, int w, int u, const
         }
         float d = mx / -8.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
-        st16(b, f2h(d));
+        st_half(b, d);
         for (int j = 0; j < 16; j++) {
             int lo = min(15, (int)(i8)(int)__fadd_rn(__fmul_rn(x[j], id), 8.5f));
             int hi = min(15, (int)(i8)(int)__fadd_rn(__fmul_rn(x[16 + j], id), 8.5f));
@@ -744,14 +745,15 @@ __device__ __forceinline__ bool block_visible(int mask, int w, int qp, int lo) {
 // hd] and vc [rows, hkv, hdv]; rows at or past run_end[r] hold nothing of this
 // run yet. The warps take every 4th row of each visible block with an online
 // softmax, and their partial results are merged at the end. A query that
-// sees no key gets zeros. out [n, hq, hdv]; hd, hdv ≤ 512; keys of type kt
-// and values of type vt (`kv_load`).
+// sees no key gets zeros. out [n, hq, hdv]; hd, hdv ≤ 512; keys of type KT
+// and values of type VT (`kv_load`), one kernel per pair.
 #define AW 4
-extern "C" __global__ void attention(const float* q, const void* kc, const void* vc,
-                                     const int* qpos, const int* run_of_row, const int* run_end,
-                                     const int* block_start, const int* table, float* out,
-                                     int hq, int hkv, int hd, int hdv, float scale,
-                                     float softcap, int mask, int window, int kt, int vt) {
+template <int KT, int VT>
+__device__ void attention_body(const float* q, const void* kc, const void* vc,
+                               const int* qpos, const int* run_of_row, const int* run_end,
+                               const int* block_start, const int* table, float* out, int hq,
+                               int hkv, int hd, int hdv, float scale, float softcap, int mask,
+                               int window) {
     __shared__ float sm_m[AW], sm_l[AW];
     __shared__ float sm_o[AW][512];
     int qi = blockIdx.x / hq, h = blockIdx.x % hq;
@@ -782,7 +784,7 @@ extern "C" __global__ void attention(const float* q, const void* kc, const void*
             #pragma unroll
             for (int j = 0; j < 16; j++) {
                 int c = lane + 32 * j;
-                if (c < hd) s += qv[j] * kv_load(kc, kt, kr + c);
+                if (c < hd) s += qv[j] * kv_load<KT>(kc, kr + c);
             }
             s = warp_sum(s) * scale;
             if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
@@ -792,7 +794,7 @@ extern "C" __global__ void attention(const float* q, const void* kc, const void*
             #pragma unroll
             for (int j = 0; j < 16; j++) {
                 int c = lane + 32 * j;
-                if (c < hdv) acc[j] = acc[j] * alpha + p * kv_load(vc, vt, vr + c);
+                if (c < hdv) acc[j] = acc[j] * alpha + p * kv_load<VT>(vc, vr + c);
             }
             l = l * alpha + p;
             m = m_new;
@@ -821,6 +823,27 @@ extern "C" __global__ void attention(const float* q, const void* kc, const void*
         orow[c] = total > 0.0f ? o / total : 0.0f;
     }
 }
+
+// attention_<k>_<v>: one kernel per pair of key and value types.
+#define ATTN_KV(KS, KT, VS, VT)                                                                  \
+    extern "C" __global__ void attention_##KS##_##VS(                                            \
+        const float* q, const void* kc, const void* vc, const int* qpos, const int* run_of_row, \
+        const int* run_end, const int* block_start, const int* table, float* out, int hq,       \
+        int hkv, int hd, int hdv, float scale, float softcap, int mask, int window) {           \
+        attention_body<KT, VT>(q, kc, vc, qpos, run_of_row, run_end, block_start, table, out,   \
+                               hq, hkv, hd, hdv, scale, softcap, mask, window);                 \
+    }
+#define ATTN_K(KS, KT)                  \
+    ATTN_KV(KS, KT, f32, T_F32)         \
+    ATTN_KV(KS, KT, f16, T_F16)         \
+    ATTN_KV(KS, KT, bf16, T_BF16)       \
+    ATTN_KV(KS, KT, q8_0, T_Q8_0)       \
+    ATTN_KV(KS, KT, q4_0, T_Q4_0)
+ATTN_K(f32, T_F32)
+ATTN_K(f16, T_F16)
+ATTN_K(bf16, T_BF16)
+ATTN_K(q8_0, T_Q8_0)
+ATTN_K(q4_0, T_Q4_0)
 
 // Sum of v over the block (all threads get it), in f64 as the CPU sums
 // row statistics; `part` is 32 doubles of shared memory.

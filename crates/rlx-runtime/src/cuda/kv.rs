@@ -34,6 +34,8 @@ pub(crate) struct LayerPtrs {
     /// The kernels' type codes of keys and values (`kernels.cu`'s `T_*`).
     pub k_ty: u32,
     pub v_ty: u32,
+    /// The storage types of keys and values.
+    pub types: KvTypes,
 }
 
 /// The K/V rows of a pool on a GPU.
@@ -97,6 +99,7 @@ impl CudaKvStorage {
             v_width: l.v_width,
             k_ty: kv_code(self.types.k),
             v_ty: kv_code(self.types.v),
+            types: self.types,
         })
     }
 }

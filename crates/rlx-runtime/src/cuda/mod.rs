@@ -40,6 +40,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions as NvrtcOptions, Ptx};
 use rlx_gguf::GgmlType;
 
 use crate::compile::RunError;
+use crate::kv::KvDType;
 use crate::weights::WeightStore;
 
 pub use backend::CudaBackend;
@@ -103,6 +104,20 @@ const TYPES: [(GgmlType, &str); 16] = [
     (GgmlType::MXFP4, "mxfp4"),
 ];
 
+/// The K/V cache types, in the order of the attention kernels' table.
+const KV_TYPES: [KvDType; 5] = KvDType::ALL;
+
+/// The attention kernel's index for keys of type `k` and values of type `v`.
+fn attention_index(k: KvDType, v: KvDType) -> usize {
+    let at = |t| {
+        KV_TYPES
+            .iter()
+            .position(|&x| x == t)
+            .expect("every K/V type")
+    };
+    at(k) * KV_TYPES.len() + at(v)
+}
+
 /// The kernel code of a weight type, if the kernels read it.
 fn type_code(ty: GgmlType) -> Option<u32> {
     TYPES.iter().position(|&(t, _)| t == ty).map(|i| i as u32)
@@ -160,7 +175,9 @@ struct Kernels {
     geglu: CudaFunction,
     rope: CudaFunction,
     kv_write: CudaFunction,
-    attention: CudaFunction,
+    /// Per (key type, value type) of [`KV_TYPES`]: `attention_<k>_<v>`, at
+    /// `k · KV_TYPES.len() + v`.
+    attention: Vec<CudaFunction>,
     take_rows: CudaFunction,
     narrow: CudaFunction,
     concat_part: CudaFunction,
@@ -288,7 +305,11 @@ impl CudaDevice {
             geglu: f("geglu")?,
             rope: f("rope")?,
             kv_write: f("kv_write")?,
-            attention: f("attention")?,
+            attention: KV_TYPES
+                .iter()
+                .flat_map(|k| KV_TYPES.iter().map(move |v| (k, v)))
+                .map(|(k, v)| f(&format!("attention_{}_{}", k.name(), v.name())))
+                .collect::<Result<_, _>>()?,
             take_rows: f("take_rows")?,
             narrow: f("narrow")?,
             concat_part: f("concat_part")?,

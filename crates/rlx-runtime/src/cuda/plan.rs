@@ -1218,7 +1218,7 @@ impl CudaPlan {
                     Mask::Symmetric { half_width } => (3, half_width),
                 };
                 self.launch(
-                    &k.attention,
+                    &k.attention[super::attention_index(l.types.k, l.types.v)],
                     grid(nq * hq, 1, 128),
                     &[
                         Arg::Ptr(inp(0)),
@@ -1238,8 +1238,6 @@ impl CudaPlan {
                         Arg::F32(spec.softcap.unwrap_or(0.0)),
                         Arg::I32(mask),
                         Arg::I32(window.min(i32::MAX as usize) as i32),
-                        Arg::I32(l.k_ty as i32),
-                        Arg::I32(l.v_ty as i32),
                     ],
                 )?;
             }

@@ -581,3 +581,66 @@ fn a_weight_type_without_kernels_is_refused_by_name() {
         "{msg}"
     );
 }
+
+#[test]
+#[ignore = "needs a GPU"]
+fn kv_rows_are_stored_as_the_cpu_stores_them() {
+    // The kv_write kernel's bytes for every cache type against the CPU
+    // storage's (rlx_gguf's conversions and quantizers), rows scattered.
+    use cudarc::driver::PushKernelArg;
+    let dev = super::CudaDevice::new(0).unwrap();
+    let s = &dev.stream;
+    let (n, kd, vd, rows) = (5usize, 128usize, 64usize, 8usize);
+    let mut r = Rng(5);
+    let k: Vec<f32> = (0..n * kd).map(|_| r.next() * 3.0).collect();
+    let v: Vec<f32> = (0..n * vd).map(|_| r.next() * 0.5).collect();
+    let dest = [3i32, 0, 7, 1, 2];
+    for t in KvDType::ALL {
+        let (kb, vb) = (t.row_bytes(kd), t.row_bytes(vd));
+        let mut want_k = vec![0u8; rows * kb];
+        let mut want_v = vec![0u8; rows * vb];
+        let mut cpu = crate::cpu::kv::Rows::new(t, rows * kd);
+        let mut cpu_v = crate::cpu::kv::Rows::new(t, rows * vd);
+        for (i, &row) in dest.iter().enumerate() {
+            cpu.write(row as usize * kd, &k[i * kd..][..kd]);
+            cpu_v.write(row as usize * vd, &v[i * vd..][..vd]);
+        }
+        cpu.bytes_into(&mut want_k);
+        cpu_v.bytes_into(&mut want_v);
+        let (kx, vx) = (s.clone_htod(&k).unwrap(), s.clone_htod(&v).unwrap());
+        let kc = s.alloc_zeros::<u8>(rows * kb).unwrap();
+        let vc = s.alloc_zeros::<u8>(rows * vb).unwrap();
+        let rows_d = s.clone_htod(&dest).unwrap();
+        let code = super::type_code(t.ggml()).unwrap() as i32;
+        let mut b = s.launch_builder(&dev.kernels.kv_write);
+        let ptrs = [
+            dev.ptr(&kx),
+            dev.ptr(&vx),
+            dev.ptr(&kc),
+            dev.ptr(&vc),
+            dev.ptr(&rows_d),
+        ];
+        for p in &ptrs {
+            b.arg(p);
+        }
+        let ints = [n as i32, kd as i32, vd as i32, code, code];
+        for i in &ints {
+            b.arg(i);
+        }
+        // SAFETY: the kernel's arguments, with buffers of the sizes it
+        // writes and reads (n rows in, `rows` rows out).
+        unsafe { b.launch(super::plan::linear(n * (kd / 32 + vd / 32))) }.unwrap();
+        let (got_k, got_v) = (s.clone_dtoh(&kc).unwrap(), s.clone_dtoh(&vc).unwrap());
+        let first_diff = |a: &[u8], b: &[u8]| a.iter().zip(b).position(|(x, y)| x != y);
+        for (what, got, want) in [("keys", &got_k, &want_k), ("values", &got_v, &want_v)] {
+            if let Some(i) = first_diff(got, want) {
+                let at = i.saturating_sub(4);
+                panic!(
+                    "{t} {what}: byte {i} differs; GPU {:?}, CPU {:?} from byte {at}",
+                    &got[at..(at + 40).min(got.len())],
+                    &want[at..(at + 40).min(want.len())]
+                );
+            }
+        }
+    }
+}
