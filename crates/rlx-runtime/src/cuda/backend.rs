@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use rlx_gguf::GgmlType;
-use rlx_ir::{Graph, KvSource, Op};
+use rlx_ir::{Graph, Op};
 
 use super::{compile_cuda, supports, CudaDevice, CudaError, CudaKvStorage, CudaPlan, CudaWeights};
 use crate::backend::{Backend, Device, Executable, MemoryReport};
@@ -61,9 +61,7 @@ impl Backend for CudaBackend {
     /// The ops [`CudaPlan`] has kernels for.
     fn supports_op(&self, op: &Op) -> bool {
         match op {
-            Op::Attention(spec) => {
-                matches!(spec.kv, KvSource::Cache(_)) && !spec.bidirectional_spans
-            }
+            Op::Attention(spec) => !spec.bidirectional_spans,
             Op::Input { .. }
             | Op::BatchMatMul
             | Op::MatchRms { .. }

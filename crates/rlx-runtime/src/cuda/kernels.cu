@@ -737,23 +737,57 @@ __device__ __forceinline__ bool block_visible(int mask, int w, int qp, int lo) {
     }
 }
 
+// Where a query's keys are, for `attention_body`: its position, the end of
+// its keys' positions, and a range of 32-row blocks, each a physical block
+// (rows phys·BLOCK ..) holding the keys at positions lo .. lo + BLOCK.
+
+// The paged pool: query row qi is at position qpos[qi] in run r =
+// run_of_row[qi], which reads the blocks listed at table entries
+// block_start[r] .. block_start[r + 1], pairs (physical block, logical
+// block); rows at or past run_end[r] hold nothing of this run yet.
+struct PagedKeys {
+    const int *qpos, *run_of_row, *run_end, *block_start, *table;
+    __device__ void query(int qi, int* qp, int* end, int* e0, int* e1) const {
+        int r = run_of_row[qi];
+        *qp = qpos[qi];
+        *end = run_end[r];
+        *e0 = block_start[r];
+        *e1 = block_start[r + 1];
+    }
+    __device__ void block(int e, int* phys, int* lo) const {
+        *phys = table[2 * e];
+        *lo = table[2 * e + 1] * BLOCK;
+    }
+};
+
+// K/V given as inputs: m keys at rows and positions 0 .. m, the n queries
+// at the last n of those positions.
+struct DenseKeys {
+    int m, n;
+    __device__ void query(int qi, int* qp, int* end, int* e0, int* e1) const {
+        *qp = m - n + qi;
+        *end = m;
+        *e0 = 0;
+        *e1 = (m + BLOCK - 1) / BLOCK;
+    }
+    __device__ void block(int e, int* phys, int* lo) const {
+        *phys = e;
+        *lo = e * BLOCK;
+    }
+};
+
 // One block of 4 warps per (query row, head). Query row qi [hq, hd] of q
-// [n, hq, hd] is at position qpos[qi] in run r = run_of_row[qi], which reads
-// the blocks listed at table entries block_start[r] .. block_start[r + 1]:
-// pairs (physical block, logical block). Row i of such a block holds the key
-// at position logical·BLOCK + i, in row physical·BLOCK + i of kc [rows, hkv,
-// hd] and vc [rows, hkv, hdv]; rows at or past run_end[r] hold nothing of this
-// run yet. The warps take every 4th row of each visible block with an online
-// softmax, and their partial results are merged at the end. A query that
-// sees no key gets zeros. out [n, hq, hdv]; hd, hdv ≤ 512; keys of type KT
-// and values of type VT (`kv_load`), one kernel per pair.
+// [n, hq, hd] reads the keys `keys` gives it: row i of a block holds the key
+// at position lo + i, in row phys·BLOCK + i of kc [rows, hkv, hd] and vc
+// [rows, hkv, hdv]. The warps take every 4th row of each visible block with
+// an online softmax, and their partial results are merged at the end. A
+// query that sees no key gets zeros. out [n, hq, hdv]; hd, hdv ≤ 512; keys
+// of type KT and values of type VT (`kv_load`).
 #define AW 4
-template <int KT, int VT>
-__device__ void attention_body(const float* q, const void* kc, const void* vc,
-                               const int* qpos, const int* run_of_row, const int* run_end,
-                               const int* block_start, const int* table, float* out, int hq,
-                               int hkv, int hd, int hdv, float scale, float softcap, int mask,
-                               int window) {
+template <int KT, int VT, class Keys>
+__device__ void attention_body(const float* q, const void* kc, const void* vc, Keys keys,
+                               float* out, int hq, int hkv, int hd, int hdv, float scale,
+                               float softcap, int mask, int window) {
     __shared__ float sm_m[AW], sm_l[AW];
     __shared__ float sm_o[AW][512];
     int qi = blockIdx.x / hq, h = blockIdx.x % hq;
@@ -768,12 +802,11 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc,
         acc[i] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
-    int qp = qpos[qi];
-    int r = run_of_row[qi];
-    int end = run_end[r];
-    int e_end = block_start[r + 1];
-    for (int e = block_start[r]; e < e_end; e++) {
-        int phys = table[2 * e], lo = table[2 * e + 1] * BLOCK;
+    int qp, end, e0, e_end;
+    keys.query(qi, &qp, &end, &e0, &e_end);
+    for (int e = e0; e < e_end; e++) {
+        int phys, lo;
+        keys.block(e, &phys, &lo);
         if (lo >= end || !block_visible(mask, window, qp, lo)) continue;
         for (int i = warp; i < BLOCK; i += AW) {
             int kp = lo + i;
@@ -824,14 +857,16 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc,
     }
 }
 
-// attention_<k>_<v>: one kernel per pair of key and value types.
+// attention_<k>_<v>: the paged pool, one kernel per pair of key and value
+// types.
 #define ATTN_KV(KS, KT, VS, VT)                                                                  \
     extern "C" __global__ void attention_##KS##_##VS(                                            \
         const float* q, const void* kc, const void* vc, const int* qpos, const int* run_of_row, \
         const int* run_end, const int* block_start, const int* table, float* out, int hq,       \
         int hkv, int hd, int hdv, float scale, float softcap, int mask, int window) {           \
-        attention_body<KT, VT>(q, kc, vc, qpos, run_of_row, run_end, block_start, table, out,   \
-                               hq, hkv, hd, hdv, scale, softcap, mask, window);                 \
+        PagedKeys keys = {qpos, run_of_row, run_end, block_start, table};                      \
+        attention_body<KT, VT>(q, kc, vc, keys, out, hq, hkv, hd, hdv, scale, softcap, mask,    \
+                               window);                                                         \
     }
 #define ATTN_K(KS, KT)                  \
     ATTN_KV(KS, KT, f32, T_F32)         \
@@ -844,6 +879,16 @@ ATTN_K(f16, T_F16)
 ATTN_K(bf16, T_BF16)
 ATTN_K(q8_0, T_Q8_0)
 ATTN_K(q4_0, T_Q4_0)
+
+// K/V from inputs: k [m, hkv, hd] and v [m, hkv, hdv] of this step, f32.
+extern "C" __global__ void attention_inputs(const float* q, const float* k, const float* v,
+                                            int m, int n, float* out, int hq, int hkv, int hd,
+                                            int hdv, float scale, float softcap, int mask,
+                                            int window) {
+    DenseKeys keys = {m, n};
+    attention_body<T_F32, T_F32>(q, k, v, keys, out, hq, hkv, hd, hdv, scale, softcap, mask,
+                                 window);
+}
 
 // Sum of v over the block (all threads get it), in f64 as the CPU sums
 // row statistics; `part` is 32 doubles of shared memory.

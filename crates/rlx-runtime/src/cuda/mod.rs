@@ -178,6 +178,8 @@ struct Kernels {
     /// Per (key type, value type) of [`KV_TYPES`]: `attention_<k>_<v>`, at
     /// `k · KV_TYPES.len() + v`.
     attention: Vec<CudaFunction>,
+    /// Attention over K/V given as inputs (f32).
+    attention_inputs: CudaFunction,
     take_rows: CudaFunction,
     narrow: CudaFunction,
     concat_part: CudaFunction,
@@ -310,6 +312,7 @@ impl CudaDevice {
                 .flat_map(|k| KV_TYPES.iter().map(move |v| (k, v)))
                 .map(|(k, v)| f(&format!("attention_{}_{}", k.name(), v.name())))
                 .collect::<Result<_, _>>()?,
+            attention_inputs: f("attention_inputs")?,
             take_rows: f("take_rows")?,
             narrow: f("narrow")?,
             concat_part: f("concat_part")?,

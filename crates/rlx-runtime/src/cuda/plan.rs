@@ -415,11 +415,37 @@ pub fn compile_cuda(
                 rope_tables.insert(id, s.clone_htod(&inv_freqs(spec, factors.as_deref()))?);
             }
             Op::Attention(spec) => {
-                if spec.kv == KvSource::Inputs {
-                    return Err(unsupported("attention over K/V inputs"));
-                }
                 if spec.bidirectional_spans {
                     return Err(unsupported("bidirectional spans"));
+                }
+                if spec.kv == KvSource::Inputs {
+                    // Heads and head sizes: fixed, grouped, at most 512.
+                    let heads = |i: usize| -> Option<(usize, usize)> {
+                        match g.node(n.inputs[i]).shape.dims() {
+                            [_, h, d] => Some((h.fixed()?, d.fixed()?)),
+                            _ => None,
+                        }
+                    };
+                    let ok = match (heads(0), heads(1), heads(2)) {
+                        (Some((hq, hd)), Some((hkv, kd)), Some((vh, hdv))) => {
+                            hkv > 0
+                                && hq % hkv == 0
+                                && vh == hkv
+                                && kd == hd
+                                && hd <= 512
+                                && hdv <= 512
+                        }
+                        _ => false,
+                    };
+                    if !ok {
+                        return Err(node_err(
+                            &g,
+                            id,
+                            "attention over inputs needs q [n, H, d], k [m, Hkv, d], v [m, Hkv, dv] \
+                             with H a multiple of Hkv and d, dv at most 512",
+                        )
+                        .into());
+                    }
                 }
                 rows = rows.max(rows_at_max(n.inputs[0]));
             }
@@ -1203,12 +1229,6 @@ impl CudaPlan {
                 )?;
             }
             Op::Attention(spec) => {
-                let KvSource::Cache(slot) = spec.kv else {
-                    unreachable!("rejected at compile")
-                };
-                let kv = kv.ok_or(RunError::NoCache)?;
-                let (group, l) = kv.layer(slot)?;
-                let (_, lspec) = kv.pool.owner(slot)?;
                 let qd = in_dims(0);
                 let (nq, hq) = (qd[0], qd[1]);
                 let (mask, window) = match spec.mask {
@@ -1217,29 +1237,58 @@ impl CudaPlan {
                     Mask::Full => (2, 0),
                     Mask::Symmetric { half_width } => (3, half_width),
                 };
-                self.launch(
-                    &k.attention[super::attention_index(l.types.k, l.types.v)],
-                    grid(nq * hq, 1, 128),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(l.k),
-                        Arg::Ptr(l.v),
-                        Arg::Ptr(self.meta_addr(ml.input(input_index("pos")))),
-                        Arg::Ptr(self.meta_addr(ml.run_of_row())),
-                        Arg::Ptr(self.meta_addr(ml.run_end())),
-                        Arg::Ptr(self.meta_addr(ml.block_start(group))),
-                        Arg::Ptr(self.meta_addr(ml.table())),
-                        Arg::Ptr(out),
-                        Arg::I32(hq as i32),
-                        Arg::I32(lspec.kv_heads as i32),
-                        Arg::I32(lspec.head_dim as i32),
-                        Arg::I32(lspec.v_head_dim as i32),
-                        Arg::F32(spec.scale),
-                        Arg::F32(spec.softcap.unwrap_or(0.0)),
-                        Arg::I32(mask),
-                        Arg::I32(window.min(i32::MAX as usize) as i32),
-                    ],
-                )?;
+                let tail = [
+                    Arg::F32(spec.scale),
+                    Arg::F32(spec.softcap.unwrap_or(0.0)),
+                    Arg::I32(mask),
+                    Arg::I32(window.min(i32::MAX as usize) as i32),
+                ];
+                let args = match spec.kv {
+                    KvSource::Inputs => {
+                        let (kd, vd) = (in_dims(1), in_dims(2));
+                        vec![
+                            Arg::Ptr(inp(0)),
+                            Arg::Ptr(inp(1)),
+                            Arg::Ptr(inp(2)),
+                            Arg::I32(kd[0] as i32),
+                            Arg::I32(nq as i32),
+                            Arg::Ptr(out),
+                            Arg::I32(hq as i32),
+                            Arg::I32(kd[1] as i32),
+                            Arg::I32(kd[2] as i32),
+                            Arg::I32(vd[2] as i32),
+                        ]
+                    }
+                    KvSource::Cache(slot) => {
+                        let kv = kv.ok_or(RunError::NoCache)?;
+                        let (group, l) = kv.layer(slot)?;
+                        let (_, lspec) = kv.pool.owner(slot)?;
+                        vec![
+                            Arg::Ptr(inp(0)),
+                            Arg::Ptr(l.k),
+                            Arg::Ptr(l.v),
+                            Arg::Ptr(self.meta_addr(ml.input(input_index("pos")))),
+                            Arg::Ptr(self.meta_addr(ml.run_of_row())),
+                            Arg::Ptr(self.meta_addr(ml.run_end())),
+                            Arg::Ptr(self.meta_addr(ml.block_start(group))),
+                            Arg::Ptr(self.meta_addr(ml.table())),
+                            Arg::Ptr(out),
+                            Arg::I32(hq as i32),
+                            Arg::I32(lspec.kv_heads as i32),
+                            Arg::I32(lspec.head_dim as i32),
+                            Arg::I32(lspec.v_head_dim as i32),
+                        ]
+                    }
+                };
+                let f = match spec.kv {
+                    KvSource::Inputs => &k.attention_inputs,
+                    KvSource::Cache(slot) => {
+                        let (_, l) = kv.ok_or(RunError::NoCache)?.layer(slot)?;
+                        &k.attention[super::attention_index(l.types.k, l.types.v)]
+                    }
+                };
+                let args: Vec<Arg> = args.into_iter().chain(tail).collect();
+                self.launch(f, grid(nq * hq, 1, 128), &args)?;
             }
             Op::TakeRows => {
                 let width: usize = dims[1..].iter().product();

@@ -644,3 +644,63 @@ fn kv_rows_are_stored_as_the_cpu_stores_them() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a GPU"]
+fn attention_over_inputs_matches_the_cpu() {
+    // K/V from the step's own activations (an encoder's attention): the
+    // embeddings of n tokens as queries (4 heads of 64), keys and values
+    // (2 heads of 64 each), every mask, 1 to 70 rows (partial blocks).
+    let s = store();
+    let opts = BackendOptions { threads: 2 };
+    let cpu = open(Device::Cpu, &s, &opts).unwrap();
+    let gpu = open(Device::Cuda(0), &s, &opts).unwrap();
+    for mask in [
+        Mask::Causal,
+        Mask::Sliding { window: 5 },
+        Mask::Full,
+        Mask::Symmetric { half_width: 3 },
+    ] {
+        let mut g = Graph::new();
+        let tokens = g.input("tokens", DType::I32, Shape::new([seq()]));
+        let embd = s.node(&mut g, "token_embd.weight").unwrap();
+        let x = g.gather(embd, tokens).unwrap();
+        let heads = |g: &mut Graph, t: NodeId, n: usize| {
+            g.reshape(t, Shape::new([seq(), n.into(), HD.into()]))
+                .unwrap()
+        };
+        let q = heads(&mut g, x, 4);
+        let k = g.narrow(x, 1, rlx_ir::Start::FromStart(0), 2 * HD).unwrap();
+        let v = g
+            .narrow(x, 1, rlx_ir::Start::FromStart(2 * HD), 2 * HD)
+            .unwrap();
+        let (k, v) = (heads(&mut g, k, 2), heads(&mut g, v, 2));
+        let spec = AttentionSpec {
+            mask,
+            scale: 0.125,
+            softcap: Some(30.0),
+            kv: KvSource::Inputs,
+            bidirectional_spans: false,
+        };
+        let a = g.attention(q, k, v, spec).unwrap();
+        g.output("a", a);
+        for n in [1usize, 5, 33, 70] {
+            let max = Bindings::new().with(Sym::SEQ, n);
+            let mut outs = Vec::new();
+            for b in [&cpu, &gpu] {
+                let mut plan = b.compile(&g, &CompileOptions::new(max.clone())).unwrap();
+                let mut batch = Batch::new();
+                for i in 0..n {
+                    batch.push(SeqId(0), i, ((i * 37 + 5) % VOCAB) as u32, true);
+                }
+                let o = plan.run(&batch, None).unwrap();
+                outs.push(o[0].1.as_f32().unwrap().to_vec());
+            }
+            let err = rel_l2(&outs[1], &outs[0]);
+            assert!(
+                err < 1e-5,
+                "{mask:?}, {n} rows: CUDA vs CPU relative L2 {err}"
+            );
+        }
+    }
+}
