@@ -10,11 +10,13 @@
 #
 # `run` writes Gemma 3 270M- and 1B-shaped random files with make_gguf (the
 # tokenizer comes from .devbin/tokenizer.gguf), runs the runtime's CUDA unit
-# tests (paged batches against the CPU backend) and crates/rlx-gemma/tests/
-# cuda.rs (the GPU against the CPU's exact path: tiny fixtures of every
-# supported generation and type, those files, and mixed batches of many
-# sequences against each alone), then `rlx bench` on the GPU (one sequence,
-# and --batch 1,8,32,64) and on the machine's CPU for comparison.
+# tests (every type's decoders, K/V stores and paged batches of every K/V
+# type against the CPU backend) and crates/rlx-gemma/tests/cuda.rs (the GPU
+# against the CPU's exact path: every tiny fixture — every generation, weight
+# type and checkpoint — each named value, every K/V type, those files, and
+# mixed batches of many sequences against each alone), then `rlx bench` on
+# the GPU (one sequence, and --batch 1,8,32,64; SHAPES="" for none) and on
+# the machine's CPU for comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.devbin
