@@ -307,11 +307,26 @@ fn a_prefix_taken_from_the_cache_gives_the_logits_of_computing_it() {
     // a later one starting with the same 96 (three blocks, far past the
     // 8-token sliding windows) takes them over and runs only its own tail.
     // Its logits equal the whole prompt computed afresh, on every
-    // generation (Gemma 3n and 4 share K/V between layers).
-    use rlx_gemma::{Feed, SequencesOptions, Want};
-    for name in TINY_GENERATIONS.into_iter().filter(|&n| n != "gemma4-moe") {
+    // generation (Gemma 3n and 4 share K/V between layers), with every
+    // cache type whose blocks fit the model's heads (a block type rounds
+    // each row by itself, so the cached blocks are what computing gives).
+    use rlx_gemma::{Feed, KvDType, KvTypes, SequencesOptions, Want};
+    let runs = TINY_GENERATIONS
+        .into_iter()
+        .filter(|&n| n != "gemma4-moe")
+        .flat_map(|n| KvDType::ALL.map(|t| (n, t)));
+    for (name, kv) in runs {
         let path = fixtures().join("tiny").join(name).join("model-f32.gguf");
         let model = load(&path, Precision::Exact);
+        if model
+            .config()
+            .layers
+            .iter()
+            .any(|l| l.head_dim % kv.block_elems() != 0)
+        {
+            continue;
+        }
+        let kv_types = Some(KvTypes::both(kv));
         let vocab = model.config().n_vocab;
         let first: Vec<u32> = (0..100).map(|p| token(vocab, 3, p)).collect();
         let mut second = first[..96].to_vec();
@@ -321,6 +336,7 @@ fn a_prefix_taken_from_the_cache_gives_the_logits_of_computing_it() {
                 max_seqs: 2,
                 context: Some(128),
                 max_step_tokens: 64,
+                kv_types,
                 ..Default::default()
             })
             .unwrap();
@@ -336,7 +352,7 @@ fn a_prefix_taken_from_the_cache_gives_the_logits_of_computing_it() {
         seqs.publish(a).unwrap();
         seqs.remove(a).unwrap();
         let (b, n) = seqs.add_cached(&second[..second.len() - 1]).unwrap();
-        assert_eq!(n, 96, "{name}");
+        assert_eq!(n, 96, "{name} {kv}");
         let out = seqs
             .step(&[Feed {
                 seq: b,
@@ -348,14 +364,15 @@ fn a_prefix_taken_from_the_cache_gives_the_logits_of_computing_it() {
         let mut fresh = model
             .session(SessionOptions {
                 context: Some(128),
+                kv_types,
                 ..Default::default()
             })
             .unwrap();
         let all = fresh.score(&second).unwrap();
         let want = &all[n * vocab..];
         let err = rel_l2(&got, want);
-        println!("{name}: cached prefix against computed, relative L2 {err:.2e}");
-        assert!(err < 1e-5, "{name}: {err:e}");
+        println!("{name}, {kv} K/V: cached prefix against computed, relative L2 {err:.2e}");
+        assert!(err < 1e-5, "{name} {kv}: {err:e}");
         seqs.pool().check_invariants().unwrap();
     }
 }

@@ -75,8 +75,8 @@ impl Rows {
         }
     }
 
-    /// The stored bytes, little-endian (tests compare devices' storage).
-    #[cfg(test)]
+    /// The stored bytes, little-endian (the GPU's tests compare its storage).
+    #[cfg(all(test, feature = "cuda"))]
     pub(crate) fn bytes_into(&self, out: &mut [u8]) {
         let raw: Vec<u8> = match self {
             Rows::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
