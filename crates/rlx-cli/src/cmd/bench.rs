@@ -5,7 +5,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use rlx_gemma::{Model, SessionOptions};
+use rlx_gemma::{Model, Session, SessionOptions};
 use rlx_runtime::KvTypes;
 use serde_json::json;
 
@@ -178,21 +178,42 @@ pub(super) fn tokens(model: &Model, n: usize, salt: usize) -> Vec<u32> {
         .collect()
 }
 
-fn time_one(model: &Model, kv: KvTypes, depth: usize, prompt: usize, gen: usize) -> Result<f64> {
-    let mut s = model.session(SessionOptions {
+/// One test's session: its plans are compiled, and on a GPU its step
+/// graphs captured, by the untimed warm-up run, so the timed runs measure
+/// steps as a long-running program sees them.
+fn test_session(
+    model: &Model,
+    kv: KvTypes,
+    depth: usize,
+    prompt: usize,
+    gen: usize,
+) -> Result<Session<'_>> {
+    Ok(model.session(SessionOptions {
         context: Some(depth + prompt + gen + 1),
         prefill_chunk: prompt.max(512),
         kv_types: Some(kv),
         ..Default::default()
-    })?;
+    })?)
+}
+
+/// Tokens per second of one run on `s`, from an empty context: `depth`
+/// tokens untimed, then a prompt of `prompt` tokens or `gen` single tokens.
+fn time_one(s: &mut Session, depth: usize, prompt: usize, gen: usize) -> Result<f64> {
+    let model = s.model();
+    let (context, timed) = if prompt > 0 {
+        (tokens(model, depth, 0), tokens(model, prompt, 1 + depth))
+    } else {
+        (tokens(model, depth, 0), tokens(model, gen, 2 + depth))
+    };
+    s.reset();
     if depth > 0 {
-        s.feed(&tokens(model, depth, 0))?;
+        s.feed(&context)?;
     }
     let start = Instant::now();
     if prompt > 0 {
-        s.feed(&tokens(model, prompt, 1 + depth))?;
+        s.feed(&timed)?;
     } else {
-        for t in tokens(model, gen, 2 + depth) {
+        for &t in &timed {
             s.feed(&[t])?;
         }
     }
@@ -226,9 +247,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     for &p in args.prompt.iter().filter(|&&p| p > 0) {
         // One untimed warm-up run, as llama-bench does.
-        time_one(&model, kv, args.depth, p, 0)?;
+        let mut s = test_session(&model, kv, args.depth, p, 0)?;
+        time_one(&mut s, args.depth, p, 0)?;
         let tps = (0..args.reps)
-            .map(|_| time_one(&model, kv, args.depth, p, 0))
+            .map(|_| time_one(&mut s, args.depth, p, 0))
             .collect::<Result<Vec<_>>>()?;
         rows.push(Row {
             test: suffix(format!("pp{p}")),
@@ -242,11 +264,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let gpu = model.device() != rlx_gemma::Device::Cpu;
     let probe = (!gen.is_empty() && !gpu).then(|| BandwidthProbe::new(threads));
     for n in gen {
-        time_one(&model, kv, args.depth, 0, n.min(8))?;
+        let mut s = test_session(&model, kv, args.depth, 0, n)?;
+        time_one(&mut s, args.depth, 0, n.min(8))?;
         let mut tps = Vec::with_capacity(args.reps);
         let mut bandwidth = Vec::with_capacity(args.reps);
         for _ in 0..args.reps {
-            tps.push(time_one(&model, kv, args.depth, 0, n)?);
+            tps.push(time_one(&mut s, args.depth, 0, n)?);
             if let Some(p) = &probe {
                 bandwidth.push(p.measure());
             }
