@@ -475,27 +475,8 @@ pub fn quantize_gguf(
     progress: &mut dyn FnMut(usize, &TensorPlan),
 ) -> Result<Vec<TensorPlan>, QuantizeError> {
     let plan = plan(file, opts)?;
-    let mut w = GgufWriter::new();
-    let moved = [
-        "general.quantization_version",
-        "general.file_type",
-        "split.no",
-        "split.count",
-        "split.tensors.count",
-    ];
-    for (k, v) in file.metadata() {
-        if !moved.contains(&k.as_str()) {
-            w.add(k, v.clone())?;
-        }
-    }
-    w.add("general.quantization_version", Value::U32(2))?;
-    w.add("general.file_type", Value::U32(opts.file_type.id()))?;
-    for p in &plan {
-        w.declare_tensor(&p.name, p.to, &p.dims)?;
-    }
     let threads = opts.threads.max(1);
-    w.write_streamed(out, |i| {
-        let p = &plan[i];
+    write_planned(file, &plan, opts, out, &mut |i, p| {
         progress(i, p);
         let info = file.tensor(&p.name).ok_or_else(|| {
             GgufError::from(rlx_gguf::ErrorKind::Writer(format!(
@@ -515,6 +496,66 @@ pub fn quantize_gguf(
         })
     })?;
     Ok(plan)
+}
+
+/// The bytes of tensor `i` of a plan, in its planned type.
+pub type TensorSource<'a> = dyn FnMut(usize, &TensorPlan) -> Result<Vec<u8>, GgufError> + 'a;
+
+/// Writes `file`'s metadata as [`quantize_gguf`] does, then the tensors of
+/// `plan` in its types, tensor `i`'s bytes (of type `plan[i].to`) from
+/// `tensor(i, &plan[i])`: the file's own converted, or any others of the
+/// same shapes (random weights for benchmarks).
+pub fn write_planned(
+    file: &GgufFile,
+    plan: &[TensorPlan],
+    opts: &QuantizeOptions,
+    out: impl Write,
+    tensor: &mut TensorSource<'_>,
+) -> Result<(), QuantizeError> {
+    let mut w = GgufWriter::new();
+    let moved = [
+        "general.quantization_version",
+        "general.file_type",
+        "split.no",
+        "split.count",
+        "split.tensors.count",
+    ];
+    for (k, v) in file.metadata() {
+        if !moved.contains(&k.as_str()) {
+            w.add(k, v.clone())?;
+        }
+    }
+    w.add("general.quantization_version", Value::U32(2))?;
+    w.add("general.file_type", Value::U32(opts.file_type.id()))?;
+    for p in plan {
+        w.declare_tensor(&p.name, p.to, &p.dims)?;
+    }
+    w.write_streamed(out, |i| tensor(i, &plan[i]))?;
+    Ok(())
+}
+
+/// `values` (whole rows of `p.dims[0]`) stored as `p.to`, as [`quantize_gguf`]
+/// stores a converted f32 tensor (a few million values at a time, so a
+/// large table needs no second copy).
+pub fn encode_f32(
+    values: &[f32],
+    p: &TensorPlan,
+    threads: usize,
+) -> Result<Vec<u8>, rlx_gguf::QuantError> {
+    let ne0 = p.dims[0] as usize;
+    let rows_per_part = ((1 << 22) / ne0).max(1);
+    let mut out = Vec::with_capacity(values.len() / p.to.block_elems() * p.to.block_bytes());
+    for part in values.chunks(rows_per_part * ne0) {
+        let raw: Vec<u8> = part.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let rows = TensorPlan {
+            name: p.name.clone(),
+            dims: vec![ne0 as u64, (part.len() / ne0) as u64],
+            from: GgmlType::F32,
+            to: p.to,
+        };
+        out.extend(convert(&raw, &rows, threads.max(1))?);
+    }
+    Ok(out)
 }
 
 /// One tensor's rows converted, a share of the rows per thread (the bytes
