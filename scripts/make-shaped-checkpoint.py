@@ -9,6 +9,12 @@ type mix for GPU benchmarks against llama.cpp:
     python3 scripts/make-shaped-checkpoint.py gemma4-26b-a4b /tmp/26b
     random_weights /tmp/26b /tmp/26b-Q4_K_M.gguf --type Q4_K_M
 
+Where transformers is older or missing (a GPU machine), make the directory
+here with `--no-holes` (config, tokenizer, index and `shards.json`, a few
+MB) and write the holes there with the standard library only:
+
+    python3 scripts/make-shaped-checkpoint.py --holes /tmp/26b
+
 Shapes come from scripts/shapes.json (the text configs of the released
 models, with their sources). The tokenizer is the tiny fixtures' (384
 pieces) with the vocabulary padded to the model's size: tokens past 384 are
@@ -29,11 +35,40 @@ TINY = REPO / "tests/fixtures/tiny"
 SHARD_BYTES = 4 << 30
 
 
+def write_holes(out: Path) -> None:
+    """The shards `shards.json` lists, each a header and a hole, and a
+    `tokenizer.json` padded to the vocabulary `pad_vocab` names."""
+    pad = out / "pad_vocab"
+    if pad.exists():
+        tok = json.loads((out / "tokenizer.json").read_text())
+        vocab = tok["model"]["vocab"]
+        taken = set(vocab.values())
+        for i in range(int(pad.read_text())):
+            if i not in taken:
+                vocab[f"[PAD{i}]"] = i
+        (out / "tokenizer.json").write_text(json.dumps(tok))
+        pad.unlink()
+    for fname, header in json.loads((out / "shards.json").read_text()).items():
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
+        with open(out / fname, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)))
+            f.write(raw)
+            f.truncate(8 + len(raw) + end)
+
+
 def main() -> int:
-    if len(sys.argv) != 3:
+    argv = sys.argv[1:]
+    if argv[:1] == ["--holes"] and len(argv) == 2:
+        write_holes(Path(argv[1]))
+        return 0
+    holes = "--no-holes" not in argv
+    argv = [a for a in argv if a != "--no-holes"]
+    if len(argv) != 2:
         print(__doc__)
         return 2
-    name, out = sys.argv[1], Path(sys.argv[2])
+    name, out = argv[0], Path(argv[1])
     shapes = json.loads((REPO / "scripts/shapes.json").read_text())
     if name not in shapes or not isinstance(shapes[name], dict) or name == "sources":
         known = [k for k, v in shapes.items() if k.startswith("gemma") and isinstance(v, dict)]
@@ -79,20 +114,15 @@ def main() -> int:
         current[k] = (tensors[k], size, size + n)
         size += n
     shards.append(current)
-    weight_map = {}
+    weight_map, headers = {}, {}
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         header = {"__metadata__": {"format": "pt"}}
         for k, (shape, a, b) in shard.items():
             header[k] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [a, b]}
             weight_map[k] = fname
-        raw = json.dumps(header).encode()
-        raw += b" " * (-len(raw) % 8)
-        end = max(b for _, _, b in shard.values())
-        with open(out / fname, "wb") as f:
-            f.write(struct.pack("<Q", len(raw)))
-            f.write(raw)
-            f.truncate(8 + len(raw) + end)
+        headers[fname] = header
+    (out / "shards.json").write_text(json.dumps(headers))
     total = sum(b - a for shard in shards for _, a, b in shard.values())
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
@@ -106,13 +136,10 @@ def main() -> int:
         if (src / f).exists():
             shutil.copy(src / f, out / f)
     if arch == "gemma4":
-        tok = json.loads((src / "tokenizer.json").read_text())
-        vocab = tok["model"]["vocab"]
-        taken = set(vocab.values())
-        for i in range(cfg.vocab_size):
-            if i not in taken:
-                vocab[f"[PAD{i}]"] = i
-        (out / "tokenizer.json").write_text(json.dumps(tok))
+        shutil.copy(src / "tokenizer.json", out / "tokenizer.json")
+        (out / "pad_vocab").write_text(str(cfg.vocab_size))
+    if holes:
+        write_holes(out)
     params = total // 2
     print(f"{name}: {len(tensors)} tensors, {params / 1e9:.2f}B parameters, "
           f"{len(shards)} sparse shards in {out}")
