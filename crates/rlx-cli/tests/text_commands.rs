@@ -159,3 +159,25 @@ fn run_holds_its_output_to_a_schema_or_an_expression() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("regular expression"), "{err}");
 }
+
+#[test]
+fn cache_types_are_taken_as_llama_cpp_spells_them() {
+    // `-ctk`/`-ctv` as llama.cpp's users type them, keys and values apart;
+    // `rlx bench --json` reports what ran.
+    let out = ok(rlx().args(["bench", "-m"]).arg(tiny()).args([
+        "-p", "16", "-n", "4", "-r", "1", "-t", "1", "-ctk", "q8_0", "-ctv", "q4_0", "--json",
+    ]));
+    let v = json(&out);
+    assert_eq!(v[0]["kv_type"], "K q8_0 / V q4_0", "{v}");
+    // A block type needs heads of whole 32-element blocks: Gemma 2's are 16.
+    let gemma2 = tiny().parent().unwrap().join("../gemma2/model-f32.gguf");
+    let out = rlx()
+        .args(["run", "-m"])
+        .arg(gemma2)
+        .args(["hello", "-n", "2", "--kv-type", "q4_0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("q4_0") && err.contains("16 elements"), "{err}");
+}
