@@ -167,9 +167,14 @@ pub enum QuantizeError {
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorPlan {
     pub name: String,
+    /// The dimensions written (`pad_rows` more rows than the file's).
     pub dims: Vec<u64>,
     pub from: GgmlType,
     pub to: GgmlType,
+    /// Zero rows written after the file's: Gemma 3n's embedding tables
+    /// padded to the vocabulary (image and audio token ids), as llama.cpp's
+    /// converter pads them and its loader expects.
+    pub pad_rows: u64,
 }
 
 /// What llama.cpp groups tensors into when choosing their types.
@@ -430,6 +435,11 @@ pub fn plan(file: &GgufFile, opts: &QuantizeOptions) -> Result<Vec<TensorPlan>, 
     let default = opts.file_type.default_type();
     let mut walk = Walk::default();
     let mut out = Vec::with_capacity(infos.len());
+    let gemma3n = file.get("general.architecture").and_then(Value::as_str) == Some("gemma3n");
+    let vocab = file
+        .get("tokenizer.ggml.tokens")
+        .and_then(Value::as_array)
+        .map_or(0, |a| a.len() as u64);
     for t in infos {
         let ne0 = t.dims[0];
         let to = if !quantizable(&t.name, &t.dims) {
@@ -450,11 +460,24 @@ pub fn plan(file: &GgufFile, opts: &QuantizeOptions) -> Result<Vec<TensorPlan>, 
                 t.name, t.ty
             )));
         }
+        let table = matches!(
+            t.name.as_str(),
+            "token_embd.weight" | "per_layer_token_embd.weight"
+        );
+        let pad_rows = match t.dims.as_slice() {
+            [_, rows] if gemma3n && table => vocab.saturating_sub(*rows),
+            _ => 0,
+        };
+        let mut dims = t.dims.clone();
+        if pad_rows > 0 {
+            dims[1] += pad_rows;
+        }
         out.push(TensorPlan {
             name: t.name.clone(),
-            dims: t.dims.clone(),
+            dims,
             from: t.ty,
             to,
+            pad_rows,
         });
     }
     Ok(out)
@@ -485,15 +508,24 @@ pub fn quantize_gguf(
             )))
         })?;
         let src = file.tensor_data(info);
-        if p.from == p.to {
-            return Ok(src.to_vec());
-        }
-        convert(src, p, threads).map_err(|e| {
-            GgufError::from(rlx_gguf::ErrorKind::Writer(format!(
-                "tensor {}: {e}",
-                p.name
-            )))
-        })
+        let mut bytes = if p.from == p.to {
+            src.to_vec()
+        } else {
+            let file_rows = TensorPlan {
+                dims: info.dims.clone(),
+                ..p.clone()
+            };
+            convert(src, &file_rows, threads).map_err(|e| {
+                GgufError::from(rlx_gguf::ErrorKind::Writer(format!(
+                    "tensor {}: {e}",
+                    p.name
+                )))
+            })?
+        };
+        // Zero bytes are zeros in every type.
+        let row = p.dims[0] as usize / p.to.block_elems() * p.to.block_bytes();
+        bytes.resize(bytes.len() + p.pad_rows as usize * row, 0);
+        Ok(bytes)
     })?;
     Ok(plan)
 }
@@ -552,6 +584,7 @@ pub fn encode_f32(
             dims: vec![ne0 as u64, (part.len() / ne0) as u64],
             from: GgmlType::F32,
             to: p.to,
+            pad_rows: 0,
         };
         out.extend(convert(&raw, &rows, threads.max(1))?);
     }

@@ -202,6 +202,56 @@ fn a_checkpoint_quantizes_to_llama_quantizes_tensors() {
     }
 }
 
+#[test]
+fn gemma3n_tables_are_padded_to_the_vocabulary_as_the_converter_pads_them() {
+    // The released Gemma 3n checkpoints have 262,144 rows of per-layer
+    // embeddings for a vocabulary of 262,400 (image and audio tokens);
+    // llama.cpp's converter pads the tables with zero rows, and its loader
+    // wants them. The tiny 3n checkpoint told its vocabulary is 400 (the
+    // tokenizer is padded to it) has 384 rows in both tables.
+    use rlx_gemma::quantize::{quantize_gguf, FileType, QuantizeOptions};
+    let src = fixtures().join("tiny/gemma3n/hf");
+    let dir = std::env::temp_dir().join(format!("rlx-hf-3n-pad-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let p = dir.join("config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    c["vocab_size"] = Value::from(400);
+    std::fs::write(&p, c.to_string()).unwrap();
+    let hf = open_file(&dir).unwrap();
+    let opts = QuantizeOptions {
+        file_type: FileType::Q8_0,
+        pure: true,
+        threads: 2,
+    };
+    let mut out = Vec::new();
+    quantize_gguf(&hf, &opts, &mut out, &mut |_, _| {}).unwrap();
+    let ours = rlx_gguf::GgufFile::from_bytes(out).unwrap();
+    for name in ["token_embd.weight", "per_layer_token_embd.weight"] {
+        let (before, after) = (hf.tensor(name).unwrap(), ours.tensor(name).unwrap());
+        assert_eq!(before.dims[1], 384, "{name}");
+        assert_eq!(after.dims, [before.dims[0], 400], "{name}");
+        let values = rlx_gguf::dequantize_to_vec(after.ty, ours.tensor_data(after)).unwrap();
+        let row = before.dims[0] as usize;
+        let kept = rlx_gguf::dequantize_to_vec(before.ty, hf.tensor_data(before)).unwrap();
+        let q = rlx_gguf::quantize_to_vec(after.ty, &kept).unwrap();
+        let requant = rlx_gguf::dequantize_to_vec(after.ty, &q).unwrap();
+        assert_eq!(
+            &values[..384 * row],
+            &requant[..],
+            "{name}: the file's rows"
+        );
+        assert!(
+            values[384 * row..].iter().all(|&v| v == 0.0),
+            "{name}: padding"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The tiny `model`'s checkpoint rewritten in a new directory: its
 /// matrices stored as `dtype` (`"F32"`, or `"BF16"` / `"F16"` rounded to
 /// nearest even; vectors kept in f32), the tensors dealt round-robin into
