@@ -258,9 +258,15 @@ fn gemma3n_tables_are_padded_to_the_vocabulary_as_the_converter_pads_them() {
 /// `shards` files named as transformers names them, with the index file
 /// when there are several.
 fn rewritten_checkpoint(model: &str, dtype: &str, shards: usize) -> std::path::PathBuf {
+    rewrite(model, dtype, shards, false)
+}
+
+/// [`rewritten_checkpoint`], with the vectors of `dtype` too when
+/// `vectors` (as the released bf16 checkpoints store them).
+fn rewrite(model: &str, dtype: &str, shards: usize, vectors: bool) -> std::path::PathBuf {
     let src = fixtures().join("tiny").join(model).join("hf");
     let dst = std::env::temp_dir().join(format!(
-        "rlx-hf-{model}-{dtype}-{shards}-{}",
+        "rlx-hf-{model}-{dtype}-{shards}-{vectors}-{}",
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&dst);
@@ -297,7 +303,11 @@ fn rewritten_checkpoint(model: &str, dtype: &str, shards: usize) -> std::path::P
             off[1].as_u64().unwrap() as usize,
         );
         let start = out_data.len();
-        let ty = if shape.len() >= 2 { dtype } else { "F32" };
+        let ty = if shape.len() >= 2 || vectors {
+            dtype
+        } else {
+            "F32"
+        };
         for c in data[a..b].chunks_exact(4) {
             let x = f32::from_le_bytes(c.try_into().unwrap());
             match ty {
@@ -324,6 +334,49 @@ fn rewritten_checkpoint(model: &str, dtype: &str, shards: usize) -> std::path::P
         std::fs::write(dst.join("model.safetensors.index.json"), index.to_string()).unwrap();
     }
     dst
+}
+
+#[test]
+fn half_checkpoints_keep_in_f32_what_the_converter_keeps_in_f32() {
+    // A checkpoint stored wholly in bf16, vectors included, as released:
+    // llama.cpp's converter writes vectors, norms, the MoE router and
+    // AltUp's coefficients in f32 (its kernels take only f32 there), and
+    // so does rlx's reading of it; the values are the bf16 ones, widened.
+    for m in TINY_GENERATIONS {
+        let hf = rewrite(m, "BF16", 1, true);
+        let file = open_file(&hf).unwrap();
+        let mut kept = 0;
+        for t in file.tensors() {
+            let f32_names = [
+                ".ffn_gate_inp.",
+                ".altup_correct_coef.",
+                ".altup_predict_coef.",
+            ];
+            let forced = t.dims.len() <= 1
+                || t.name.ends_with("_norm.weight")
+                || f32_names.iter().any(|p| t.name.contains(p));
+            if forced {
+                assert_eq!(t.ty, rlx_gguf::GgmlType::F32, "{m} {}", t.name);
+                // The bf16 values widened (Gemma 1–3's norms are 1 + w;
+                // Gemma 4's rope_freqs come from the config).
+                let shifted =
+                    matches!(m, "gemma" | "gemma2" | "gemma3") && t.name.ends_with("norm.weight");
+                if !shifted && t.name != "rope_freqs.weight" {
+                    let data = file.tensor_data(t);
+                    assert!(
+                        data.chunks_exact(4).all(|c| c[0] == 0 && c[1] == 0),
+                        "{m} {}: not bf16 values",
+                        t.name
+                    );
+                }
+                kept += 1;
+            } else if t.dims.len() == 2 && t.name != "rope_freqs.weight" {
+                assert_eq!(t.ty, rlx_gguf::GgmlType::BF16, "{m} {}", t.name);
+            }
+        }
+        assert!(kept > 3, "{m}: {kept} f32 tensors");
+        std::fs::remove_dir_all(&hf).unwrap();
+    }
 }
 
 #[test]

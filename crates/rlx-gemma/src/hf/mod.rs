@@ -800,15 +800,18 @@ fn tensors(
             Target::Tensor(name, shift) => (name, shift),
         };
         let dims: Vec<u64> = t.shape.iter().rev().copied().collect();
-        if shift {
-            // GGUF keeps 1 + w for these norms, in f32.
+        if shift || (t.ty != GgmlType::F32 && converter_keeps_f32(&name, dims.len())) {
+            // GGUF keeps these in f32 (and 1 + w for the shifted norms).
             let n = t.shape.iter().product::<u64>() as usize;
             let mut f = vec![0f32; n];
             rlx_gguf::dequantize(t.ty, t.bytes(), &mut f).map_err(|e| HfError::File {
                 path: dir.to_owned(),
                 msg: format!("tensor {hf_name}: {e}"),
             })?;
-            let bytes: Vec<u8> = f.iter().flat_map(|x| (x + 1.0).to_le_bytes()).collect();
+            let bytes: Vec<u8> = f
+                .iter()
+                .flat_map(|&x| if shift { x + 1.0 } else { x }.to_le_bytes())
+                .collect();
             out.push((name, GgmlType::F32, dims, TensorBytes::Owned(bytes)));
             continue;
         }
@@ -854,6 +857,22 @@ fn tensors(
         out.push((name.to_owned(), ty, dims, TensorBytes::Owned(bytes)));
     }
     Ok(out)
+}
+
+/// Tensors llama.cpp's converter writes in f32 whatever the checkpoint's
+/// type (its loader's kernels take only f32 for them): vectors, norms, the
+/// MoE router, AltUp's coefficients, and anything not named `.weight`.
+fn converter_keeps_f32(name: &str, n_dims: usize) -> bool {
+    n_dims <= 1
+        || name.ends_with("_norm.weight")
+        || !name.ends_with(".weight")
+        || [
+            ".ffn_gate_inp.",
+            ".altup_correct_coef.",
+            ".altup_predict_coef.",
+        ]
+        .iter()
+        .any(|part| name.contains(part))
 }
 
 /// Where a checkpoint tensor goes in the GGUF file.
