@@ -3,7 +3,9 @@
 //! template becomes a [`GgufFile`] with the metadata and tensor names
 //! llama.cpp's converter would write, its matrices pointing into the
 //! memory-mapped shards (nothing copied but the few tensors the conversion
-//! changes, such as Gemma 1–3's norm weights, which GGUF stores as 1 + w).
+//! changes: Gemma 1–3's norm weights, which GGUF stores as 1 + w, and the
+//! vectors, norms and small matrices it keeps in f32 from a bf16 or f16
+//! checkpoint).
 //! Everything after this (config, tokenizer, chat template, weights) is
 //! the GGUF path.
 
