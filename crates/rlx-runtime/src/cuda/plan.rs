@@ -1243,10 +1243,11 @@ impl CudaPlan {
                     Arg::I32(mask),
                     Arg::I32(window.min(i32::MAX as usize) as i32),
                 ];
-                let args = match spec.kv {
+                // The kernel and its arguments before the shared tail.
+                let (f, args) = match spec.kv {
                     KvSource::Inputs => {
                         let (kd, vd) = (in_dims(1), in_dims(2));
-                        vec![
+                        let args = vec![
                             Arg::Ptr(inp(0)),
                             Arg::Ptr(inp(1)),
                             Arg::Ptr(inp(2)),
@@ -1257,13 +1258,14 @@ impl CudaPlan {
                             Arg::I32(kd[1] as i32),
                             Arg::I32(kd[2] as i32),
                             Arg::I32(vd[2] as i32),
-                        ]
+                        ];
+                        (&k.attention_inputs, args)
                     }
                     KvSource::Cache(slot) => {
                         let kv = kv.ok_or(RunError::NoCache)?;
                         let (group, l) = kv.layer(slot)?;
                         let (_, lspec) = kv.pool.owner(slot)?;
-                        vec![
+                        let args = vec![
                             Arg::Ptr(inp(0)),
                             Arg::Ptr(l.k),
                             Arg::Ptr(l.v),
@@ -1277,14 +1279,9 @@ impl CudaPlan {
                             Arg::I32(lspec.kv_heads as i32),
                             Arg::I32(lspec.head_dim as i32),
                             Arg::I32(lspec.v_head_dim as i32),
-                        ]
-                    }
-                };
-                let f = match spec.kv {
-                    KvSource::Inputs => &k.attention_inputs,
-                    KvSource::Cache(slot) => {
-                        let (_, l) = kv.ok_or(RunError::NoCache)?.layer(slot)?;
-                        &k.attention[super::attention_index(l.types.k, l.types.v)]
+                        ];
+                        let f = &k.attention[super::attention_index(l.types.k, l.types.v)];
+                        (f, args)
                     }
                 };
                 let args: Vec<Arg> = args.into_iter().chain(tail).collect();
