@@ -37,7 +37,8 @@ fn exact(path: &std::path::Path) -> Model {
 
 /// For each of the model's committed prompts, the relative L2 distance
 /// between the logits `a` and `b` give.
-fn prompt_distances(dir: &std::path::Path, a: &Model, b: &Model) -> Vec<(String, f64)> {
+/// The model's committed prompts (`prompts.json`): name and token ids.
+fn prompts(dir: &std::path::Path) -> Vec<(String, Vec<u32>)> {
     let prompts: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
     prompts
@@ -45,17 +46,24 @@ fn prompt_distances(dir: &std::path::Path, a: &Model, b: &Model) -> Vec<(String,
         .unwrap()
         .iter()
         .map(|(name, ids)| {
-            let ids: Vec<u32> = ids
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
+            let ids = ids.as_array().unwrap().iter();
+            (
+                name.clone(),
+                ids.map(|v| v.as_u64().unwrap() as u32).collect(),
+            )
+        })
+        .collect()
+}
+
+fn prompt_distances(dir: &std::path::Path, a: &Model, b: &Model) -> Vec<(String, f64)> {
+    prompts(dir)
+        .into_iter()
+        .map(|(name, ids)| {
             let score = |model: &Model| {
                 let mut s = model.session(SessionOptions::default()).unwrap();
                 s.score(&ids).unwrap()
             };
-            (name.clone(), rel_l2(&score(a), &score(b)))
+            (name, rel_l2(&score(a), &score(b)))
         })
         .collect()
 }
@@ -83,16 +91,7 @@ fn checkpoints_of_odd_sizes_match_transformers() {
     for m in ODD_SIZES {
         let dir = fixtures().join("tiny").join(m);
         let model = exact(&dir.join("hf"));
-        let prompts: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap())
-                .unwrap();
-        for (name, ids) in prompts.as_object().unwrap() {
-            let ids: Vec<u32> = ids
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
+        for (name, ids) in prompts(&dir) {
             let mut s = model
                 .session(SessionOptions {
                     context: Some(ids.len()),
@@ -210,17 +209,12 @@ fn gemma3n_tables_are_padded_to_the_vocabulary_as_the_converter_pads_them() {
     // wants them. The tiny 3n checkpoint told its vocabulary is 400 (the
     // tokenizer is padded to it) has 384 rows in both tables.
     use rlx_gemma::quantize::{quantize_gguf, FileType, QuantizeOptions};
-    let src = fixtures().join("tiny/gemma3n/hf");
-    let dir = std::env::temp_dir().join(format!("rlx-hf-3n-pad-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(&src).unwrap().flatten() {
-        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-    }
-    let p = dir.join("config.json");
-    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-    c["vocab_size"] = Value::from(400);
-    std::fs::write(&p, c.to_string()).unwrap();
+    let dir = edited_checkpoint("gemma3n", "vocab-400", |d| {
+        let p = d.join("config.json");
+        let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        c["vocab_size"] = Value::from(400);
+        std::fs::write(&p, c.to_string()).unwrap();
+    });
     let hf = open_file(&dir).unwrap();
     let opts = QuantizeOptions {
         file_type: FileType::Q8_0,
@@ -404,8 +398,17 @@ fn bf16_and_f16_checkpoints_give_the_converted_half_files_logits() {
 
 /// A copy of the tiny Gemma 3 checkpoint with `edit` applied to it.
 fn broken_checkpoint(tag: &str, edit: impl FnOnce(&std::path::Path)) -> std::path::PathBuf {
-    let src = fixtures().join("tiny/gemma3/hf");
-    let dst = std::env::temp_dir().join(format!("rlx-hf-broken-{tag}-{}", std::process::id()));
+    edited_checkpoint("gemma3", tag, edit)
+}
+
+/// A copy of the tiny `model`'s checkpoint with `edit` applied to it.
+fn edited_checkpoint(
+    model: &str,
+    tag: &str,
+    edit: impl FnOnce(&std::path::Path),
+) -> std::path::PathBuf {
+    let src = fixtures().join("tiny").join(model).join("hf");
+    let dst = std::env::temp_dir().join(format!("rlx-hf-{model}-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dst);
     std::fs::create_dir_all(&dst).unwrap();
     for e in std::fs::read_dir(&src).unwrap().flatten() {
