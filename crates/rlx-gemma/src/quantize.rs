@@ -567,28 +567,18 @@ pub fn write_planned(
 }
 
 /// `values` (whole rows of `p.dims[0]`) stored as `p.to`, as [`quantize_gguf`]
-/// stores a converted f32 tensor (a few million values at a time, so a
-/// large table needs no second copy).
+/// stores a converted f32 tensor, a share of the rows per thread.
 pub fn encode_f32(
     values: &[f32],
     p: &TensorPlan,
     threads: usize,
 ) -> Result<Vec<u8>, rlx_gguf::QuantError> {
     let ne0 = p.dims[0] as usize;
-    let rows_per_part = ((1 << 22) / ne0).max(1);
-    let mut out = Vec::with_capacity(values.len() / p.to.block_elems() * p.to.block_bytes());
-    for part in values.chunks(rows_per_part * ne0) {
-        let raw: Vec<u8> = part.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let rows = TensorPlan {
-            name: p.name.clone(),
-            dims: vec![ne0 as u64, (part.len() / ne0) as u64],
-            from: GgmlType::F32,
-            to: p.to,
-            pad_rows: 0,
-        };
-        out.extend(convert(&raw, &rows, threads.max(1))?);
-    }
-    Ok(out)
+    let dst_row = ne0 / p.to.block_elems() * p.to.block_bytes();
+    let rows = values.len() / ne0;
+    in_shares(values, ne0, rows * dst_row, dst_row, threads, &|f, d| {
+        store_f32(f, p.to, d)
+    })
 }
 
 /// One tensor's rows converted, a share of the rows per thread (the bytes
@@ -598,13 +588,37 @@ fn convert(src: &[u8], p: &TensorPlan, threads: usize) -> Result<Vec<u8>, rlx_gg
     let rows: usize = p.dims[1..].iter().product::<u64>() as usize;
     let src_row = ne0 / p.from.block_elems() * p.from.block_bytes();
     let dst_row = ne0 / p.to.block_elems() * p.to.block_bytes();
-    let mut dst = vec![0u8; rows * dst_row];
-    let per = rows.div_ceil(threads).max(1);
+    in_shares(
+        src,
+        src_row,
+        rows * dst_row,
+        dst_row,
+        threads,
+        &|from, to| convert_rows(from, to, p.from, p.to, ne0),
+    )
+}
+
+/// `dst_len` output bytes made from `src` by `f`, rows (`src_row` items in,
+/// `dst_row` bytes out) split evenly among `threads` threads.
+fn in_shares<S, F>(
+    src: &[S],
+    src_row: usize,
+    dst_len: usize,
+    dst_row: usize,
+    threads: usize,
+    f: &F,
+) -> Result<Vec<u8>, rlx_gguf::QuantError>
+where
+    S: Sync,
+    F: Fn(&[S], &mut [u8]) -> Result<(), rlx_gguf::QuantError> + Sync,
+{
+    let mut dst = vec![0u8; dst_len];
+    let per = (dst_len / dst_row.max(1)).div_ceil(threads.max(1)).max(1);
     std::thread::scope(|s| {
         let jobs: Vec<_> = src
             .chunks(per * src_row)
             .zip(dst.chunks_mut(per * dst_row))
-            .map(|(from, to)| s.spawn(move || convert_rows(from, to, p.from, p.to, ne0)))
+            .map(|(from, to)| s.spawn(move || f(from, to)))
             .collect();
         jobs.into_iter()
             .try_for_each(|j| j.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
@@ -633,24 +647,30 @@ fn convert_rows(
     {
         let f = &mut f[..s.len() / src_row * ne0];
         rlx_gguf::dequantize(from, s, f)?;
-        match to {
-            GgmlType::F32 => {
-                for (d, x) in d.chunks_exact_mut(4).zip(f.iter()) {
-                    d.copy_from_slice(&x.to_le_bytes());
-                }
+        store_f32(f, to, d)?;
+    }
+    Ok(())
+}
+
+/// f32 values stored as `to` into `d` (whole rows).
+fn store_f32(f: &[f32], to: GgmlType, d: &mut [u8]) -> Result<(), rlx_gguf::QuantError> {
+    match to {
+        GgmlType::F32 => {
+            for (d, x) in d.chunks_exact_mut(4).zip(f) {
+                d.copy_from_slice(&x.to_le_bytes());
             }
-            GgmlType::F16 => {
-                for (d, x) in d.chunks_exact_mut(2).zip(f.iter()) {
-                    d.copy_from_slice(&half::f16::from_f32(*x).to_le_bytes());
-                }
-            }
-            GgmlType::BF16 => {
-                for (d, x) in d.chunks_exact_mut(2).zip(f.iter()) {
-                    d.copy_from_slice(&bf16_bits(*x).to_le_bytes());
-                }
-            }
-            _ => rlx_gguf::quantize(to, f, d)?,
         }
+        GgmlType::F16 => {
+            for (d, x) in d.chunks_exact_mut(2).zip(f) {
+                d.copy_from_slice(&half::f16::from_f32(*x).to_le_bytes());
+            }
+        }
+        GgmlType::BF16 => {
+            for (d, x) in d.chunks_exact_mut(2).zip(f) {
+                d.copy_from_slice(&bf16_bits(*x).to_le_bytes());
+            }
+        }
+        _ => rlx_gguf::quantize(to, f, d)?,
     }
     Ok(())
 }

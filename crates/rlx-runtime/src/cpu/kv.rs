@@ -115,9 +115,10 @@ impl RowsView<'_> {
             RowsView::F16(v) => v[i].to_f32(),
             RowsView::BF16(v) => v[i].to_f32(),
             RowsView::Blocks(ty, _) => {
+                // Blocks are at most QK_K elements.
                 let be = ty.block_elems();
-                let mut block = vec![0f32; be];
-                self.read(i / be * be, &mut block);
+                let mut block = [0f32; rlx_gguf::QK_K];
+                self.read(i / be * be, &mut block[..be]);
                 block[i % be]
             }
         }

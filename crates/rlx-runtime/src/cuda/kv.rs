@@ -31,9 +31,6 @@ pub(crate) struct LayerPtrs {
     /// Elements per row of `k` and `v`.
     pub k_width: usize,
     pub v_width: usize,
-    /// The kernels' type codes of keys and values (`kernels.cu`'s `T_*`).
-    pub k_ty: u32,
-    pub v_ty: u32,
     /// The storage types of keys and values.
     pub types: KvTypes,
 }
@@ -51,8 +48,8 @@ pub struct CudaKvStorage {
     types: KvTypes,
 }
 
-/// The kernels' code of a K/V storage type.
-fn kv_code(t: KvDType) -> u32 {
+/// The kernels' code of a K/V storage type (`kernels.cu`'s `T_*`).
+pub(crate) fn kv_code(t: KvDType) -> u32 {
     type_code(t.ggml()).expect("the kernels read every K/V type")
 }
 
@@ -97,8 +94,6 @@ impl CudaKvStorage {
             v: self.device.ptr(&l.v),
             k_width: l.k_width,
             v_width: l.v_width,
-            k_ty: kv_code(self.types.k),
-            v_ty: kv_code(self.types.v),
             types: self.types,
         })
     }

@@ -104,18 +104,16 @@ const TYPES: [(GgmlType, &str); 16] = [
     (GgmlType::MXFP4, "mxfp4"),
 ];
 
-/// The K/V cache types, in the order of the attention kernels' table.
-const KV_TYPES: [KvDType; 5] = KvDType::ALL;
-
-/// The attention kernel's index for keys of type `k` and values of type `v`.
+/// The attention kernel's index for keys of type `k` and values of type `v`
+/// (the kernels are made for every pair of [`KvDType::ALL`]).
 fn attention_index(k: KvDType, v: KvDType) -> usize {
     let at = |t| {
-        KV_TYPES
+        KvDType::ALL
             .iter()
             .position(|&x| x == t)
             .expect("every K/V type")
     };
-    at(k) * KV_TYPES.len() + at(v)
+    at(k) * KvDType::ALL.len() + at(v)
 }
 
 /// The kernel code of a weight type, if the kernels read it.
@@ -175,8 +173,8 @@ struct Kernels {
     geglu: CudaFunction,
     rope: CudaFunction,
     kv_write: CudaFunction,
-    /// Per (key type, value type) of [`KV_TYPES`]: `attention_<k>_<v>`, at
-    /// `k · KV_TYPES.len() + v`.
+    /// Per (key type, value type) of [`KvDType::ALL`]: `attention_<k>_<v>`,
+    /// at [`attention_index`].
     attention: Vec<CudaFunction>,
     /// Attention over K/V given as inputs (f32).
     attention_inputs: CudaFunction,
@@ -307,9 +305,9 @@ impl CudaDevice {
             geglu: f("geglu")?,
             rope: f("rope")?,
             kv_write: f("kv_write")?,
-            attention: KV_TYPES
+            attention: KvDType::ALL
                 .iter()
-                .flat_map(|k| KV_TYPES.iter().map(move |v| (k, v)))
+                .flat_map(|k| KvDType::ALL.iter().map(move |v| (k, v)))
                 .map(|(k, v)| f(&format!("attention_{}_{}", k.name(), v.name())))
                 .collect::<Result<_, _>>()?,
             attention_inputs: f("attention_inputs")?,

@@ -13,7 +13,7 @@ use cudarc::driver::{
 use rlx_gguf::GgmlType;
 use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, Mask, NodeId, Op};
 
-use super::kv::{CudaKvStorage, LayerPtrs};
+use super::kv::{kv_code, CudaKvStorage, LayerPtrs};
 use super::{type_code, CudaDevice, CudaError, CudaWeights, GemmType};
 use crate::batch::Batch;
 use crate::compile::{
@@ -965,8 +965,8 @@ impl CudaPlan {
                         Arg::I32(rows as i32),
                         Arg::I32(l.k_width as i32),
                         Arg::I32(l.v_width as i32),
-                        Arg::I32(l.k_ty as i32),
-                        Arg::I32(l.v_ty as i32),
+                        Arg::I32(kv_code(l.types.k) as i32),
+                        Arg::I32(kv_code(l.types.v) as i32),
                     ],
                 )?;
             }
@@ -1448,24 +1448,9 @@ impl CudaPlan {
                 Arg::Ptr(at(z.count())),
             ],
         )?;
-        // (weight, its code, activations, output, rows, k, slot → activation row)
-        let products = [
-            (gu_ptr, gu_code, inp(0), at(z.gate_up()), 2 * ff, d, top_k),
-            (down_ptr, down_code, at(z.act()), at(z.down()), d, ff, 1),
-        ];
-        for (i, &(w, code, x, y, rows, kin, x_div)) in products.iter().enumerate() {
-            if i == 1 {
-                self.launch(
-                    &k.moe_geglu,
-                    linear(slots * ff),
-                    &[
-                        Arg::Ptr(at(z.gate_up())),
-                        Arg::Ptr(at(z.act())),
-                        Arg::I64(slots as i64),
-                        Arg::I32(ff as i32),
-                    ],
-                )?;
-            }
+        // Each chosen expert's `rows` rows (of k) against the activation
+        // row `slot / x_div` of each of its slots.
+        let expert_rows = |w: u64, code: u32, x: u64, y: u64, rows: usize, kin: usize, x_div| {
             self.launch(
                 &k.moe_rows[code as usize],
                 grid(rows.div_ceil(4), experts, 128),
@@ -1480,8 +1465,20 @@ impl CudaPlan {
                     Arg::I32(kin as i32),
                     Arg::I32(x_div as i32),
                 ],
-            )?;
-        }
+            )
+        };
+        expert_rows(gu_ptr, gu_code, inp(0), at(z.gate_up()), 2 * ff, d, top_k)?;
+        self.launch(
+            &k.moe_geglu,
+            linear(slots * ff),
+            &[
+                Arg::Ptr(at(z.gate_up())),
+                Arg::Ptr(at(z.act())),
+                Arg::I64(slots as i64),
+                Arg::I32(ff as i32),
+            ],
+        )?;
+        expert_rows(down_ptr, down_code, at(z.act()), at(z.down()), d, ff, 1)?;
         self.launch(
             &k.moe_combine,
             linear(tokens * d),

@@ -352,13 +352,18 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (num / den).sqrt()
 }
 
+/// The CPU and GPU 0 backends over the same weights.
+fn cpu_and_gpu(s: &Arc<WeightStore>) -> (Arc<dyn Backend>, Arc<dyn Backend>) {
+    let opts = BackendOptions { threads: 2 };
+    let cpu = open(Device::Cpu, s, &opts).unwrap();
+    (cpu, open(Device::Cuda(0), s, &opts).unwrap())
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn paged_batches_match_the_cpu() {
     let s = store();
-    let opts = BackendOptions { threads: 2 };
-    let cpu = open(Device::Cpu, &s, &opts).unwrap();
-    let gpu = open(Device::Cuda(0), &s, &opts).unwrap();
+    let (cpu, gpu) = cpu_and_gpu(&s);
     // Rounding to a smaller type can turn a last-bit difference into one
     // unit of that type now and then (see rlx-gemma's tests/cuda.rs).
     for (dtype, bound) in [
@@ -611,7 +616,7 @@ fn kv_rows_are_stored_as_the_cpu_stores_them() {
         let kc = s.alloc_zeros::<u8>(rows * kb).unwrap();
         let vc = s.alloc_zeros::<u8>(rows * vb).unwrap();
         let rows_d = s.clone_htod(&dest).unwrap();
-        let code = super::type_code(t.ggml()).unwrap() as i32;
+        let code = super::kv::kv_code(t) as i32;
         let mut b = s.launch_builder(&dev.kernels.kv_write);
         let ptrs = [
             dev.ptr(&kx),
@@ -652,9 +657,7 @@ fn attention_over_inputs_matches_the_cpu() {
     // embeddings of n tokens as queries (4 heads of 64), keys and values
     // (2 heads of 64 each), every mask, 1 to 70 rows (partial blocks).
     let s = store();
-    let opts = BackendOptions { threads: 2 };
-    let cpu = open(Device::Cpu, &s, &opts).unwrap();
-    let gpu = open(Device::Cuda(0), &s, &opts).unwrap();
+    let (cpu, gpu) = cpu_and_gpu(&s);
     for mask in [
         Mask::Causal,
         Mask::Sliding { window: 5 },
