@@ -15,7 +15,8 @@
 # "gemma3n-e4b gemma4-26b-a4b"), TYPE (default Q4_K_M), REPS (3),
 # DEPTH (tokens of context for the long-context decode test on the 4B
 # Gemma 3 shape, default 16384; empty for none), PYTHON (here: one with
-# transformers that knows Gemma 3n and 4), LLAMA_DIR (here: the
+# transformers that knows Gemma 3n and 4), FILES_ONLY (there: stop once
+# llama.cpp is built and the files are written), LLAMA_DIR (here: the
 # llama-cpp-python source tree, default ~/.cache/llama.cpp-ref/src).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,12 +51,15 @@ case "${1:-}" in
     export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     L=/tmp/llama
+    # llama.cpp builds on the CPU cores while the files below are written.
     if [ ! -x $L/build/bin/llama-bench ]; then
-      mkdir -p $L && tar -C $L -xzf "$BIN/llama-src.tgz" --strip-components=1
-      cmake -S $L -B $L/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null
-      cmake --build $L/build -j"$(nproc)" --target llama-bench >/dev/null
+      (
+        mkdir -p $L && tar -C $L -xzf "$BIN/llama-src.tgz" --strip-components=1
+        cmake -S $L -B $L/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+          -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+          -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null
+        cmake --build $L/build -j"$(nproc)" --target llama-bench >/dev/null
+      ) > /tmp/llama-build.log 2>&1 &
     fi
     M=/tmp/rlx-models
     mkdir -p $M
@@ -75,17 +79,20 @@ case "${1:-}" in
       [ -f $M/4b.gguf ] || "$BIN/make_gguf" random --shape 4b --type q4_k_m \
         --tokenizer-from "$BIN/tokenizer.gguf" -o $M/4b.gguf 2>&1 | head -1
     fi
+    wait
+    [ -x $L/build/bin/llama-bench ] || { tail -20 /tmp/llama-build.log; exit 1; }
+    [ "${FILES_ONLY:-}" ] && { ls -la $M; exit 0; }
     for f in "${files[@]}"; do
       for rep in 1 2; do
-        $L/build/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r "$REPS" -o md 2>/dev/null | tail -2
-        "$BIN/rlx" bench -m "$f" --device cuda -p 512 -n 128 -r "$REPS" | tail -2
+        $L/build/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r "$REPS" -o md 2>/dev/null | grep -E "pp[0-9]|tg[0-9]"
+        "$BIN/rlx" bench -m "$f" --device cuda -p 512 -n 128 -r "$REPS" | grep -E "pp[0-9]|tg[0-9]"
       done
     done
     if [ -n "$DEPTH" ]; then
       for kv in f16 q8_0; do
         $L/build/bin/llama-bench -m $M/4b.gguf -ngl 99 -fa 1 -ctk $kv -ctv $kv -p 0 -n 128 \
-          -d "$DEPTH" -r 1 -o md 2>/dev/null | tail -1
-        "$BIN/rlx" bench -m $M/4b.gguf --device cuda --kv-type $kv -p 0 -n 128 -d "$DEPTH" -r 1 | tail -1
+          -d "$DEPTH" -r 1 -o md 2>/dev/null | grep -E "tg[0-9]"
+        "$BIN/rlx" bench -m $M/4b.gguf --device cuda --kv-type $kv -p 0 -n 128 -d "$DEPTH" -r 1 | grep -E "tg[0-9]"
       done
     fi
     ;;
