@@ -14,7 +14,10 @@
 # Environment: SHAPES (names in scripts/shapes.json; default
 # "gemma3n-e4b gemma4-26b-a4b"), TYPE (default Q4_K_M), REPS (3),
 # DEPTH (tokens of context for the long-context decode test on the 4B
-# Gemma 3 shape, default 16384; empty for none), PYTHON (here: one with
+# Gemma 3 shape, default 16384; empty for none), SPLIT ("SHAPE N": a
+# make_gguf shape run with its last N layers and the LM head on the GPU
+# and the rest on the CPU, against llama-bench -ngl N+1, whose count
+# includes the LM head; default none), PYTHON (here: one with
 # transformers that knows Gemma 3n and 4), FILES_ONLY (there: stop once
 # llama.cpp is built and the files are written), LLAMA_DIR (here: the
 # llama-cpp-python source tree, default ~/.cache/llama.cpp-ref/src).
@@ -88,6 +91,17 @@ case "${1:-}" in
         "$BIN/rlx" bench -m "$f" --device cuda -p 512 -n 128 -r "$REPS" | grep -E "pp[0-9]|tg[0-9]"
       done
     done
+    if [ -n "${SPLIT:-}" ]; then
+      read -r shape ngl <<<"$SPLIT"
+      [ -f $M/$shape.gguf ] || "$BIN/make_gguf" random --shape "$shape" --type q4_k_m \
+        --tokenizer-from "$BIN/tokenizer.gguf" -o $M/$shape.gguf 2>&1 | head -1
+      for rep in 1 2; do
+        $L/build/bin/llama-bench -m $M/$shape.gguf -ngl $((ngl + 1)) -fa 1 -p 512 -n 64 -r 2 \
+          -o md 2>/dev/null | grep -E "pp[0-9]|tg[0-9]"
+        "$BIN/rlx" bench -m $M/$shape.gguf --device cuda -ngl "$ngl" -p 512 -n 64 -r 2 |
+          grep -E "pp[0-9]|tg[0-9]"
+      done
+    fi
     if [ -n "$DEPTH" ]; then
       for kv in f16 q8_0; do
         $L/build/bin/llama-bench -m $M/4b.gguf -ngl 99 -fa 1 -ctk $kv -ctv $kv -p 0 -n 128 \

@@ -67,7 +67,11 @@ enum Command {
 
 /// llama.cpp's single-dash flags of several letters (which clap's short
 /// flags cannot spell) as rlx's long ones, so its users' commands work.
-const LLAMA_SPELLINGS: [(&str, &str); 2] = [("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")];
+const LLAMA_SPELLINGS: [(&str, &str); 3] = [
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+    ("-ngl", "--gpu-layers"),
+];
 
 fn args() -> Vec<std::ffi::OsString> {
     std::env::args_os()

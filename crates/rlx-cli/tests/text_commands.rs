@@ -181,3 +181,38 @@ fn cache_types_are_taken_as_llama_cpp_spells_them() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("q4_0") && err.contains("16 elements"), "{err}");
 }
+
+#[test]
+fn gpu_layer_flags_are_taken_as_llama_cpp_spells_them() {
+    // `-ngl` is `--gpu-layers`; without a GPU the flags are refused by
+    // name rather than ignored.
+    for flags in [
+        &["-ngl", "2"][..],
+        &["--gpu-layers", "2"],
+        &["--cpu-moe"],
+        &["--n-cpu-moe", "1"],
+    ] {
+        let out = rlx()
+            .args(["run", "-m"])
+            .arg(tiny())
+            .args(["hello", "-n", "2"])
+            .args(flags)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flags:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--gpu-layers") && err.contains("--device cuda"),
+            "{flags:?}: {err}"
+        );
+    }
+    let out = rlx()
+        .args(["run", "-m"])
+        .arg(tiny())
+        .args(["hello", "-n", "2", "--device", "cuda", "-ngl", "many"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--gpu-layers \"many\""), "{err}");
+}

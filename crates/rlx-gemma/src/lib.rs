@@ -12,12 +12,14 @@ pub mod config;
 pub mod generate;
 pub mod hf;
 pub mod model;
+pub mod offload;
 pub mod quantize;
 pub mod sampling;
 pub mod sequences;
 
 pub use builder::build_graph;
 pub use config::{Arch, AttentionKind, ConfigError, GemmaConfig, LayerSpec, MoeSpec};
-pub use model::{Model, ModelError, ModelOptions};
+pub use model::{Model, ModelError, ModelOptions, Opener};
+pub use offload::{GpuLayers, Offload, Split};
 pub use rlx_runtime::{Device, KvDType, KvTypes, Precision, SeqId};
 pub use sequences::{Feed, Sequences, SequencesOptions, Session, SessionOptions, StepLogits, Want};

@@ -8,11 +8,12 @@ use rlx_gguf::GgufFile;
 use rlx_ir::{Bindings, CacheSlot, Sym};
 use rlx_runtime::{
     open, Backend, BackendOptions, CompileOptions, Device, Executable, KvDType, KvError,
-    KvLayerSpec, KvPoolConfig, KvTypes, Precision, RunError, WeightStore,
+    KvLayerSpec, KvPoolConfig, KvTypes, Placement, Precision, RunError, SplitBackend, WeightStore,
 };
 
 use crate::builder::{build_graph, BuildError};
 use crate::config::{AttentionKind, ConfigError, GemmaConfig};
+use crate::offload::{self, GpuLayers, Offload, Share, Split};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -100,6 +101,8 @@ pub struct ModelOptions {
     /// CPU's `Quantized` products then take the row kernels at every batch
     /// size); `Exact` is batch-invariant already.
     pub batch_invariant: bool,
+    /// On an accelerator: which layers and experts stay on the CPU.
+    pub offload: Offload,
 }
 
 impl Default for ModelOptions {
@@ -109,6 +112,7 @@ impl Default for ModelOptions {
             precision: Precision::Exact,
             device: Device::Cpu,
             batch_invariant: false,
+            offload: Offload::default(),
         }
     }
 }
@@ -119,7 +123,17 @@ pub struct Model {
     config: GemmaConfig,
     backend: Arc<dyn Backend>,
     options: ModelOptions,
+    /// How the model was split between devices, when it was.
+    split: Option<Split>,
 }
+
+/// Opens the backend of a device for a store: [`rlx_runtime::open`], or
+/// in tests another backend standing for a device.
+pub type Opener<'a> = &'a dyn Fn(
+    Device,
+    &Arc<WeightStore>,
+    &BackendOptions,
+) -> std::result::Result<Arc<dyn Backend>, RunError>;
 
 /// A GGUF file, or a Hugging Face checkpoint directory read as one.
 pub fn open_file(path: &Path) -> Result<GgufFile> {
@@ -136,6 +150,14 @@ impl Model {
     }
 
     pub fn from_file(file: GgufFile, options: ModelOptions) -> Result<Model> {
+        Self::from_file_with(file, options, &open)
+    }
+
+    /// A model whose backends `opener` opens. On an accelerator the
+    /// model is split with the CPU as `options.offload` asks, or where it
+    /// does not fit in the device's free memory; a split that does not fit
+    /// is refused before any weight is copied.
+    pub fn from_file_with(file: GgufFile, options: ModelOptions, opener: Opener) -> Result<Model> {
         if !(1..=MAX_THREADS).contains(&options.threads) {
             return Err(ModelError::Invalid(format!(
                 "{} threads; between 1 and {MAX_THREADS}",
@@ -144,18 +166,112 @@ impl Model {
         }
         let config = GemmaConfig::from_gguf(&file)?;
         let store = Arc::new(WeightStore::new(Arc::new(file)));
-        let backend = open(
+        let threads = BackendOptions::threads(options.threads);
+        let off = &options.offload;
+        let model = |backend, split| Model {
+            config: config.clone(),
+            backend,
+            options: options.clone(),
+            split,
+        };
+        if options.device == Device::Cpu {
+            if off.gpu_layers != GpuLayers::Auto || off.cpu_moe_layers > 0 {
+                return Err(ModelError::Invalid(
+                    "GPU layers and experts on the CPU are for an accelerator device (--device cuda)"
+                        .into(),
+                ));
+            }
+            return Ok(model(opener(Device::Cpu, &store, &threads)?, None));
+        }
+        let n = config.layers.len();
+        let graph = build_graph(&config, &store)?;
+        let types = off
+            .kv_types
+            .unwrap_or_else(|| KvTypes::both(options.device.default_kv_dtype(options.precision)));
+        let kv = kv_config_of(&config, off.kv_tokens.max(1), 1, 512, types);
+        let scratch = offload::scratch_bytes(&store, activation_bytes_of(&config, 512, 1));
+        // A backend holding no weights yet says what the device has free.
+        let available = {
+            let none = BackendOptions {
+                weights: Some(vec![false; store.len()]),
+                ..threads.clone()
+            };
+            opener(options.device, &store, &none)?.memory().available
+        };
+        let moe = off.cpu_moe_layers.min(n);
+        let whole = offload::all_weights_bytes(&store) + kv.memory_bytes() + scratch;
+        let fits = |b: usize| available.is_none_or(|a| b <= a);
+        let share = |layers: usize| -> Result<(Placement, [Share; 2])> {
+            let p = offload::placement(&config, &store, layers, moe);
+            let shares = offload::estimate(&graph, &store, &p, &kv, scratch)?;
+            Ok((p, shares))
+        };
+        let layers = match off.gpu_layers {
+            GpuLayers::Count(c) => c.min(n),
+            GpuLayers::Auto if moe == 0 && fits(whole) => n,
+            GpuLayers::Auto => {
+                let mut best = 0;
+                for c in (1..=n).rev() {
+                    if fits(share(c)?.1[offload::GPU].total()) {
+                        best = c;
+                        break;
+                    }
+                }
+                best
+            }
+        };
+        let refuse = |what: String, need: usize| -> ModelError {
+            ModelError::Device(format!(
+                "{what} needs about {} MiB on {}, {} MiB are free",
+                need >> 20,
+                options.device,
+                available.unwrap_or(0) >> 20
+            ))
+        };
+        if layers == n && moe == 0 {
+            if !fits(whole) {
+                return Err(refuse(
+                    format!(
+                        "the whole model (weights {} MiB, K/V for {} tokens {} MiB, scratch {} MiB)",
+                        offload::all_weights_bytes(&store) >> 20,
+                        off.kv_tokens,
+                        kv.memory_bytes() >> 20,
+                        scratch >> 20
+                    ),
+                    whole,
+                ));
+            }
+            return Ok(model(opener(options.device, &store, &threads)?, None));
+        }
+        let (placement, shares) = share(layers)?;
+        let split = Split {
+            device: options.device,
+            layers: n,
+            gpu_layers: layers,
+            cpu_moe_layers: moe.min(layers),
+            shares,
+        };
+        if layers == 0 {
+            return Ok(model(opener(Device::Cpu, &store, &threads)?, Some(split)));
+        }
+        if !fits(shares[offload::GPU].total()) {
+            return Err(refuse(
+                format!("the split {split}"),
+                shares[offload::GPU].total(),
+            ));
+        }
+        let read = offload::weights_read(&graph, &store, &placement)?;
+        let gpu = opener(
             options.device,
             &store,
             &BackendOptions {
-                threads: options.threads,
+                weights: Some(read[offload::GPU].clone()),
+                ..threads.clone()
             },
         )?;
-        Ok(Model {
-            config,
-            backend,
-            options,
-        })
+        let cpu = opener(Device::Cpu, &store, &threads)?;
+        let backend: Arc<dyn Backend> = Arc::new(SplitBackend::new(vec![gpu, cpu], placement)?);
+        Ok(model(backend, Some(split)))
     }
 
     /// A model on an existing backend (which holds its weights).
@@ -165,7 +281,14 @@ impl Model {
             config,
             backend,
             options,
+            split: None,
         })
+    }
+
+    /// How the model is split between an accelerator and the CPU, when it
+    /// is (layers, and each device's estimated share).
+    pub fn split(&self) -> Option<&Split> {
+        self.split.as_ref()
     }
 
     /// Where the model runs.
@@ -255,40 +378,54 @@ impl Model {
         max_chunk: usize,
         types: KvTypes,
     ) -> KvPoolConfig {
-        KvPoolConfig {
-            layers: self
-                .config
-                .layers
-                .iter()
-                .map(|s| KvLayerSpec {
-                    kv_heads: s.n_head_kv,
-                    head_dim: s.head_dim,
-                    v_head_dim: s.head_dim,
-                    window: match s.attention {
-                        AttentionKind::Sliding { window } => Some(window),
-                        AttentionKind::Global => None,
-                    },
-                    shares: s.kv_source.map(|src| CacheSlot(src as u32)),
-                })
-                .collect(),
-            types,
-            tokens,
-            max_seqs,
-            max_chunk,
-        }
+        kv_config_of(&self.config, tokens, max_seqs, max_chunk, types)
     }
 
     /// Bytes of activations a step of `tokens` rows and `logit_rows` logits
     /// needs: a few rows of the widest values, plus the logits.
     pub(crate) fn activation_bytes(&self, tokens: usize, logit_rows: usize) -> usize {
-        let widest = self
-            .config
+        activation_bytes_of(&self.config, tokens, logit_rows)
+    }
+}
+
+/// The K/V pool layout of a model; see [`Model::kv_config`].
+fn kv_config_of(
+    config: &GemmaConfig,
+    tokens: usize,
+    max_seqs: usize,
+    max_chunk: usize,
+    types: KvTypes,
+) -> KvPoolConfig {
+    KvPoolConfig {
+        layers: config
             .layers
             .iter()
-            .map(|s| s.n_ff.max(s.n_head * s.head_dim) * 3)
-            .max()
-            .unwrap_or(0)
-            .max(self.config.n_embd * 4);
-        tokens * widest * 4 + (logit_rows + 1) * self.config.n_vocab * 4
+            .map(|s| KvLayerSpec {
+                kv_heads: s.n_head_kv,
+                head_dim: s.head_dim,
+                v_head_dim: s.head_dim,
+                window: match s.attention {
+                    AttentionKind::Sliding { window } => Some(window),
+                    AttentionKind::Global => None,
+                },
+                shares: s.kv_source.map(|src| CacheSlot(src as u32)),
+            })
+            .collect(),
+        types,
+        tokens,
+        max_seqs,
+        max_chunk,
     }
+}
+
+/// See [`Model::activation_bytes`].
+fn activation_bytes_of(config: &GemmaConfig, tokens: usize, logit_rows: usize) -> usize {
+    let widest = config
+        .layers
+        .iter()
+        .map(|s| s.n_ff.max(s.n_head * s.head_dim) * 3)
+        .max()
+        .unwrap_or(0)
+        .max(config.n_embd * 4);
+    tokens * widest * 4 + (logit_rows + 1) * config.n_vocab * 4
 }

@@ -12,8 +12,8 @@ use rlx_gguf::{GgmlType, GgufFile};
 use rlx_ir::{Graph, Op};
 use rlx_runtime::cpu::CpuBackend;
 use rlx_runtime::{
-    Backend, CompileOptions, Device, Executable, KvPool, KvPoolConfig, MemoryReport, RunError,
-    WeightStore,
+    Backend, CompileOptions, Device, Executable, KvPoolConfig, KvStorage, MemoryReport, RunError,
+    SlotSet, WeightStore,
 };
 
 /// The CPU backend, but claiming no kernels for one weight type.
@@ -45,8 +45,12 @@ impl Backend for Without {
     ) -> Result<Box<dyn Executable>, RunError> {
         self.cpu.compile(graph, opts)
     }
-    fn kv_pool(&self, config: KvPoolConfig) -> Result<KvPool, RunError> {
-        self.cpu.kv_pool(config)
+    fn kv_storage(
+        &self,
+        config: &KvPoolConfig,
+        slots: &SlotSet,
+    ) -> Result<Box<dyn KvStorage>, RunError> {
+        self.cpu.kv_storage(config, slots)
     }
     fn memory(&self) -> MemoryReport {
         self.cpu.memory()

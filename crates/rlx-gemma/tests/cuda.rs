@@ -15,7 +15,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::scenario::{worst_against_alone, Script};
+use common::scenario::{compare_sessions, worst_against_alone, Script};
 
 use rlx_gemma::{Device, Model, ModelError, ModelOptions, Precision, SessionOptions};
 use rlx_runtime::{KvDType, KvTypes};
@@ -29,13 +29,6 @@ fn fixture(rel: &str) -> PathBuf {
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
     common::rel_l2(a, b)
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map_or(0, |(i, _)| i as u32)
 }
 
 fn load(path: &Path, device: Device) -> Result<Model, ModelError> {
@@ -70,18 +63,6 @@ fn compare_kv(
 ) -> Result<f64, ModelError> {
     let cpu = load(path, Device::Cpu).unwrap();
     let gpu = load(path, Device::Cuda(0))?;
-    let vocab = cpu.config().n_vocab;
-    let prompt: Vec<u32> = std::iter::once(2)
-        .chain((1..prompt_len).map(|i| ((i * 7919) % (vocab - 16) + 16) as u32))
-        .collect();
-    let opts = SessionOptions {
-        context: Some(prompt_len + 32),
-        prefill_chunk: chunk,
-        kv_types: kv.map(KvTypes::both),
-        ..SessionOptions::default()
-    };
-    let mut b = gpu.session(opts.clone())?;
-    let mut a = cpu.session(opts).unwrap();
     // Rounding K/V to a smaller type turns the devices' last-bit
     // differences in an element into one unit of the cache type now and
     // then: 2^-11 of it for f16, 2^-8 for bf16, a 127th or an 8th of its
@@ -93,45 +74,16 @@ fn compare_kv(
         Some(KvDType::Q4_0) => 5e-2,
         _ => 1e-4,
     };
-    let mut worst = 0f64;
-    let mut check = |what: &str, x: &[f32], y: &[f32]| {
-        let e = rel_l2(y, x);
-        assert!(e < bound, "{}: {what}: relative L2 {e:.2e}", path.display());
-        worst = worst.max(e);
-    };
-    let (mut la, mut lb) = (a.feed(&prompt).unwrap(), b.feed(&prompt).unwrap());
-    check("prefill", &la, &lb);
-    for step in 0..8 {
-        let t = argmax(&la);
-        assert_eq!(t, argmax(&lb), "{}: greedy token {step}", path.display());
-        la = a.feed(&[t]).unwrap();
-        lb = b.feed(&[t]).unwrap();
-        check(&format!("decode {step}"), &la, &lb);
-    }
-    // Back a few tokens and on again (the rings keep what the rewind needs,
-    // or the prefix runs again).
-    let keep = prompt_len - 3;
-    a.rewind(keep).unwrap();
-    b.rewind(keep).unwrap();
-    let tail = &prompt[keep..];
-    check(
-        "after rewind",
-        &a.feed(tail).unwrap(),
-        &b.feed(tail).unwrap(),
-    );
-    // Logits of every position, for prompts of every length from 1: a row
-    // must not depend on the rows after it.
-    for n in [1, 2, 3, prompt_len.min(20)] {
-        a.reset();
-        b.reset();
-        let short = &prompt[..n];
-        check(
-            &format!("score of {n}"),
-            &a.score(short).unwrap(),
-            &b.score(short).unwrap(),
-        );
-    }
-    Ok(worst)
+    let name = path.display().to_string();
+    compare_sessions(
+        &cpu,
+        &gpu,
+        &name,
+        prompt_len,
+        chunk,
+        kv.map(KvTypes::both),
+        bound,
+    )
 }
 
 /// Every model file of the tiny fixtures (every generation and weight
@@ -422,4 +374,55 @@ fn a_cache_beyond_the_gpus_free_memory_is_refused_before_allocating() {
     println!("{msg}");
     assert!(matches!(e, ModelError::OutOfMemory { .. }), "{msg}");
     assert!(msg.contains("cuda:0"), "{msg}");
+}
+
+/// The model at `path` on the GPU with `offload`.
+fn load_split(path: &Path, offload: rlx_gemma::Offload) -> Result<Model, ModelError> {
+    Model::load(
+        path,
+        ModelOptions {
+            device: Device::Cuda(0),
+            precision: Precision::Exact,
+            offload,
+            ..ModelOptions::default()
+        },
+    )
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (see the file's header)"]
+fn every_split_matches_the_cpu() {
+    use rlx_gemma::{GpuLayers, Offload};
+    let _gpu = rlx_runtime::cuda::CudaDevice::new(0).unwrap();
+    let mut files: Vec<PathBuf> = common::TINY_GENERATIONS
+        .iter()
+        .map(|g| fixture(g).join("model-f32.gguf"))
+        .chain(common::ODD_SIZES.iter().map(|g| fixture(g).join("hf")))
+        .collect();
+    files.push(fixture("gemma3-q/model-Q4_K_M.gguf"));
+    for f in &files {
+        let cpu = load(f, Device::Cpu).unwrap();
+        let n = cpu.config().layers.len();
+        let mut offloads: Vec<Offload> = (1..n)
+            .map(|c| Offload {
+                gpu_layers: GpuLayers::Count(c),
+                ..Offload::default()
+            })
+            .collect();
+        if cpu.config().layers.iter().any(|l| l.moe.is_some()) {
+            for moe in [usize::MAX, 1] {
+                offloads.push(Offload {
+                    cpu_moe_layers: moe,
+                    gpu_layers: GpuLayers::Count(n),
+                    ..Offload::default()
+                });
+            }
+        }
+        for offload in offloads {
+            let split = load_split(f, offload.clone()).unwrap();
+            let what = format!("{}: {}", f.display(), split.split().expect("a split"));
+            let worst = compare_sessions(&cpu, &split, &what, 40, 16, None, 1e-4).unwrap();
+            println!("{what}: worst relative L2 {worst:.2e}");
+        }
+    }
 }

@@ -2,7 +2,7 @@
 //! reference quantizers (byte-identical to ggml's).
 //!
 //! ```sh
-//! # A Gemma 3 of the 270m, 1b or 4b shape with random weights:
+//! # A Gemma 3 of the 270m, 1b, 4b or 12b shape with random weights:
 //! make_gguf random --shape 1b --type q4_k_m --tokenizer-from REAL.gguf -o OUT.gguf
 //! # Every weight matrix of an existing file dequantized and quantized again:
 //! make_gguf requant --from IN.gguf --type q8_0 -o OUT.gguf
@@ -25,12 +25,12 @@ use rlx_gguf::{dequantize, quantize, Array, GgmlType, GgufFile, GgufWriter};
 type Res<T> = Result<T, Box<dyn Error>>;
 
 const USAGE: &str = "usage:
-  make_gguf random --shape {270m,1b,4b} --type {q8_0,q4_0,q4_k_m} --tokenizer-from REAL.gguf -o OUT.gguf [--seed S] [-t N]
+  make_gguf random --shape {270m,1b,4b,12b} --type {q8_0,q4_0,q4_k_m} --tokenizer-from REAL.gguf -o OUT.gguf [--seed S] [-t N]
   make_gguf requant --from IN.gguf --type {q8_0,q4_0,q4_k_m} -o OUT.gguf [-t N]
   make_gguf tokenizer --from IN.gguf -o OUT.gguf";
 
 /// The text-model hyperparameters of one Gemma 3 size (HF configs of
-/// google/gemma-3-{270m,1b,4b}-pt).
+/// google/gemma-3-{270m,1b,4b,12b}-pt).
 struct Shape {
     name: &'static str,
     size_label: &'static str,
@@ -46,7 +46,7 @@ struct Shape {
     rope_linear_factor: Option<f32>,
 }
 
-const SHAPES: [Shape; 3] = [
+const SHAPES: [Shape; 4] = [
     Shape {
         name: "270m",
         size_label: "270M",
@@ -81,6 +81,19 @@ const SHAPES: [Shape; 3] = [
         ffn: 10240,
         heads: 8,
         kv_heads: 4,
+        head_dim: 256,
+        sliding_window: 1024,
+        context: 131072,
+        rope_linear_factor: Some(8.0),
+    },
+    Shape {
+        name: "12b",
+        size_label: "12B",
+        embedding: 3840,
+        layers: 48,
+        ffn: 15360,
+        heads: 16,
+        kv_heads: 8,
         head_dim: 256,
         sliding_window: 1024,
         context: 131072,
@@ -482,7 +495,7 @@ fn random(a: &Args) -> Res<(GgufWriter, Totals)> {
     let shape = SHAPES
         .iter()
         .find(|s| s.name == shape_name.to_ascii_lowercase())
-        .ok_or_else(|| format!("unknown --shape {shape_name:?} (270m, 1b, 4b)"))?;
+        .ok_or_else(|| format!("unknown --shape {shape_name:?} (270m, 1b, 4b, 12b)"))?;
     let mix = required(&a.mix, "--type")?;
     let tok_path = required(&a.tokenizer_from, "--tokenizer-from")?;
     let tok = GgufFile::open(&tok_path)?;

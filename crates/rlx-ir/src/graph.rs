@@ -120,7 +120,8 @@ impl Graph {
         slots
     }
 
-    fn slot_layout_of(&self, write: &Node) -> SlotLayout {
+    /// The slot layout a `KvWrite` node writes.
+    pub fn slot_layout_of(&self, write: &Node) -> SlotLayout {
         let k = &self.node(write.inputs[0]).shape;
         let v = &self.node(write.inputs[1]).shape;
         SlotLayout {
@@ -632,21 +633,45 @@ impl Graph {
                     KvSource::Cache(slot) => {
                         arity(2 + usize::from(a.bidirectional_spans))?;
                         let w = node(1)?;
-                        // The write may be another slot's: a layer that shares
-                        // KV reads the source layer's cache after its write.
-                        let Op::KvWrite { slot: written } = w.op else {
-                            return Err(err("input 1 must be a kv_write".into()));
-                        };
-                        if written != slot {
-                            return Err(err(format!(
-                                "reads cache {} but is ordered after a write to cache {}",
-                                slot.0, written.0
-                            )));
-                        }
                         if a.bidirectional_spans {
                             check_positions(node(2)?, n, &err)?;
                         }
-                        self.slot_layout_of(w)
+                        match (&w.op, w.dtype) {
+                            // The write may be another slot's: a layer that
+                            // shares KV reads the source layer's cache after
+                            // its write.
+                            (Op::KvWrite { slot: written }, _) => {
+                                if *written != slot {
+                                    return Err(err(format!(
+                                        "reads cache {} but is ordered after a write to cache {}",
+                                        slot.0, written.0
+                                    )));
+                                }
+                                self.slot_layout_of(w)
+                            }
+                            // A write done by an earlier plan of the same step
+                            // (a graph split over devices).
+                            (Op::Input { .. }, DType::Effect) => match w.shape.0[..] {
+                                [Dim::Fixed(kv_heads), Dim::Fixed(head_dim), Dim::Fixed(v_head_dim)] => {
+                                    SlotLayout {
+                                        kv_heads,
+                                        head_dim,
+                                        v_head_dim,
+                                    }
+                                }
+                                _ => {
+                                    return Err(err(format!(
+                                        "an effect input must have the slot's shape [kv_heads, head_dim, v_head_dim], not {}",
+                                        w.shape
+                                    )))
+                                }
+                            },
+                            _ => {
+                                return Err(err(
+                                    "input 1 must be a kv_write or an effect input".into(),
+                                ))
+                            }
+                        }
                     }
                 };
                 if layout.head_dim != hd {

@@ -16,7 +16,7 @@ use crate::batch::Batch;
 use crate::compile::{CompileOptions, HostTensor, RunError, Tap};
 use crate::cpu::matmul::Precision;
 use crate::cpu::CpuBackend;
-use crate::kv::{KvDType, KvPool, KvPoolConfig};
+use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet, StepLayout};
 use crate::weights::WeightStore;
 
 /// Where a model runs.
@@ -80,6 +80,20 @@ impl fmt::Display for Device {
 pub struct BackendOptions {
     /// CPU threads (on a GPU: for loading and the host side only).
     pub threads: usize,
+    /// The weights (by id) a device that copies weights into its own
+    /// memory holds; all when `None`. The CPU reads every weight where it
+    /// is mapped.
+    pub weights: Option<Vec<bool>>,
+}
+
+impl BackendOptions {
+    /// Every weight, `threads` CPU threads.
+    pub fn threads(threads: usize) -> Self {
+        BackendOptions {
+            threads,
+            weights: None,
+        }
+    }
 }
 
 /// Memory of a device, in bytes.
@@ -108,20 +122,65 @@ pub trait Backend: Send + Sync {
         graph: &Graph,
         opts: &CompileOptions,
     ) -> Result<Box<dyn Executable>, RunError>;
+    /// Storage on this device for the owning slots of `config` that
+    /// `slots` keeps.
+    fn kv_storage(
+        &self,
+        config: &KvPoolConfig,
+        slots: &SlotSet,
+    ) -> Result<Box<dyn KvStorage>, RunError>;
     /// A K/V pool with its storage on this device.
-    fn kv_pool(&self, config: KvPoolConfig) -> Result<KvPool, RunError>;
+    fn kv_pool(&self, config: KvPoolConfig) -> Result<KvPool, RunError> {
+        let storage = self.kv_storage(&config, &SlotSet::All)?;
+        Ok(KvPool::new(config, storage)?)
+    }
     fn memory(&self) -> MemoryReport;
+}
+
+/// A pool prepared for a step ([`KvPool::prepare`]) and its layout; the
+/// caller commits it once every plan of the step has run.
+pub struct PreparedKv<'a> {
+    pub pool: &'a mut KvPool,
+    pub layout: &'a StepLayout,
 }
 
 /// A compiled graph on one device.
 pub trait Executable: Send {
+    /// Runs one step of `batch` on a pool already prepared for it, with
+    /// the graph's f32 inputs taken by name from `values`; returns the
+    /// graph's outputs.
+    fn execute(
+        &mut self,
+        batch: &Batch,
+        kv: Option<PreparedKv<'_>>,
+        values: &[(String, HostTensor)],
+    ) -> Result<Vec<(String, HostTensor)>, RunError>;
     /// Runs one step of `batch`; a graph that uses the K/V pool writes and
-    /// reads each row at its own sequence and position.
+    /// reads each row at its own sequence and position, and the pool
+    /// advances its sequences afterwards.
     fn run(
         &mut self,
         batch: &Batch,
         kv: Option<&mut KvPool>,
-    ) -> Result<Vec<(String, HostTensor)>, RunError>;
+    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+        batch.runs()?;
+        match kv {
+            Some(pool) => {
+                let layout = pool.prepare(batch)?;
+                let outs = self.execute(
+                    batch,
+                    Some(PreparedKv {
+                        pool,
+                        layout: &layout,
+                    }),
+                    &[],
+                )?;
+                pool.commit(&layout);
+                Ok(outs)
+            }
+            None => self.execute(batch, None, &[]),
+        }
+    }
     /// Like `run`, calling `tap(name, shape, values)` for every named f32
     /// value where the device can (the CPU); others run without the tap.
     fn run_with_tap(
@@ -152,6 +211,7 @@ pub fn open(
         Device::Cuda(ordinal) => Ok(Arc::new(crate::cuda::CudaBackend::new(
             ordinal,
             Arc::clone(store),
+            opts.weights.as_deref(),
         )?)),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => Err(RunError::Device {

@@ -176,20 +176,27 @@ pub(crate) fn prepare(
                     ));
                 }
             }
-            Op::Input { name }
-                if !StepInputs::NAMES.contains(&name.as_str()) || n.dtype != DType::I32 =>
-            {
-                return Err(node_err(
-                    &g,
-                    id,
-                    format!(
-                        "input {name:?} ({}): a step supplies i32 inputs named {:?}",
-                        n.dtype,
-                        StepInputs::NAMES
-                    ),
-                ));
+            Op::Input { name } => {
+                let step_input = StepInputs::NAMES.contains(&name.as_str());
+                let ok = match n.dtype {
+                    DType::I32 => step_input,
+                    // Values and effects of another plan of the same step.
+                    DType::F32 | DType::Effect => !step_input,
+                    _ => false,
+                };
+                if !ok {
+                    return Err(node_err(
+                        &g,
+                        id,
+                        format!(
+                            "input {name:?} ({}): a step supplies i32 inputs named {:?}, \
+                             and f32 values or effects under other names",
+                            n.dtype,
+                            StepInputs::NAMES
+                        ),
+                    ));
+                }
             }
-            Op::Input { .. } => {}
             _ if n.dtype == DType::I32 => {
                 return Err(node_err(&g, id, "i32 values can only be graph inputs"));
             }
@@ -225,6 +232,9 @@ pub(crate) fn schedule(
     for id in g.ids() {
         let n = g.node(id);
         locs[id.index()] = match &n.op {
+            // An f32 input is copied into the arena before the first step.
+            Op::Input { .. } if n.dtype == DType::F32 => Loc::Arena { offset: 0, cap: 0 },
+            Op::Input { .. } if n.dtype == DType::Effect => Loc::None,
             Op::Input { .. } => Loc::Input,
             Op::Weight { id: w, .. } => Loc::Weight(*w),
             Op::Reshape { .. } => Loc::Alias {
@@ -259,7 +269,10 @@ pub(crate) fn schedule(
     }
     let mut reqs = Vec::new();
     let mut owners = Vec::new();
-    for &id in &steps {
+    let inputs = g
+        .ids()
+        .filter(|&id| matches!(g.node(id).op, Op::Input { .. }));
+    for id in inputs.chain(steps.iter().copied()) {
         if let Loc::Arena { .. } = locs[id.index()] {
             let n = g.node(id);
             let elems = n.shape.numel(max).ok_or_else(|| {
@@ -269,7 +282,7 @@ pub(crate) fn schedule(
                     format!("shape {} has a symbol without a maximum", n.shape),
                 )
             })?;
-            let first = pos[&id];
+            let first = pos.get(&id).copied().unwrap_or(0);
             reqs.push(BufferRequest {
                 bytes: elems * 4,
                 first,
@@ -308,23 +321,31 @@ pub(crate) fn narrow_from(start: Start, axis_len: usize, len: usize) -> Result<u
 }
 
 /// The graph inputs a step supplies, by name: `tokens` and `pos` (one per
-/// batch row) and `logit_rows` (the rows whose logits are wanted).
+/// batch row) and `logit_rows` (the rows whose logits are wanted), and the
+/// f32 values another plan of the step computed.
 pub struct StepInputs<'a> {
     pub tokens: &'a [i32],
     pub pos: &'a [i32],
     pub logit_rows: Vec<i32>,
+    pub values: &'a [(String, HostTensor)],
 }
 
 impl<'a> StepInputs<'a> {
     /// The names a graph's inputs may have.
     pub const NAMES: [&'static str; 3] = ["tokens", "pos", "logit_rows"];
 
-    pub fn new(batch: &'a Batch) -> Self {
+    pub fn new(batch: &'a Batch, values: &'a [(String, HostTensor)]) -> Self {
         StepInputs {
             tokens: batch.tokens(),
             pos: batch.positions(),
             logit_rows: batch.logit_rows(),
+            values,
         }
+    }
+
+    /// The f32 value named `name`.
+    pub fn value(&self, name: &str) -> Option<&'a HostTensor> {
+        self.values.iter().find(|(n, _)| n == name).map(|(_, t)| t)
     }
 
     pub fn get(&self, name: &str) -> Option<&[i32]> {
@@ -352,17 +373,40 @@ pub(crate) fn bind(
             name: name.clone(),
             msg,
         };
-        let data = inputs
-            .get(name)
-            .ok_or_else(|| bad("not a step input".into()))?;
-        match n.shape.dims() {
-            [Dim::Fixed(f)] if *f != data.len() => {
-                return Err(bad(format!("expected {f} values, got {}", data.len())))
+        let dims: Vec<usize> = match n.dtype {
+            DType::Effect => continue,
+            DType::F32 => {
+                let t = inputs
+                    .value(name)
+                    .ok_or_else(|| bad("no value of this name was passed".into()))?;
+                if t.as_f32().is_none() {
+                    return Err(bad("an i32 tensor where f32 values are read".into()));
+                }
+                t.shape().to_vec()
             }
-            [Dim::Fixed(_)] => {}
-            [Dim::Sym(s)] => {
-                let g = data.len();
-                match b.get(*s) {
+            _ => {
+                let data = inputs
+                    .get(name)
+                    .ok_or_else(|| bad("not a step input".into()))?;
+                if n.shape.rank() != 1 {
+                    return Err(bad(format!("step inputs are one axis, not {}", n.shape)));
+                }
+                vec![data.len()]
+            }
+        };
+        if dims.len() != n.shape.rank() {
+            return Err(bad(format!("shape {dims:?} where {} is read", n.shape)));
+        }
+        for (d, &g) in n.shape.dims().iter().zip(&dims) {
+            match d {
+                Dim::Fixed(f) if *f != g => {
+                    return Err(bad(format!(
+                        "shape {dims:?} where {} is read ({f} values, got {g})",
+                        n.shape
+                    )))
+                }
+                Dim::Fixed(_) => {}
+                Dim::Sym(s) => match b.get(*s) {
                     Some(v) if v != g => {
                         return Err(bad(format!("{s} is {v} elsewhere, {g} here")))
                     }
@@ -377,9 +421,8 @@ pub(crate) fn bind(
                         }
                         b.set(*s, g)
                     }
-                }
+                },
             }
-            _ => return Err(bad(format!("step inputs are one axis, not {}", n.shape))),
         }
     }
     Ok(b)

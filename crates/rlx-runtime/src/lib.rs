@@ -8,6 +8,7 @@
 //!   reference counts, sliding windows).
 //! - [`compile`](mod@compile): what backends share — passes, schedule,
 //!   arena layout, binding.
+//! - [`SplitBackend`]: one graph over several backends, by a [`Placement`].
 //! - [`WeightStore`]: one per model; every backend refers to it.
 
 pub mod backend;
@@ -18,14 +19,18 @@ pub mod cpu;
 pub mod cuda;
 pub mod kv;
 pub mod memory;
+pub mod split;
 pub mod weights;
 
-pub use backend::{host_memory, open, Backend, BackendOptions, Device, Executable, MemoryReport};
+pub use backend::{
+    host_memory, open, Backend, BackendOptions, Device, Executable, MemoryReport, PreparedKv,
+};
 pub use batch::{Batch, BatchError, SeqId, SeqRun};
 pub use compile::{CompileOptions, HostTensor, RunError, StepInputs, Tap};
 pub use cpu::matmul::Precision;
 pub use kv::{
-    KvDType, KvError, KvGroup, KvLayerSpec, KvPool, KvPoolConfig, KvStorage, KvTypes, StepLayout,
-    BLOCK_TOKENS,
+    KvDType, KvError, KvGroup, KvLayerSpec, KvPool, KvPoolConfig, KvStorage, KvTypes, SlotSet,
+    StepLayout, BLOCK_TOKENS,
 };
+pub use split::{Placement, SplitBackend};
 pub use weights::{WeightError, WeightInfo, WeightStore};

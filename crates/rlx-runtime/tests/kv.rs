@@ -8,7 +8,9 @@
 use proptest::prelude::*;
 use rlx_ir::CacheSlot;
 use rlx_runtime::cpu::CpuKvStorage;
-use rlx_runtime::{Batch, KvDType, KvError, KvLayerSpec, KvPool, KvPoolConfig, KvTypes, SeqId};
+use rlx_runtime::{
+    Batch, KvDType, KvError, KvLayerSpec, KvPool, KvPoolConfig, KvTypes, SeqId, SlotSet,
+};
 
 const B: usize = rlx_runtime::BLOCK_TOKENS;
 
@@ -41,7 +43,7 @@ fn config(tokens: usize, max_seqs: usize, max_chunk: usize) -> KvPoolConfig {
 }
 
 fn pool(c: KvPoolConfig) -> KvPool {
-    let storage = CpuKvStorage::new(&c).unwrap();
+    let storage = CpuKvStorage::new(&c, &SlotSet::All).unwrap();
     KvPool::new(c, Box::new(storage)).unwrap()
 }
 

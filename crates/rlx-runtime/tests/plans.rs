@@ -15,7 +15,7 @@ use rlx_ir::{
 use rlx_runtime::cpu::{compile, CpuDevice, CpuKvStorage, Plan};
 use rlx_runtime::{
     Batch, CompileOptions, KvDType, KvError, KvLayerSpec, KvPool, KvPoolConfig, KvTypes, RunError,
-    SeqId, WeightStore,
+    SeqId, SlotSet, WeightStore,
 };
 
 const D: usize = 256;
@@ -209,7 +209,7 @@ fn pool(max_chunk: usize, seqs: usize) -> KvPool {
         max_seqs: seqs,
         max_chunk,
     };
-    let storage = CpuKvStorage::new(&config).unwrap();
+    let storage = CpuKvStorage::new(&config, &SlotSet::All).unwrap();
     KvPool::new(config, Box::new(storage)).unwrap()
 }
 

@@ -225,7 +225,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.reps == 0 {
         bail!("-r must be at least 1");
     }
-    let model = args.model.load()?;
+    // Room for the longest test's K/V, for every sequence of a batch.
+    let longest = args
+        .prompt
+        .iter()
+        .chain(&args.gen)
+        .max()
+        .copied()
+        .unwrap_or(0)
+        + args.depth;
+    let seqs = args.batch.iter().max().copied().unwrap_or(1);
+    let model = args.model.load_for(Some(longest * seqs))?;
     let kv = args
         .model
         .kv_types(&model)

@@ -33,7 +33,7 @@ const HELP: &str =
 /save FILE (write the conversation as JSON), /help, /quit; Ctrl-C stops a reply";
 
 pub fn run(args: &ChatArgs) -> Result<()> {
-    let model = args.model.load()?;
+    let model = args.model.load_for(Some(args.ctx))?;
     let tok = Tokenizer::from_gguf(model.file())?;
     let template = ChatTemplate::from_gguf(model.file())?;
     let mut session = model.session(SessionOptions {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use rlx_gemma::{Device, Model, ModelOptions};
+use rlx_gemma::{Device, GpuLayers, Model, ModelOptions, Offload};
 use rlx_runtime::Precision;
 use rlx_runtime::{KvDType, KvTypes};
 
@@ -51,6 +51,24 @@ pub struct ModelArgs {
     /// Where to run: `cpu`, or `cuda` / `cuda:N` for GPU N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// With a GPU: how many layers run there (the last ones, with the LM
+    /// head; the rest run on the CPU, their weights read where mapped), or
+    /// `auto`: every layer when the model, its K/V and scratch fit in the
+    /// GPU's free memory, else as many as fit. Also `-ngl` (llama.cpp's
+    /// count includes the LM head: its `-ngl N+1` is rlx's `-ngl N`).
+    #[arg(
+        long = "gpu-layers",
+        visible_alias = "n-gpu-layers",
+        default_value = "auto"
+    )]
+    pub gpu_layers: String,
+    /// With a GPU: keep every layer's experts in host memory and run them
+    /// on the CPU (a mixture-of-experts model's bulk).
+    #[arg(long = "cpu-moe")]
+    pub cpu_moe: bool,
+    /// With a GPU: keep the experts of the first N layers in host memory.
+    #[arg(long = "n-cpu-moe", value_name = "N", conflicts_with = "cpu_moe")]
+    pub n_cpu_moe: Option<usize>,
 }
 
 /// What the K/V type flags take.
@@ -90,7 +108,15 @@ impl ModelArgs {
         &self.precision
     }
 
+    /// The model, fitted (on a GPU) for 4,096 tokens of K/V.
     pub fn load(&self) -> Result<Model> {
+        self.load_for(None)
+    }
+
+    /// The model; on a GPU fitted for `kv_tokens` tokens of K/V over all
+    /// sequences (4,096 when `None`), with a line on stderr saying how it
+    /// was split when it was.
+    pub fn load_for(&self, kv_tokens: Option<usize>) -> Result<Model> {
         let path = resolve_model(&self.model)?;
         let mut opts = ModelOptions::default();
         if let Some(t) = self.threads {
@@ -124,6 +150,7 @@ impl ModelArgs {
             _ => Precision::Exact,
         };
         opts.batch_invariant = self.batch_invariant;
+        opts.offload = self.offload(kv_tokens, opts.device)?;
         let model = match &self.quantize {
             None => Model::load(&path, opts),
             Some(ty) => {
@@ -135,7 +162,43 @@ impl ModelArgs {
         for w in model.config().warnings() {
             eprintln!("warning: {}: {w}", path.display());
         }
+        if let Some(split) = model.split() {
+            eprintln!("split: {split}");
+        }
         Ok(model)
+    }
+
+    /// What `--gpu-layers`, `--cpu-moe` and `--n-cpu-moe` ask for.
+    fn offload(&self, kv_tokens: Option<usize>, device: Device) -> Result<Offload> {
+        let gpu_layers = match self.gpu_layers.as_str() {
+            "auto" => GpuLayers::Auto,
+            n => GpuLayers::Count(
+                n.parse()
+                    .with_context(|| format!("--gpu-layers {n:?}: a number of layers or `auto`"))?,
+            ),
+        };
+        let cpu_moe_layers = match (self.cpu_moe, self.n_cpu_moe) {
+            (true, _) => usize::MAX,
+            (false, n) => n.unwrap_or(0),
+        };
+        if device == Device::Cpu && (gpu_layers != GpuLayers::Auto || cpu_moe_layers > 0) {
+            bail!("--gpu-layers, --cpu-moe and --n-cpu-moe need a GPU (--device cuda)");
+        }
+        let [(_, k), (_, v)] = self.kv_flags();
+        let default = device.default_kv_dtype(match self.precision.as_str() {
+            "q8" => Precision::Quantized,
+            _ => Precision::Exact,
+        });
+        let kv_types = (k.is_some() || v.is_some()).then(|| KvTypes {
+            k: k.unwrap_or(default),
+            v: v.unwrap_or(default),
+        });
+        Ok(Offload {
+            gpu_layers,
+            cpu_moe_layers,
+            kv_tokens: kv_tokens.unwrap_or(Offload::default().kv_tokens),
+            kv_types,
+        })
     }
 }
 

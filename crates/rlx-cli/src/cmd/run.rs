@@ -124,7 +124,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let spec = spec(args)?;
     let t_load = Instant::now();
     let spinner = super::progress::spinner("loading model");
-    let model = args.model.load()?;
+    let model = args.model.load_for(args.ctx)?;
     let tok = std::sync::Arc::new(Tokenizer::from_gguf(model.file())?);
     let mut guide = match &spec {
         Some(spec) => Some(rlx_guide::Vocabulary::new(std::sync::Arc::clone(&tok))?.guide(spec)?),

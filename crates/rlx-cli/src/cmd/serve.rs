@@ -64,7 +64,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let (model_args, ctx, max_queue) = (args.model.clone(), args.ctx, args.max_queue);
     // The model loads while the port already answers /health with 503.
     let load = move || -> Result<Server> {
-        let model = model_args.load()?;
+        let model = model_args.load_for(Some(ctx))?;
         let context = (ctx / parallel)
             .max(1)
             .min(model.config().context_length.max(1));

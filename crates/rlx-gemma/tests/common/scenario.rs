@@ -199,3 +199,68 @@ pub fn worst_against_alone(batched: &Model, alone: &Model, s: &Script) -> f64 {
     }
     worst
 }
+
+/// The worst relative L2 of `other`'s logits against `reference`'s over
+/// one session each: a prompt of `prompt_len` tokens prefilled in chunks
+/// of `chunk`, 8 greedy decode steps (the same tokens), a rewind by 3 and
+/// the tail again, and all-position scores of prompts of 1, 2, 3 and up
+/// to 20 tokens. Every check must stay under `bound`.
+pub fn compare_sessions(
+    reference: &Model,
+    other: &Model,
+    name: &str,
+    prompt_len: usize,
+    chunk: usize,
+    kv_types: Option<rlx_gemma::KvTypes>,
+    bound: f64,
+) -> Result<f64, rlx_gemma::ModelError> {
+    let vocab = reference.config().n_vocab;
+    let prompt: Vec<u32> = std::iter::once(2)
+        .chain((1..prompt_len).map(|i| ((i * 7919) % (vocab - 16) + 16) as u32))
+        .collect();
+    let opts = SessionOptions {
+        context: Some(prompt_len + 32),
+        prefill_chunk: chunk,
+        kv_types,
+        ..SessionOptions::default()
+    };
+    let mut b = other.session(opts.clone())?;
+    let mut a = reference.session(opts).unwrap();
+    let mut worst = 0f64;
+    let mut check = |what: &str, x: &[f32], y: &[f32]| {
+        assert_eq!(x.len(), y.len(), "{name}: {what}: lengths");
+        let e = rel_l2(y, x);
+        assert!(e < bound, "{name}: {what}: relative L2 {e:.2e}");
+        worst = worst.max(e);
+    };
+    let argmax = |v: &[f32]| super::argmax(v) as u32;
+    let (mut la, mut lb) = (a.feed(&prompt).unwrap(), b.feed(&prompt)?);
+    check("prefill", &la, &lb);
+    for step in 0..8 {
+        let t = argmax(&la);
+        assert_eq!(t, argmax(&lb), "{name}: greedy token {step}");
+        la = a.feed(&[t]).unwrap();
+        lb = b.feed(&[t])?;
+        check(&format!("decode {step}"), &la, &lb);
+    }
+    // Back a few tokens and on again (the rings keep what the rewind needs,
+    // or the prefix runs again).
+    let keep = prompt_len - 3;
+    a.rewind(keep).unwrap();
+    b.rewind(keep)?;
+    let tail = &prompt[keep..];
+    check("after rewind", &a.feed(tail).unwrap(), &b.feed(tail)?);
+    // Logits of every position, for prompts of every length from 1: a row
+    // must not depend on the rows after it.
+    for n in [1, 2, 3, prompt_len.min(20)] {
+        a.reset();
+        b.reset();
+        let short = &prompt[..n];
+        check(
+            &format!("score of {n}"),
+            &a.score(short).unwrap(),
+            &b.score(short)?,
+        );
+    }
+    Ok(worst)
+}

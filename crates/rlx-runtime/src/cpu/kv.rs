@@ -7,7 +7,7 @@ use std::any::Any;
 use half::{bf16, f16};
 use rlx_gguf::GgmlType;
 
-use crate::kv::{KvDType, KvError, KvPoolConfig, KvStorage, BLOCK_TOKENS};
+use crate::kv::{KvDType, KvError, KvPoolConfig, KvStorage, SlotSet, BLOCK_TOKENS};
 
 pub(crate) enum Rows {
     F32(Vec<f32>),
@@ -179,9 +179,10 @@ pub struct CpuKvStorage {
 }
 
 impl CpuKvStorage {
-    pub fn new(config: &KvPoolConfig) -> Result<Self, KvError> {
+    /// Zeroed rows for the owning layers of `config` that `slots` keeps.
+    pub fn new(config: &KvPoolConfig, slots: &SlotSet) -> Result<Self, KvError> {
         config.validate()?;
-        let layers = config.alloc_layers(|l| {
+        let layers = config.alloc_layers(slots, |l| {
             Ok::<_, KvError>(LayerRows {
                 k: Rows::new(config.types.k, l.rows * l.k_width),
                 v: Rows::new(config.types.v, l.rows * l.v_width),
@@ -191,7 +192,7 @@ impl CpuKvStorage {
         })?;
         Ok(CpuKvStorage {
             layers,
-            groups: config.group_slots(),
+            groups: config.group_slots(slots),
         })
     }
 

@@ -19,10 +19,10 @@ use pool::ThreadPool;
 use rlx_gguf::GgmlType;
 use rlx_ir::{Graph, Op};
 
-use crate::backend::{host_memory, Backend, Device, Executable, MemoryReport};
+use crate::backend::{host_memory, Backend, Device, Executable, MemoryReport, PreparedKv};
 use crate::batch::Batch;
 use crate::compile::{CompileOptions, HostTensor, RunError, Tap};
-use crate::kv::{KvPool, KvPoolConfig};
+use crate::kv::{KvPool, KvPoolConfig, KvStorage, SlotSet};
 use crate::weights::WeightStore;
 pub use kv::CpuKvStorage;
 pub use plan::{compile, Plan};
@@ -86,9 +86,12 @@ impl Backend for CpuBackend {
         Ok(Box::new(compile(graph, &self.store, &self.device, opts)?))
     }
 
-    fn kv_pool(&self, config: KvPoolConfig) -> Result<KvPool, RunError> {
-        let storage = CpuKvStorage::new(&config)?;
-        Ok(KvPool::new(config, Box::new(storage))?)
+    fn kv_storage(
+        &self,
+        config: &KvPoolConfig,
+        slots: &SlotSet,
+    ) -> Result<Box<dyn KvStorage>, RunError> {
+        Ok(Box::new(CpuKvStorage::new(config, slots)?))
     }
 
     fn memory(&self) -> MemoryReport {
@@ -97,12 +100,13 @@ impl Backend for CpuBackend {
 }
 
 impl Executable for Plan {
-    fn run(
+    fn execute(
         &mut self,
         batch: &Batch,
-        kv: Option<&mut KvPool>,
+        kv: Option<PreparedKv<'_>>,
+        values: &[(String, HostTensor)],
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
-        Plan::run(self, batch, kv)
+        self.run_inner(batch, kv, values, None)
     }
 
     fn run_with_tap(

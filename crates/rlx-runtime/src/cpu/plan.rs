@@ -8,8 +8,9 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use rlx_gguf::GgmlType;
-use rlx_ir::{Bindings, DType, Graph, KvSource, NodeId, Op};
+use rlx_ir::{Bindings, CacheSlot, DType, Graph, KvSource, NodeId, Op};
 
+use crate::backend::{Executable, PreparedKv};
 use crate::batch::Batch;
 use crate::compile::{
     bind, dump_steps, narrow_from, node_err, prepare, schedule, CompileOptions, HostTensor, Loc,
@@ -141,7 +142,7 @@ impl Plan {
         batch: &Batch,
         kv: Option<&mut KvPool>,
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
-        self.run_inner(batch, kv, None)
+        Executable::run(self, batch, kv)
     }
 
     /// Like [`Plan::run`], calling `tap(name, shape, values)` for every named
@@ -152,26 +153,42 @@ impl Plan {
         kv: Option<&mut KvPool>,
         tap: &mut Tap<'_>,
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
-        self.run_inner(batch, kv, Some(tap))
+        batch.runs()?;
+        match kv {
+            Some(pool) => {
+                let layout = pool.prepare(batch)?;
+                let kv = PreparedKv {
+                    pool,
+                    layout: &layout,
+                };
+                let outs = self.run_inner(batch, Some(kv), &[], Some(tap))?;
+                pool.commit(&layout);
+                Ok(outs)
+            }
+            None => self.run_inner(batch, None, &[], Some(tap)),
+        }
     }
 
-    /// Runs every step; named values go to `tap` when there is one.
-    fn run_inner(
+    /// Runs every step on a prepared pool; named values go to `tap` when
+    /// there is one.
+    pub(crate) fn run_inner(
         &mut self,
         batch: &Batch,
-        mut kv: Option<&mut KvPool>,
+        mut kv: Option<PreparedKv<'_>>,
+        values: &[(String, HostTensor)],
         mut tap: Option<&mut Tap<'_>>,
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
-        let inputs = StepInputs::new(batch);
+        let inputs = StepInputs::new(batch, values);
         let b = bind(&self.graph, &self.opts.max, &inputs)?;
         batch.runs()?;
-        let layout = match kv.as_deref_mut() {
-            Some(pool) => Some(pool.prepare(batch)?),
-            None => None,
-        };
+        self.copy_in(&inputs, &b);
         for si in 0..self.steps.len() {
             let id = self.steps[si];
-            self.exec(id, &b, &inputs, kv.as_deref_mut(), layout.as_ref())?;
+            let (pool, layout) = match kv.as_mut() {
+                Some(p) => (Some(&mut *p.pool), Some(p.layout)),
+                None => (None, None),
+            };
+            self.exec(id, &b, &inputs, pool, layout)?;
             let Some(tap) = tap.as_deref_mut() else {
                 continue;
             };
@@ -182,9 +199,6 @@ impl Plan {
                     tap(name, &dims, v);
                 }
             }
-        }
-        if let (Some(layout), Some(pool)) = (&layout, kv) {
-            pool.commit(layout);
         }
         let mut outs = Vec::new();
         for (name, id) in self.graph.outputs() {
@@ -199,6 +213,29 @@ impl Plan {
             outs.push((name.clone(), t));
         }
         Ok(outs)
+    }
+
+    /// Copies the f32 inputs (checked by `bind`) into their arena buffers.
+    fn copy_in(&mut self, inputs: &StepInputs, b: &Bindings) {
+        for id in self.graph.ids() {
+            let n = self.graph.node(id);
+            let (Op::Input { name }, Loc::Arena { offset, cap }) = (&n.op, self.locs[id.index()])
+            else {
+                continue;
+            };
+            let data = inputs
+                .value(name)
+                .and_then(HostTensor::as_f32)
+                .expect("bound inputs exist");
+            let len = n.shape.numel(b).expect("bound");
+            assert!(
+                len <= cap && data.len() == len,
+                "an input within its buffer"
+            );
+            // SAFETY: in bounds of the arena (asserted), and no step runs
+            // while inputs are copied in.
+            unsafe { self.arena.slice_mut(offset, len) }.copy_from_slice(data);
+        }
     }
 
     fn value<'a>(&'a self, id: NodeId, inputs: &'a StepInputs, b: &Bindings) -> Val<'a> {
@@ -256,7 +293,7 @@ impl Plan {
                     self.f32_of(n.inputs[0], inputs, b),
                     self.f32_of(n.inputs[1], inputs, b),
                 );
-                cpu_storage(pool)?.write(slot.0 as usize, k, v, rows)?;
+                cpu_storage(pool, slot)?.write(slot.0 as usize, k, v, rows)?;
                 if let Some(&s) = n.inputs.get(2) {
                     for (&row, &span) in rows.iter().zip(self.i32_of(s, inputs, b)) {
                         pool.set_span(group, row, span);
@@ -498,7 +535,7 @@ impl Plan {
                         let (owner, layer) = kvp.owner(slot)?;
                         let group = kvp.group_of(slot)?;
                         let (k, v) = kvp
-                            .storage()
+                            .storage_of(owner)?
                             .as_any()
                             .downcast_ref::<CpuKvStorage>()
                             .and_then(|s| s.view(owner.0 as usize))
@@ -655,9 +692,9 @@ fn not_cpu() -> RunError {
     ))
 }
 
-/// The pool's storage, which a CPU plan can only use in host memory.
-fn cpu_storage(pool: &mut KvPool) -> Result<&mut CpuKvStorage, RunError> {
-    pool.storage_mut()
+/// The storage of `slot`, which a CPU plan can only use in host memory.
+fn cpu_storage(pool: &mut KvPool, slot: CacheSlot) -> Result<&mut CpuKvStorage, RunError> {
+    pool.storage_of_mut(slot)?
         .as_any_mut()
         .downcast_mut::<CpuKvStorage>()
         .ok_or_else(not_cpu)

@@ -7,10 +7,10 @@ use rlx_gguf::GgmlType;
 use rlx_ir::{Graph, Op};
 
 use super::{compile_cuda, supports, CudaDevice, CudaError, CudaKvStorage, CudaPlan, CudaWeights};
-use crate::backend::{Backend, Device, Executable, MemoryReport};
+use crate::backend::{Backend, Device, Executable, MemoryReport, PreparedKv};
 use crate::batch::Batch;
 use crate::compile::{CompileOptions, HostTensor, RunError};
-use crate::kv::{KvPool, KvPoolConfig};
+use crate::kv::{KvPool, KvPoolConfig, KvStorage, SlotSet};
 use crate::weights::WeightStore;
 
 /// A GPU with a model's weights on it.
@@ -21,11 +21,16 @@ pub struct CudaBackend {
 
 impl CudaBackend {
     /// Opens GPU `ordinal` (shared with anything else in the process using
-    /// it) and uploads `store`'s weights.
-    pub fn new(ordinal: usize, store: Arc<WeightStore>) -> Result<Self, RunError> {
+    /// it) and uploads the weights of `store` that `keep` lists (all when
+    /// `None`).
+    pub fn new(
+        ordinal: usize,
+        store: Arc<WeightStore>,
+        keep: Option<&[bool]>,
+    ) -> Result<Self, RunError> {
         let label = format!("cuda:{ordinal}");
         let device = CudaDevice::new(ordinal).map_err(|e| e.into_run(&label))?;
-        let weights = CudaWeights::upload(&device, &store).map_err(|e| e.into_run(&label))?;
+        let weights = CudaWeights::upload(&device, &store, keep).map_err(|e| e.into_run(&label))?;
         Ok(CudaBackend {
             store,
             weights: Arc::new(weights),
@@ -103,9 +108,13 @@ impl Backend for CudaBackend {
         Ok(Box::new(plan))
     }
 
-    fn kv_pool(&self, config: KvPoolConfig) -> Result<KvPool, RunError> {
-        let storage = CudaKvStorage::new(self.cuda(), &config).map_err(|e| self.err(e))?;
-        Ok(KvPool::new(config, Box::new(storage))?)
+    fn kv_storage(
+        &self,
+        config: &KvPoolConfig,
+        slots: &SlotSet,
+    ) -> Result<Box<dyn KvStorage>, RunError> {
+        let storage = CudaKvStorage::new(self.cuda(), config, slots).map_err(|e| self.err(e))?;
+        Ok(Box::new(storage))
     }
 
     fn memory(&self) -> MemoryReport {
@@ -122,6 +131,17 @@ impl Backend for CudaBackend {
 }
 
 impl Executable for CudaPlan {
+    fn execute(
+        &mut self,
+        batch: &Batch,
+        kv: Option<PreparedKv<'_>>,
+        values: &[(String, HostTensor)],
+    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+        let label = self.cuda_label();
+        self.run_inner(batch, kv.map(|k| (&*k.pool, k.layout)), values)
+            .map_err(|e| e.into_run(&label))
+    }
+
     fn run(
         &mut self,
         batch: &Batch,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DriverError};
 
 use super::{type_code, CudaDevice, CudaError};
-use crate::kv::{KvDType, KvError, KvPoolConfig, KvStorage, KvTypes, BLOCK_TOKENS};
+use crate::kv::{KvDType, KvError, KvPoolConfig, KvStorage, KvTypes, SlotSet, BLOCK_TOKENS};
 
 /// One owning layer's rows.
 struct LayerRows {
@@ -54,13 +54,17 @@ pub(crate) fn kv_code(t: KvDType) -> u32 {
 }
 
 impl CudaKvStorage {
-    /// Zeroed rows for every owning layer of `config`.
-    pub fn new(device: &Arc<CudaDevice>, config: &KvPoolConfig) -> Result<Self, CudaError> {
+    /// Zeroed rows for the owning layers of `config` that `slots` keeps.
+    pub fn new(
+        device: &Arc<CudaDevice>,
+        config: &KvPoolConfig,
+        slots: &SlotSet,
+    ) -> Result<Self, CudaError> {
         config.validate()?;
         let types = config.types;
         let s = &device.stream;
         // Zero bytes are zeros in every type (block scales of 0).
-        let layers = config.alloc_layers(|l| {
+        let layers = config.alloc_layers(slots, |l| {
             Ok::<_, CudaError>(LayerRows {
                 k: s.alloc_zeros(l.rows * types.k.row_bytes(l.k_width))?,
                 v: s.alloc_zeros(l.rows * types.v.row_bytes(l.v_width))?,
@@ -73,7 +77,7 @@ impl CudaKvStorage {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             device: Arc::clone(device),
             layers,
-            groups: config.group_slots(),
+            groups: config.group_slots(slots),
             types,
         })
     }

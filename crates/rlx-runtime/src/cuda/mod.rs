@@ -453,14 +453,22 @@ impl CudaWeights {
     /// a type the kernels do not read stay behind, and a plan that uses one
     /// fails to compile); vectors (norm weights, scales) are stored
     /// dequantized to f32.
-    pub fn upload(device: &Arc<CudaDevice>, store: &WeightStore) -> Result<CudaWeights, CudaError> {
+    /// Uploads the weights of `store` that `keep` lists (by id; all when
+    /// `None`).
+    pub fn upload(
+        device: &Arc<CudaDevice>,
+        store: &WeightStore,
+        keep: Option<&[bool]>,
+    ) -> Result<CudaWeights, CudaError> {
         let mut bufs = Vec::with_capacity(store.len());
         let mut bytes = 0;
         for i in 0..store.len() {
             let w = rlx_ir::WeightId(i as u32);
             let info = store.info(w);
             let data = store.bytes(w);
-            let buf = if info.shape.len() == 1 {
+            let buf = if keep.is_some_and(|k| !k.get(i).copied().unwrap_or(false)) {
+                None
+            } else if info.shape.len() == 1 {
                 let v = rlx_gguf::dequantize_to_vec(info.ty, data)
                     .map_err(|e| CudaError::Unsupported(format!("weight {:?}: {e}", info.name)))?;
                 let raw: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();

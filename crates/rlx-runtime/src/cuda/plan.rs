@@ -11,7 +11,7 @@ use cudarc::driver::{
     CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use rlx_gguf::GgmlType;
-use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, Mask, NodeId, Op};
+use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, Mask, NodeId, Op, WeightId};
 
 use super::kv::{kv_code, CudaKvStorage, LayerPtrs};
 use super::{type_code, CudaDevice, CudaError, CudaWeights, GemmType};
@@ -163,7 +163,8 @@ fn input_index(name: &str) -> usize {
 /// A step captured with the symbol values and the storage it ran with.
 struct Captured {
     bindings: Bindings,
-    storage: u64,
+    /// The K/V storage its launches address (none for a plan without K/V).
+    storage: Option<u64>,
     graph: CudaGraph,
 }
 
@@ -308,13 +309,23 @@ fn weight_of(g: &Graph, weights: &CudaWeights, id: NodeId) -> Result<(u32, u64),
     let (Op::Weight { id: w, name }, DType::Ggml(ty)) = (&n.op, n.dtype) else {
         return Err(node_err(g, id, "expected a weight").into());
     };
-    let code = type_code(ty);
-    match (code, weights.ptr(*w)) {
-        (Some(c), Some(p)) => Ok((c, p)),
-        _ => Err(CudaError::Unsupported(format!(
+    let code = type_code(ty).ok_or_else(|| {
+        CudaError::Unsupported(format!(
             "weight {name:?} is {ty}, which the CUDA kernels do not read yet"
-        ))),
-    }
+        ))
+    })?;
+    Ok((code, uploaded(weights, *w, name)?))
+}
+
+/// The address of a weight on the GPU, or an error naming it where this
+/// GPU does not hold it (a split keeps it on another device).
+fn uploaded(weights: &CudaWeights, w: WeightId, name: &str) -> Result<u64, CudaError> {
+    weights.ptr(w).ok_or_else(|| {
+        CudaError::Unsupported(format!(
+            "weight {name:?} is not in the memory of {}",
+            weights.device().label()
+        ))
+    })
 }
 
 /// Compiles `graph` for the GPU of `weights`, which holds `store`'s weights.
@@ -346,6 +357,13 @@ pub fn compile_cuda(
         let inner: usize = dims[axis + 1..].iter().product();
         Some((n.inputs[0], from * inner))
     };
+    for id in g.ids() {
+        if let (Op::Weight { id: w, name }, DType::Ggml(ty)) = (&g.node(id).op, g.node(id).dtype) {
+            if type_code(ty).is_some() || g.node(id).shape.rank() == 1 {
+                uploaded(weights, *w, name)?;
+            }
+        }
+    }
     let sched = schedule(&g, &opts.max, &view)?;
     let device = Arc::clone(weights.device());
     let s = &device.stream;
@@ -372,7 +390,10 @@ pub fn compile_cuda(
             ))
         };
         match &n.op {
-            Op::Input { .. } => rows = rows.max(n.shape.numel(&opts.max).unwrap_or(0)),
+            Op::Input { .. } if n.dtype == rlx_ir::DType::I32 => {
+                rows = rows.max(n.shape.numel(&opts.max).unwrap_or(0))
+            }
+            Op::Input { .. } => {}
             Op::Gather => {
                 weight_of(&g, weights, n.inputs[0])?;
             }
@@ -655,40 +676,65 @@ impl CudaPlan {
         kv: Option<&mut KvPool>,
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
         let label = self.device.label();
-        self.run_inner(batch, kv).map_err(|e| e.into_run(&label))
+        self.run_checked(batch, kv).map_err(|e| e.into_run(&label))
     }
 
-    fn run_inner(
+    /// Checks everything that can fail before the pool changes, then
+    /// prepares, runs and commits.
+    fn run_checked(
         &mut self,
         batch: &Batch,
-        mut kv: Option<&mut KvPool>,
+        kv: Option<&mut KvPool>,
     ) -> Result<Vec<(String, HostTensor)>, CudaError> {
-        let inputs = StepInputs::new(batch);
+        let Some(pool) = kv else {
+            return self.run_inner(batch, None, &[]);
+        };
+        {
+            let inputs = StepInputs::new(batch, &[]);
+            let b = bind(&self.graph_ir, &self.max, &inputs)?;
+            batch.runs().map_err(RunError::from)?;
+            self.check_indices(&b, &inputs)?;
+            if !self.kv_steps.is_empty() {
+                self.check_kv(&b, pool, self.storage(pool)?, batch.len())?;
+            }
+        }
+        let layout = pool.prepare(batch)?;
+        let outs = self.run_inner(batch, Some((&*pool, &layout)), &[])?;
+        pool.commit(&layout);
+        Ok(outs)
+    }
+
+    /// Runs one step on a prepared pool (read only: K/V rows are written
+    /// in the device storage the pool owns).
+    pub(super) fn run_inner(
+        &mut self,
+        batch: &Batch,
+        kv: Option<(&KvPool, &StepLayout)>,
+        values: &[(String, HostTensor)],
+    ) -> Result<Vec<(String, HostTensor)>, CudaError> {
+        let inputs = StepInputs::new(batch, values);
         let b = bind(&self.graph_ir, &self.max, &inputs)?;
         batch.runs().map_err(RunError::from)?;
         self.check_indices(&b, &inputs)?;
+        // Only a plan with K/V steps reads the pool (a part of a split
+        // graph may have none, and no storage on this device).
+        let kv = kv.filter(|_| !self.kv_steps.is_empty());
         if !self.kv_steps.is_empty() && kv.is_none() {
             return Err(RunError::NoCache.into());
         }
-        // Everything that can fail is checked before the pool changes.
         let mut storage_id = None;
-        if let Some(pool) = kv.as_deref() {
+        if let Some((pool, layout)) = kv {
             let storage = self.storage(pool)?;
             storage_id = Some(storage.id());
             self.check_kv(&b, pool, storage, batch.len())?;
-        }
-        let layout = match kv.as_deref_mut() {
-            Some(pool) => Some(pool.prepare(batch)?),
-            None => None,
-        };
-        if let (Some(layout), Some(pool)) = (&layout, kv.as_deref()) {
             self.fit_meta(layout, pool)?;
         }
-        self.upload(&inputs, layout.as_ref())?;
+        self.upload(&inputs, kv.map(|(_, l)| l))?;
+        self.copy_in(&inputs, &b)?;
         let stream = Arc::clone(&self.device.stream);
         {
-            let ctx = match kv.as_deref() {
-                Some(pool) => Some(KvCtx {
+            let ctx = match kv {
+                Some((pool, _)) => Some(KvCtx {
                     pool,
                     storage: self.storage(pool)?,
                 }),
@@ -698,10 +744,11 @@ impl CudaPlan {
             let found = self
                 .captured
                 .iter()
-                .position(|c| Some(c.storage) == storage_id && c.bindings == b);
+                .position(|c| c.storage == storage_id && c.bindings == b);
             if let Some(i) = found {
                 self.captured[i].graph.launch()?;
-            } else if let (true, Some(sid)) = (capture, storage_id) {
+            } else if capture {
+                let sid = storage_id;
                 // Graphs of another storage are stale (it was replaced).
                 self.captured.retain(|c| c.storage == sid);
                 if self.captured.len() >= GRAPHS_KEPT {
@@ -729,9 +776,6 @@ impl CudaPlan {
                     self.exec(id, &b, ctx.as_ref())?;
                 }
             }
-        }
-        if let (Some(layout), Some(pool)) = (&layout, kv) {
-            pool.commit(layout);
         }
         let mut outs = Vec::new();
         for (name, id) in self.graph_ir.outputs() {
@@ -774,12 +818,16 @@ impl CudaPlan {
         Ok(outs)
     }
 
-    /// The pool's storage, which must be on this plan's GPU.
+    /// The label of this plan's GPU, for errors.
+    pub(super) fn cuda_label(&self) -> String {
+        self.device.label()
+    }
+
+    /// The pool's storage on this plan's GPU.
     fn storage<'a>(&self, pool: &'a KvPool) -> Result<&'a CudaKvStorage, CudaError> {
-        pool.storage()
-            .as_any()
-            .downcast_ref::<CudaKvStorage>()
-            .filter(|s| Arc::ptr_eq(s.device(), &self.device))
+        pool.parts()
+            .filter_map(|p| p.as_any().downcast_ref::<CudaKvStorage>())
+            .find(|s| Arc::ptr_eq(s.device(), &self.device))
             .ok_or_else(|| {
                 KvError::Storage(format!(
                     "the K/V pool is not in the memory of {} (it belongs to another device)",
@@ -930,6 +978,27 @@ impl CudaPlan {
         self.device
             .stream
             .memcpy_htod(&self.stage[..], &mut self.meta.slice_mut(..len))?;
+        Ok(())
+    }
+
+    /// Copies the f32 inputs (checked by `bind`) into their arena buffers.
+    fn copy_in(&mut self, inputs: &StepInputs, b: &Bindings) -> Result<(), CudaError> {
+        for id in self.graph_ir.ids() {
+            let n = self.graph_ir.node(id);
+            let (Op::Input { name }, Loc::Arena { offset, .. }) = (&n.op, self.locs[id.index()])
+            else {
+                continue;
+            };
+            let data = inputs
+                .value(name)
+                .and_then(HostTensor::as_f32)
+                .expect("bound inputs exist");
+            let len = n.shape.numel(b).expect("bound");
+            debug_assert_eq!(data.len(), len);
+            self.device
+                .stream
+                .memcpy_htod(data, &mut self.arena.slice_mut(offset..offset + len))?;
+        }
         Ok(())
     }
 

@@ -292,7 +292,7 @@ fn kernel_keys(ml: &MetaLayout, stage: &[i32], g: usize, qi: usize) -> Vec<(usiz
 #[test]
 fn staged_metadata_gives_the_pools_keys_and_rows() {
     let s = store();
-    let cpu = open(Device::Cpu, &s, &BackendOptions { threads: 1 }).unwrap();
+    let cpu = open(Device::Cpu, &s, &BackendOptions::threads(1)).unwrap();
     let mut ml = MetaLayout {
         rows: 64,
         groups: 0,
@@ -309,7 +309,7 @@ fn staged_metadata_gives_the_pools_keys_and_rows() {
             ml = new;
         }
         assert!(ml.refit(&layout, || 0).is_none());
-        let inputs = StepInputs::new(b);
+        let inputs = StepInputs::new(b, &[]);
         ml.stage(&inputs, Some(&layout), &mut stage);
         assert!(stage.len() <= ml.len());
         let pos_at = ml.input(StepInputs::NAMES.iter().position(|&n| n == "pos").unwrap());
@@ -354,7 +354,7 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 
 /// The CPU and GPU 0 backends over the same weights.
 fn cpu_and_gpu(s: &Arc<WeightStore>) -> (Arc<dyn Backend>, Arc<dyn Backend>) {
-    let opts = BackendOptions { threads: 2 };
+    let opts = BackendOptions::threads(2);
     let cpu = open(Device::Cpu, s, &opts).unwrap();
     (cpu, open(Device::Cuda(0), s, &opts).unwrap())
 }
@@ -394,7 +394,7 @@ fn paged_batches_match_the_cpu() {
 #[ignore = "needs a GPU"]
 fn a_pool_of_another_device_is_an_error() {
     let s = store();
-    let opts = BackendOptions { threads: 1 };
+    let opts = BackendOptions::threads(1);
     let cpu = open(Device::Cpu, &s, &opts).unwrap();
     let gpu = open(Device::Cuda(0), &s, &opts).unwrap();
     let max = Bindings::new().with(Sym::SEQ, 4).with(Sym::ROWS, 4);
@@ -568,7 +568,7 @@ fn a_weight_type_without_kernels_is_refused_by_name() {
         .unwrap();
     let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
     let s = Arc::new(WeightStore::new(Arc::new(file)));
-    let gpu = open(Device::Cuda(0), &s, &BackendOptions { threads: 1 }).unwrap();
+    let gpu = open(Device::Cuda(0), &s, &BackendOptions::threads(1)).unwrap();
     assert!(!gpu.supports_weight(ty));
     let mut g = Graph::new();
     let tokens = g.input("tokens", DType::I32, Shape::new([seq()]));

@@ -294,15 +294,17 @@ pub struct LayerLayout {
 }
 
 impl KvPoolConfig {
-    /// One storage value per slot: `alloc` for each owning layer, `None` for
-    /// layers that share another's K/V.
+    /// One storage value per slot: `alloc` for each owning layer that
+    /// `slots` keeps, `None` for the others and for layers that share
+    /// another's K/V.
     pub fn alloc_layers<T, E>(
         &self,
+        slots: &SlotSet,
         mut alloc: impl FnMut(&LayerLayout) -> Result<T, E>,
     ) -> Result<Vec<Option<T>>, E> {
         let mut layers: Vec<Option<T>> = (0..self.layers.len()).map(|_| None).collect();
         for g in self.groups() {
-            for slot in &g.slots {
+            for slot in g.slots.iter().filter(|s| slots.has(**s)) {
                 let spec = &self.layers[slot.0 as usize];
                 let layout = LayerLayout {
                     slot: slot.0 as usize,
@@ -316,12 +318,54 @@ impl KvPoolConfig {
         Ok(layers)
     }
 
-    /// The owning slots of each group.
-    pub fn group_slots(&self) -> Vec<Vec<usize>> {
+    /// The owning slots of each group that `slots` keeps.
+    pub fn group_slots(&self, slots: &SlotSet) -> Vec<Vec<usize>> {
         self.groups()
             .iter()
-            .map(|g| g.slots.iter().map(|s| s.0 as usize).collect())
+            .map(|g| {
+                g.slots
+                    .iter()
+                    .filter(|s| slots.has(**s))
+                    .map(|s| s.0 as usize)
+                    .collect()
+            })
             .collect()
+    }
+
+    /// Bytes of K/V storage the owning slots `slots` keeps take.
+    pub fn slots_bytes(&self, slots: &SlotSet) -> usize {
+        self.groups()
+            .iter()
+            .flat_map(|g| {
+                g.slots
+                    .iter()
+                    .filter(|s| slots.has(**s))
+                    .map(move |s| (g.blocks, s))
+            })
+            .map(|(blocks, s)| {
+                let l = &self.layers[s.0 as usize];
+                blocks
+                    * BLOCK_TOKENS
+                    * (self.types.k.row_bytes(l.kv_heads * l.head_dim)
+                        + self.types.v.row_bytes(l.kv_heads * l.v_head_dim))
+            })
+            .sum()
+    }
+}
+
+/// The cache slots one storage holds: every slot, or those listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlotSet {
+    All,
+    Only(Vec<bool>),
+}
+
+impl SlotSet {
+    pub fn has(&self, slot: CacheSlot) -> bool {
+        match self {
+            SlotSet::All => true,
+            SlotSet::Only(keep) => keep.get(slot.0 as usize).copied().unwrap_or(false),
+        }
     }
 }
 
@@ -460,14 +504,47 @@ pub struct KvPool {
     groups: Vec<Group>,
     seqs: BTreeMap<SeqId, Seq>,
     next_id: u32,
-    storage: Box<dyn KvStorage>,
+    /// Where the rows are: one storage, or one per device of a split graph.
+    parts: Vec<Box<dyn KvStorage>>,
+    /// The part holding each slot's rows (a sharing slot: its owner's).
+    slot_part: Vec<usize>,
     cache: PrefixCache,
 }
 
 impl KvPool {
     /// A pool over `storage`, which the backend allocated for `config`.
     pub fn new(config: KvPoolConfig, storage: Box<dyn KvStorage>) -> Result<Self, KvError> {
+        let slots = vec![0; config.layers.len()];
+        Self::with_parts(config, vec![storage], slots)
+    }
+
+    /// A pool whose rows are in several storages: slot `i`'s (and every
+    /// slot sharing it) in `parts[slot_part[i]]`, each allocated for the
+    /// owning slots it holds.
+    pub fn with_parts(
+        config: KvPoolConfig,
+        parts: Vec<Box<dyn KvStorage>>,
+        slot_part: Vec<usize>,
+    ) -> Result<Self, KvError> {
         config.validate()?;
+        if slot_part.len() != config.layers.len() || slot_part.iter().any(|&p| p >= parts.len()) {
+            return Err(KvError::Config(format!(
+                "{} slots placed over {} storages, expected one of them for each of {} slots",
+                slot_part.len(),
+                parts.len(),
+                config.layers.len()
+            )));
+        }
+        for (i, spec) in config.layers.iter().enumerate() {
+            if let Some(src) = spec.shares {
+                if slot_part[src.0 as usize] != slot_part[i] {
+                    return Err(KvError::Config(format!(
+                        "layer {i} reads layer {}'s K/V, which is kept on another device",
+                        src.0
+                    )));
+                }
+            }
+        }
         let groups = config
             .groups()
             .iter()
@@ -485,7 +562,8 @@ impl KvPool {
             groups,
             seqs: BTreeMap::new(),
             next_id: 0,
-            storage,
+            parts,
+            slot_part,
             cache: PrefixCache::new(),
         })
     }
@@ -494,17 +572,36 @@ impl KvPool {
         &self.config
     }
 
-    pub fn storage(&self) -> &dyn KvStorage {
-        &*self.storage
+    /// The storages of the pool's rows (one unless the model is split over
+    /// devices).
+    pub fn parts(&self) -> impl Iterator<Item = &dyn KvStorage> + '_ {
+        self.parts.iter().map(|p| &**p)
     }
 
-    pub fn storage_mut(&mut self) -> &mut dyn KvStorage {
-        &mut *self.storage
+    /// The storage holding `slot`'s rows.
+    pub fn storage_of(&self, slot: CacheSlot) -> Result<&dyn KvStorage, KvError> {
+        let part = self.part_of(slot)?;
+        Ok(&*self.parts[part])
+    }
+
+    pub fn storage_of_mut(&mut self, slot: CacheSlot) -> Result<&mut dyn KvStorage, KvError> {
+        let part = self.part_of(slot)?;
+        Ok(&mut *self.parts[part])
+    }
+
+    fn part_of(&self, slot: CacheSlot) -> Result<usize, KvError> {
+        self.slot_part
+            .get(slot.0 as usize)
+            .copied()
+            .ok_or(KvError::NoSlot {
+                slot: slot.0,
+                slots: self.slot_part.len(),
+            })
     }
 
     /// Bytes of K/V storage allocated.
     pub fn memory_bytes(&self) -> usize {
-        self.storage.bytes()
+        self.parts.iter().map(|p| p.bytes()).sum()
     }
 
     /// Bytes of the blocks in use.
@@ -680,7 +777,9 @@ impl KvPool {
         g.span.copy_within(o..o + BLOCK_TOKENS, n);
         g.refs[old as usize] -= 1;
         table[lb] = Some(new);
-        self.storage.copy_block(gi, old, new)?;
+        for part in &mut self.parts {
+            part.copy_block(gi, old, new)?;
+        }
         Ok(new)
     }
 
