@@ -22,6 +22,8 @@ pub struct Batch {
     pos: Vec<i32>,
     seqs: Vec<SeqId>,
     logits: Vec<bool>,
+    /// Bidirectional span id of each row (0: none).
+    spans: Vec<i32>,
 }
 
 /// The rows of one sequence in a batch.
@@ -59,10 +61,18 @@ impl Batch {
 
     /// Adds one token of `seq` at position `pos`.
     pub fn push(&mut self, seq: SeqId, pos: usize, token: u32, logits: bool) {
+        self.push_in_span(seq, pos, token, logits, 0);
+    }
+
+    /// Adds one token in bidirectional span `span` (0: none): tokens of a
+    /// sequence with the same non-zero span see each other whatever the
+    /// attention mask (an image's tokens), where the graph reads spans.
+    pub fn push_in_span(&mut self, seq: SeqId, pos: usize, token: u32, logits: bool, span: i32) {
         self.tokens.push(token as i32);
         self.pos.push(pos as i32);
         self.seqs.push(seq);
         self.logits.push(logits);
+        self.spans.push(span);
     }
 
     /// Adds `tokens` of `seq` at positions `start ..`; `logits(i)` says
@@ -92,6 +102,7 @@ impl Batch {
         self.pos.clear();
         self.seqs.clear();
         self.logits.clear();
+        self.spans.clear();
     }
 
     /// Token ids (i32, as the graph reads them).
@@ -101,6 +112,11 @@ impl Batch {
 
     pub fn positions(&self) -> &[i32] {
         &self.pos
+    }
+
+    /// Each row's bidirectional span id (0: none).
+    pub fn spans(&self) -> &[i32] {
+        &self.spans
     }
 
     pub fn seqs(&self) -> &[SeqId] {

@@ -320,25 +320,28 @@ pub(crate) fn narrow_from(start: Start, axis_len: usize, len: usize) -> Result<u
     Ok(from)
 }
 
-/// The graph inputs a step supplies, by name: `tokens` and `pos` (one per
-/// batch row) and `logit_rows` (the rows whose logits are wanted), and the
-/// f32 values another plan of the step computed.
+/// The graph inputs a step supplies, by name: `tokens`, `pos` and
+/// `spans` (one per batch row: token id, position, bidirectional span id)
+/// and `logit_rows` (the rows whose logits are wanted), and the f32 values
+/// another plan of the step computed.
 pub struct StepInputs<'a> {
     pub tokens: &'a [i32],
     pub pos: &'a [i32],
     pub logit_rows: Vec<i32>,
+    pub spans: &'a [i32],
     pub values: &'a [(String, HostTensor)],
 }
 
 impl<'a> StepInputs<'a> {
-    /// The names a graph's inputs may have.
-    pub const NAMES: [&'static str; 3] = ["tokens", "pos", "logit_rows"];
+    /// The names a graph's i32 inputs may have.
+    pub const NAMES: [&'static str; 4] = ["tokens", "pos", "logit_rows", "spans"];
 
     pub fn new(batch: &'a Batch, values: &'a [(String, HostTensor)]) -> Self {
         StepInputs {
             tokens: batch.tokens(),
             pos: batch.positions(),
             logit_rows: batch.logit_rows(),
+            spans: batch.spans(),
             values,
         }
     }
@@ -353,6 +356,7 @@ impl<'a> StepInputs<'a> {
             "tokens" => Some(self.tokens),
             "pos" => Some(self.pos),
             "logit_rows" => Some(&self.logit_rows),
+            "spans" => Some(self.spans),
             _ => None,
         }
     }

@@ -109,7 +109,14 @@ fn seq() -> Dim {
 
 /// One layer, the same function for prefill and decode (shapes differ only
 /// through the `seq` symbol).
-fn layer(g: &mut Graph, s: &WeightStore, l: usize, x: NodeId, pos: NodeId) -> NodeId {
+fn layer(
+    g: &mut Graph,
+    s: &WeightStore,
+    l: usize,
+    x: NodeId,
+    pos: NodeId,
+    spans: Option<NodeId>,
+) -> NodeId {
     let w = |g: &mut Graph, name: &str| s.node(g, &format!("blk.{l}.{name}")).unwrap();
     let attn_norm = w(g, "attn_norm.weight");
     let (wq, wk, wv, wo) = (
@@ -140,7 +147,10 @@ fn layer(g: &mut Graph, s: &WeightStore, l: usize, x: NodeId, pos: NodeId) -> No
     let q = g.rope(q, pos, rope, None).unwrap();
     let k = g.rope(k, pos, rope, None).unwrap();
     let slot = CacheSlot(l as u32);
-    let written = g.kv_write(slot, k, v).unwrap();
+    let written = match spans {
+        Some(sp) => g.kv_write_spans(slot, k, v, sp).unwrap(),
+        None => g.kv_write(slot, k, v).unwrap(),
+    };
     let mask = if l.is_multiple_of(2) {
         Mask::Sliding { window: WINDOW }
     } else {
@@ -153,7 +163,7 @@ fn layer(g: &mut Graph, s: &WeightStore, l: usize, x: NodeId, pos: NodeId) -> No
         kv: KvSource::Inputs,
         bidirectional_spans: false,
     };
-    let a = g.attention_cached(q, written, slot, spec, None).unwrap();
+    let a = g.attention_cached(q, written, slot, spec, spans).unwrap();
     let a = g.reshape(a, Shape::new([seq(), (HQ * HD).into()])).unwrap();
     g.set_name(a, format!("blk.{l}.attn_out"));
     let o = g.matmul(a, wo).unwrap();
@@ -176,14 +186,21 @@ fn layer(g: &mut Graph, s: &WeightStore, l: usize, x: NodeId, pos: NodeId) -> No
 }
 
 fn model_graph(s: &WeightStore) -> Graph {
+    model_graph_with(s, false)
+}
+
+/// The model; with `spans`, its attention reads each row's span id (the
+/// `spans` step input) and opens spans bidirectionally.
+fn model_graph_with(s: &WeightStore, spans: bool) -> Graph {
     let mut g = Graph::new();
     let tokens = g.input("tokens", DType::I32, Shape::new([seq()]));
     let pos = g.input("pos", DType::I32, Shape::new([seq()]));
+    let spans = spans.then(|| g.input("spans", DType::I32, Shape::new([seq()])));
     let embd = s.node(&mut g, "token_embd.weight").unwrap();
     let x = g.gather(embd, tokens).unwrap();
     let mut x = g.scale(x, (D as f32).sqrt()).unwrap();
     for l in 0..LAYERS {
-        x = layer(&mut g, s, l, x, pos);
+        x = layer(&mut g, s, l, x, pos, spans);
     }
     let norm = s.node(&mut g, "output_norm.weight").unwrap();
     let h = g.rms_norm(x, Some(norm), 1e-6).unwrap();
@@ -457,4 +474,55 @@ fn run_errors_name_the_problem() {
     assert!(e.to_string().contains("sequence 7"), "{e}");
     let e = p.run(&Batch::new(), Some(&mut kv)).unwrap_err();
     assert!(e.to_string().contains("empty"), "{e}");
+}
+
+#[test]
+fn a_span_sees_itself_both_ways_and_nothing_else_changes() {
+    // Rows 3..=8 in one span: the rows before it compute exactly what they
+    // compute without spans; the span's rows see its later keys (their
+    // logits change), which the step's `spans` input says.
+    let s = store();
+    let mut opts = CompileOptions::new(Bindings::new().with(Sym::SEQ, 16));
+    opts.optimize = true;
+    let mut plan = compile(&model_graph_with(&s, true), &s, &CpuDevice::new(2), &opts).unwrap();
+    let toks = tokens(12, 0);
+    let run = |plan: &mut Plan, span: &dyn Fn(usize) -> i32| {
+        let (mut kv, seq) = cache(16);
+        let mut b = Batch::new();
+        for (i, &t) in toks.iter().enumerate() {
+            b.push_in_span(seq, i, t as u32, true, span(i));
+        }
+        plan.run(&b, Some(&mut kv)).unwrap()[0]
+            .1
+            .as_f32()
+            .unwrap()
+            .to_vec()
+    };
+    let plain = run(&mut plan, &|_| 0);
+    let spanned = run(&mut plan, &|i| if (3..=8).contains(&i) { 5 } else { 0 });
+    let row = |v: &[f32], r: usize| v[r * VOCAB..(r + 1) * VOCAB].to_vec();
+    for r in 0..3 {
+        assert_eq!(row(&plain, r), row(&spanned, r), "row {r} before the span");
+    }
+    for r in 3..8 {
+        assert_ne!(row(&plain, r), row(&spanned, r), "row {r} in the span");
+    }
+    // Without spans the graph's rows are the plain model's.
+    let mut unspanned = plan_of(&s);
+    let (mut kv, seq) = cache(16);
+    let mut b = Batch::new();
+    for (i, &t) in toks.iter().enumerate() {
+        b.push(seq, i, t as u32, true);
+    }
+    let base = unspanned.run(&b, Some(&mut kv)).unwrap()[0]
+        .1
+        .as_f32()
+        .unwrap()
+        .to_vec();
+    assert_eq!(base, plain);
+}
+
+fn plan_of(s: &Arc<WeightStore>) -> Plan {
+    let opts = CompileOptions::new(Bindings::new().with(Sym::SEQ, 16));
+    compile(&model_graph(s), s, &CpuDevice::new(2), &opts).unwrap()
 }

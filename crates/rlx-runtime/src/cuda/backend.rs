@@ -66,8 +66,8 @@ impl Backend for CudaBackend {
     /// The ops [`CudaPlan`] has kernels for.
     fn supports_op(&self, op: &Op) -> bool {
         match op {
-            Op::Attention(spec) => !spec.bidirectional_spans,
             Op::Input { .. }
+            | Op::Attention(_)
             | Op::BatchMatMul
             | Op::MatchRms { .. }
             | Op::GaussianTopK { .. }
@@ -138,6 +138,11 @@ impl Executable for CudaPlan {
         values: &[(String, HostTensor)],
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
         let label = self.cuda_label();
+        let mut kv = kv;
+        if let Some(k) = kv.as_mut() {
+            self.record_spans(batch, k.pool, k.layout)
+                .map_err(|e| e.into_run(&label))?;
+        }
         self.run_inner(batch, kv.map(|k| (&*k.pool, k.layout)), values)
             .map_err(|e| e.into_run(&label))
     }

@@ -745,8 +745,11 @@ __device__ __forceinline__ bool block_visible(int mask, int w, int qp, int lo) {
 // run_of_row[qi], which reads the blocks listed at table entries
 // block_start[r] .. block_start[r + 1], pairs (physical block, logical
 // block); rows at or past run_end[r] hold nothing of this run yet.
+// With span ids (qspan, tspan not null), a query and a key of the same
+// non-zero span see each other whatever the mask: qspan[qi] is the query's,
+// tspan[e·BLOCK + i] that of row i of entry e's block.
 struct PagedKeys {
-    const int *qpos, *run_of_row, *run_end, *block_start, *table;
+    const int *qpos, *run_of_row, *run_end, *block_start, *table, *qspan, *tspan;
     __device__ void query(int qi, int* qp, int* end, int* e0, int* e1) const {
         int r = run_of_row[qi];
         *qp = qpos[qi];
@@ -758,6 +761,8 @@ struct PagedKeys {
         *phys = table[2 * e];
         *lo = table[2 * e + 1] * BLOCK;
     }
+    __device__ int query_span(int qi) const { return qspan ? qspan[qi] : 0; }
+    __device__ int key_span(int e, int i) const { return tspan[e * BLOCK + i]; }
 };
 
 // K/V given as inputs: m keys at rows and positions 0 .. m, the n queries
@@ -774,6 +779,8 @@ struct DenseKeys {
         *phys = e;
         *lo = e * BLOCK;
     }
+    __device__ int query_span(int) const { return 0; }
+    __device__ int key_span(int, int) const { return 0; }
 };
 
 // One block of 4 warps per (query row, head). Query row qi [hq, hd] of q
@@ -804,13 +811,17 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
     float m = NEG_INF, l = 0.0f;
     int qp, end, e0, e_end;
     keys.query(qi, &qp, &end, &e0, &e_end);
+    int qs = keys.query_span(qi);
     for (int e = e0; e < e_end; e++) {
         int phys, lo;
         keys.block(e, &phys, &lo);
-        if (lo >= end || !block_visible(mask, window, qp, lo)) continue;
+        // A query in a span may see any block's keys of its span.
+        if (lo >= end || (qs == 0 && !block_visible(mask, window, qp, lo))) continue;
         for (int i = warp; i < BLOCK; i += AW) {
             int kp = lo + i;
-            if (kp >= end || !visible(mask, window, qp, kp)) continue;
+            if (kp >= end) continue;
+            if (!visible(mask, window, qp, kp) && (qs == 0 || keys.key_span(e, i) != qs))
+                continue;
             size_t row = (size_t)phys * BLOCK + i;
             size_t kr = (row * hkv + g) * hd;
             float s = 0.0f;
@@ -862,9 +873,10 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
 #define ATTN_KV(KS, KT, VS, VT)                                                                  \
     extern "C" __global__ void attention_##KS##_##VS(                                            \
         const float* q, const void* kc, const void* vc, const int* qpos, const int* run_of_row, \
-        const int* run_end, const int* block_start, const int* table, float* out, int hq,       \
-        int hkv, int hd, int hdv, float scale, float softcap, int mask, int window) {           \
-        PagedKeys keys = {qpos, run_of_row, run_end, block_start, table};                      \
+        const int* run_end, const int* block_start, const int* table, const int* qspan,         \
+        const int* tspan, float* out, int hq, int hkv, int hd, int hdv, float scale,            \
+        float softcap, int mask, int window) {                                                  \
+        PagedKeys keys = {qpos, run_of_row, run_end, block_start, table, qspan, tspan};        \
         attention_body<KT, VT>(q, kc, vc, keys, out, hq, hkv, hd, hdv, scale, softcap, mask,    \
                                window);                                                         \
     }

@@ -26,18 +26,21 @@ use crate::kv::{KvError, KvPool, StepLayout, BLOCK_TOKENS};
 use crate::weights::WeightStore;
 
 /// Where each part of a step's metadata lives in the plan's metadata
-/// buffer, in i32 elements. With `R` the most rows a step has (`rows`):
+/// buffer, in i32 elements. With `R` the most rows a step has (`rows`) and
+/// `I` the number of step inputs:
 ///
 /// - `[i·R, (i+1)·R)`: step input `StepInputs::NAMES[i]` (`tokens`, `pos`,
-///   `logit_rows`).
-/// - `[3R, 4R)`: `run_of_row`, the run (sequence) of each batch row.
-/// - `[4R, 5R)`: `run_end`, each run's length after the step (its first
-///   position plus its rows).
-/// - Per group `g`, from `5R + g·(2R + 1)`: `write_rows` `[R]`, the physical
-///   row each batch row's K/V go to, then `block_start` `[R + 1]`: run `r`'s
-///   blocks are table entries `block_start[r] .. block_start[r + 1]`.
+///   `logit_rows`, `spans`).
+/// - `[I·R, (I+1)·R)`: `run_of_row`, the run (sequence) of each batch row.
+/// - `[(I+1)·R, (I+2)·R)`: `run_end`, each run's length after the step (its
+///   first position plus its rows).
+/// - Per group `g`, from `(I+2)·R + g·(2R + 1)`: `write_rows` `[R]`, the
+///   physical row each batch row's K/V go to, then `block_start` `[R + 1]`:
+///   run `r`'s blocks are table entries `block_start[r] .. block_start[r + 1]`.
 /// - From `table()`: `cap` entries of two i32 each, (physical block,
 ///   logical block), every group's runs one after another.
+/// - With `spans`, from `spans()`: the bidirectional span id of each row of
+///   each entry's block (`BLOCK_TOKENS` per entry), as the pool has them.
 ///
 /// A step uploads the head and the entries it uses in one copy. The buffer
 /// is reallocated (and a captured graph dropped) only when a pool with
@@ -47,23 +50,28 @@ pub(super) struct MetaLayout {
     pub rows: usize,
     pub groups: usize,
     pub cap: usize,
+    /// Whether entries carry their rows' span ids (a plan whose attention
+    /// reads them).
+    pub spans: bool,
 }
 
 impl MetaLayout {
+    const INPUTS: usize = StepInputs::NAMES.len();
+
     pub(super) fn input(&self, i: usize) -> usize {
         i * self.rows
     }
 
     pub(super) fn run_of_row(&self) -> usize {
-        3 * self.rows
+        Self::INPUTS * self.rows
     }
 
     pub(super) fn run_end(&self) -> usize {
-        4 * self.rows
+        (Self::INPUTS + 1) * self.rows
     }
 
     pub(super) fn write_rows(&self, g: usize) -> usize {
-        5 * self.rows + g * (2 * self.rows + 1)
+        (Self::INPUTS + 2) * self.rows + g * (2 * self.rows + 1)
     }
 
     pub(super) fn block_start(&self, g: usize) -> usize {
@@ -74,8 +82,17 @@ impl MetaLayout {
         self.write_rows(self.groups)
     }
 
-    pub(super) fn len(&self) -> usize {
+    pub(super) fn spans(&self) -> usize {
         self.table() + 2 * self.cap
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.spans()
+            + if self.spans {
+                BLOCK_TOKENS * self.cap
+            } else {
+                0
+            }
     }
 
     /// The layout a step of `layout` needs where this one does not fit it:
@@ -97,18 +114,19 @@ impl MetaLayout {
             return None;
         };
         Some(MetaLayout {
-            rows: self.rows,
             groups,
             cap,
+            ..*self
         })
     }
 
     /// Writes a step's inputs and layout into `stage`: the head, then the
-    /// table entries it uses. `layout` must fit (see [`MetaLayout::refit`]).
+    /// table entries it uses, then (with `spans`) their rows' span ids from
+    /// `pool`. `layout` must fit (see [`MetaLayout::refit`]).
     pub(super) fn stage(
         &self,
         inputs: &StepInputs,
-        layout: Option<&StepLayout>,
+        kv: Option<(&KvPool, &StepLayout)>,
         stage: &mut Vec<i32>,
     ) {
         stage.clear();
@@ -122,7 +140,7 @@ impl MetaLayout {
                 stage[self.input(i)..][..data.len()].copy_from_slice(data);
             }
         }
-        let Some(layout) = layout else { return };
+        let Some((pool, layout)) = kv else { return };
         assert_eq!(layout.blocks.len(), self.groups, "a layout that fits");
         for (ri, run) in layout.runs.iter().enumerate() {
             stage[self.run_end() + ri] = (run.start + run.rows.len()) as i32;
@@ -146,6 +164,19 @@ impl MetaLayout {
             stage[self.block_start(g) + layout.runs.len()] = entries as i32;
         }
         assert!(entries <= self.cap, "a layout that fits");
+        if !self.spans {
+            return;
+        }
+        stage.resize(self.spans(), 0);
+        for g in 0..self.groups {
+            let span = pool.rows(g).span;
+            for blocks in &layout.blocks[g] {
+                for &b in blocks {
+                    let at = b as usize * BLOCK_TOKENS;
+                    stage.extend_from_slice(&span[at..at + BLOCK_TOKENS]);
+                }
+            }
+        }
     }
 }
 
@@ -374,6 +405,8 @@ pub fn compile_cuda(
     // The most rows a step has: every input, K/V write and attention fits.
     let mut rows = 1usize;
     let mut moe: Option<MoeSizes> = None;
+    // Whether an attention reads span ids (the metadata then carries them).
+    let mut spans = false;
     let rows_at_max = |id: NodeId| -> usize {
         g.node(id)
             .shape
@@ -436,9 +469,7 @@ pub fn compile_cuda(
                 rope_tables.insert(id, s.clone_htod(&inv_freqs(spec, factors.as_deref()))?);
             }
             Op::Attention(spec) => {
-                if spec.bidirectional_spans {
-                    return Err(unsupported("bidirectional spans"));
-                }
+                spans |= spec.bidirectional_spans;
                 if spec.kv == KvSource::Inputs {
                     // Heads and head sizes: fixed, grouped, at most 512.
                     let heads = |i: usize| -> Option<(usize, usize)> {
@@ -470,7 +501,7 @@ pub fn compile_cuda(
                 }
                 rows = rows.max(rows_at_max(n.inputs[0]));
             }
-            Op::KvWrite { .. } if n.inputs.len() > 2 => return Err(unsupported("span ids")),
+            // Span ids go to the pool on the host (`record_spans`).
             Op::KvWrite { .. } => rows = rows.max(rows_at_max(n.inputs[0])),
             Op::Moe { top_k } => {
                 weight_of(&g, weights, n.inputs[2])?;
@@ -513,6 +544,7 @@ pub fn compile_cuda(
         rows,
         groups: 0,
         cap: 0,
+        spans,
     };
     // A plan that multiplies more than one row at once keeps cuBLAS
     // scratch: bf16 tensor-core products for `q8`, f32 for `exact`.
@@ -699,9 +731,40 @@ impl CudaPlan {
             }
         }
         let layout = pool.prepare(batch)?;
+        self.record_spans(batch, pool, &layout)?;
         let outs = self.run_inner(batch, Some((&*pool, &layout)), &[])?;
         pool.commit(&layout);
         Ok(outs)
+    }
+
+    /// The span ids of the rows this step's K/V writes go to, recorded in
+    /// the pool (on the host, where the attention of every plan finds them
+    /// through the step's metadata), as the CPU's writes record them.
+    pub(super) fn record_spans(
+        &self,
+        batch: &Batch,
+        pool: &mut KvPool,
+        layout: &StepLayout,
+    ) -> Result<(), CudaError> {
+        let g = &self.graph_ir;
+        for &id in &self.kv_steps {
+            let n = g.node(id);
+            let (Op::KvWrite { slot }, Some(&s)) = (&n.op, n.inputs.get(2)) else {
+                continue;
+            };
+            let Op::Input { name } = &g.node(s).op else {
+                unreachable!("i32 values are inputs")
+            };
+            let spans = StepInputs::new(batch, &[])
+                .get(name)
+                .map(<[i32]>::to_vec)
+                .unwrap_or_default();
+            let group = pool.group_of(*slot)?;
+            for (&row, &span) in layout.write_rows[group].iter().zip(&spans) {
+                pool.set_span(group, row, span);
+            }
+        }
+        Ok(())
     }
 
     /// Runs one step on a prepared pool (read only: K/V rows are written
@@ -729,7 +792,7 @@ impl CudaPlan {
             self.check_kv(&b, pool, storage, batch.len())?;
             self.fit_meta(layout, pool)?;
         }
-        self.upload(&inputs, kv.map(|(_, l)| l))?;
+        self.upload(&inputs, kv)?;
         self.copy_in(&inputs, &b)?;
         let stream = Arc::clone(&self.device.stream);
         {
@@ -971,9 +1034,9 @@ impl CudaPlan {
     fn upload(
         &mut self,
         inputs: &StepInputs,
-        layout: Option<&StepLayout>,
+        kv: Option<(&KvPool, &StepLayout)>,
     ) -> Result<(), CudaError> {
-        self.meta_layout.stage(inputs, layout, &mut self.stage);
+        self.meta_layout.stage(inputs, kv, &mut self.stage);
         let len = self.stage.len();
         self.device
             .stream
@@ -1343,6 +1406,14 @@ impl CudaPlan {
                             Arg::Ptr(self.meta_addr(ml.run_end())),
                             Arg::Ptr(self.meta_addr(ml.block_start(group))),
                             Arg::Ptr(self.meta_addr(ml.table())),
+                            // Span ids of the queries and of the listed
+                            // blocks' rows, where the attention reads them.
+                            Arg::Ptr(if spec.bidirectional_spans { inp(2) } else { 0 }),
+                            Arg::Ptr(if spec.bidirectional_spans {
+                                self.meta_addr(ml.spans())
+                            } else {
+                                0
+                            }),
                             Arg::Ptr(out),
                             Arg::I32(hq as i32),
                             Arg::I32(lspec.kv_heads as i32),

@@ -297,6 +297,7 @@ fn staged_metadata_gives_the_pools_keys_and_rows() {
         rows: 64,
         groups: 0,
         cap: 0,
+        spans: true,
     };
     let mut stage = Vec::new();
     let mut steps = 0;
@@ -309,8 +310,14 @@ fn staged_metadata_gives_the_pools_keys_and_rows() {
             ml = new;
         }
         assert!(ml.refit(&layout, || 0).is_none());
+        // Span ids as a K/V write records them: some rows in a span.
+        for g in 0..ml.groups {
+            for (i, &row) in layout.write_rows[g].iter().enumerate() {
+                kv.set_span(g, row, ((steps + i) % 3) as i32);
+            }
+        }
         let inputs = StepInputs::new(b, &[]);
-        ml.stage(&inputs, Some(&layout), &mut stage);
+        ml.stage(&inputs, Some((&*kv, &layout)), &mut stage);
         assert!(stage.len() <= ml.len());
         let pos_at = ml.input(StepInputs::NAMES.iter().position(|&n| n == "pos").unwrap());
         assert_eq!(&stage[pos_at..][..b.len()], b.positions());
@@ -337,6 +344,16 @@ fn staged_metadata_gives_the_pools_keys_and_rows() {
                     let mut got = kernel_keys(&ml, &stage, g, qi);
                     got.sort();
                     assert_eq!(got, want, "step {steps}, group {g}, row {qi}");
+                }
+                // Each listed block's rows carry the pool's span ids.
+                let first = stage[ml.block_start(g) + ri] as usize;
+                for (j, &blk) in layout.blocks[g][ri].iter().enumerate() {
+                    let at = blk as usize * BLOCK_TOKENS;
+                    assert_eq!(
+                        &stage[ml.spans() + (first + j) * BLOCK_TOKENS..][..BLOCK_TOKENS],
+                        &rows.span[at..at + BLOCK_TOKENS],
+                        "step {steps}, group {g}, run {ri}"
+                    );
                 }
             }
         }
@@ -704,6 +721,105 @@ fn attention_over_inputs_matches_the_cpu() {
                 err < 1e-5,
                 "{mask:?}, {n} rows: CUDA vs CPU relative L2 {err}"
             );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn span_attention_matches_the_cpu() {
+    // Queries and keys of the same non-zero span see each other whatever
+    // the mask (an image's tokens): two sequences in one batch, spans that
+    // start mid-block and cross block edges, then decode steps after and
+    // inside a span, causal and sliding masks, f32 and f16 caches.
+    let s = store();
+    let (cpu, gpu) = cpu_and_gpu(&s);
+    for (mask, window) in [(Mask::Causal, None), (Mask::Sliding { window: 6 }, Some(6))] {
+        let mut g = Graph::new();
+        let tokens = g.input("tokens", DType::I32, Shape::new([seq()]));
+        let spans = g.input("spans", DType::I32, Shape::new([seq()]));
+        let embd = s.node(&mut g, "token_embd.weight").unwrap();
+        let x = g.gather(embd, tokens).unwrap();
+        let heads = |g: &mut Graph, t: NodeId, n: usize| {
+            g.reshape(t, Shape::new([seq(), n.into(), HD.into()]))
+                .unwrap()
+        };
+        let q = heads(&mut g, x, 4);
+        let k = g.narrow(x, 1, rlx_ir::Start::FromStart(0), 2 * HD).unwrap();
+        let v = g
+            .narrow(x, 1, rlx_ir::Start::FromStart(2 * HD), 2 * HD)
+            .unwrap();
+        let (k, v) = (heads(&mut g, k, 2), heads(&mut g, v, 2));
+        let w = g.kv_write_spans(CacheSlot(0), k, v, spans).unwrap();
+        let spec = AttentionSpec {
+            mask,
+            scale: 0.125,
+            softcap: None,
+            kv: KvSource::Cache(CacheSlot(0)),
+            bidirectional_spans: true,
+        };
+        let a = g
+            .attention_cached(q, w, CacheSlot(0), spec, Some(spans))
+            .unwrap();
+        g.output("a", a);
+        for ty in [KvDType::F32, KvDType::F16] {
+            let config = KvPoolConfig {
+                layers: vec![KvLayerSpec {
+                    kv_heads: 2,
+                    head_dim: HD,
+                    v_head_dim: HD,
+                    window,
+                    shares: None,
+                }],
+                types: KvTypes::both(ty),
+                tokens: 256,
+                max_seqs: 2,
+                max_chunk: 48,
+            };
+            // (sequence, first position, rows, span of each row)
+            let span_of = |p: usize| match p {
+                3..=37 => 7,
+                60..=70 => 9,
+                _ => 0,
+            };
+            let steps: Vec<Vec<(u32, usize, usize)>> = vec![
+                vec![(0, 0, 40), (1, 0, 8)],
+                vec![(0, 40, 1), (1, 8, 1)],
+                vec![(0, 41, 19)],
+                vec![(0, 60, 5), (1, 9, 1)],
+                vec![(0, 65, 1)],
+                vec![(0, 66, 6)],
+                vec![(0, 72, 1)],
+            ];
+            let max = Bindings::new().with(Sym::SEQ, 48);
+            let mut outs: Vec<Vec<Vec<f32>>> = Vec::new();
+            for b in [&cpu, &gpu] {
+                let mut plan = b.compile(&g, &CompileOptions::new(max.clone())).unwrap();
+                let mut pool = b.kv_pool(config.clone()).unwrap();
+                let ids = [pool.add_sequence(), pool.add_sequence()];
+                let mut per_step = Vec::new();
+                for step in &steps {
+                    let mut batch = Batch::new();
+                    for &(sq, start, n) in step {
+                        for p in start..start + n {
+                            // Sequence 1's span is another id at the same positions.
+                            let span = span_of(p) * (1 + sq as i32);
+                            let t = ((p * 37 + 5 + sq as usize) % VOCAB) as u32;
+                            batch.push_in_span(ids[sq as usize], p, t, true, span);
+                        }
+                    }
+                    let o = plan.run(&batch, Some(&mut pool)).unwrap();
+                    per_step.push(o[0].1.as_f32().unwrap().to_vec());
+                }
+                outs.push(per_step);
+            }
+            for (i, (c, gp)) in outs[0].iter().zip(&outs[1]).enumerate() {
+                let err = rel_l2(gp, c);
+                assert!(
+                    err < 1e-3,
+                    "{mask:?} {ty:?} step {i}: CUDA vs CPU relative L2 {err}"
+                );
+            }
         }
     }
 }
