@@ -185,19 +185,22 @@ impl Model {
         }
         let n = config.layers.len();
         let graph = build_graph(&config, &store)?;
-        let types = off
-            .kv_types
-            .unwrap_or_else(|| KvTypes::both(options.device.default_kv_dtype(options.precision)));
-        let kv = kv_config_of(&config, off.kv_tokens.max(1), 1, 512, types);
-        let scratch = offload::scratch_bytes(&store, activation_bytes_of(&config, 512, 1));
-        // A backend holding no weights yet says what the device has free.
-        let available = {
+        // A backend holding no weights yet says what the device has free
+        // and which K/V type it keeps by default.
+        let (available, default_kv) = {
             let none = BackendOptions {
                 weights: Some(vec![false; store.len()]),
                 ..threads.clone()
             };
-            opener(options.device, &store, &none)?.memory().available
+            let probe = opener(options.device, &store, &none)?;
+            (
+                probe.memory().available,
+                probe.default_kv_dtype(options.precision),
+            )
         };
+        let types = off.kv_types.resolve(default_kv);
+        let kv = kv_config_of(&config, off.kv_tokens.max(1), 1, 512, types);
+        let scratch = offload::scratch_bytes(&store, activation_bytes_of(&config, 512, 1));
         let moe = off.cpu_moe_layers.min(n);
         let whole = offload::all_weights_bytes(&store) + kv.memory_bytes() + scratch;
         let fits = |b: usize| available.is_none_or(|a| b <= a);
@@ -318,7 +321,7 @@ impl Model {
 
     /// The K/V type used when none is asked for on this device and precision.
     pub fn default_kv_dtype(&self) -> KvDType {
-        self.device().default_kv_dtype(self.options.precision)
+        self.backend.default_kv_dtype(self.options.precision)
     }
 
     /// A plan for steps of up to `max_tokens` rows, `max_logit_rows` of
@@ -350,7 +353,7 @@ impl Model {
             if !b.supports_op(&n.op) {
                 return Err(ModelError::Device(format!(
                     "the {} backend ({}) has no kernel for {} (node {id} {name})",
-                    b.device().kind(),
+                    b.kind(),
                     b.describe(),
                     n.op.name()
                 )));
@@ -359,7 +362,7 @@ impl Model {
                 if !b.supports_weight(ty) {
                     return Err(ModelError::Device(format!(
                         "weight {name:?} is {ty}, which the {} kernels ({}) do not read",
-                        b.device().kind(),
+                        b.kind(),
                         b.describe()
                     )));
                 }

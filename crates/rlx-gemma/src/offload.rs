@@ -8,7 +8,7 @@
 //! around each layer whose experts stay on the CPU).
 
 use rlx_ir::{Graph, WeightId};
-use rlx_runtime::{Device, KvPoolConfig, KvTypes, Placement, RunError, SlotSet, WeightStore};
+use rlx_runtime::{Device, KvChoice, KvPoolConfig, Placement, RunError, SlotSet, WeightStore};
 use std::fmt;
 
 use crate::config::GemmaConfig;
@@ -34,8 +34,8 @@ pub struct Offload {
     pub cpu_moe_layers: usize,
     /// Tokens of K/V (over all sequences) that fitting leaves room for.
     pub kv_tokens: usize,
-    /// Their types (the device's default when `None`).
-    pub kv_types: Option<KvTypes>,
+    /// Their types.
+    pub kv_types: KvChoice,
 }
 
 impl Default for Offload {
@@ -44,7 +44,7 @@ impl Default for Offload {
             gpu_layers: GpuLayers::Auto,
             cpu_moe_layers: 0,
             kv_tokens: 4096,
-            kv_types: None,
+            kv_types: KvChoice::default(),
         }
     }
 }

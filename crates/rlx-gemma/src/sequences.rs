@@ -145,7 +145,7 @@ impl Model {
         let max_seqs = opts.max_seqs.max(1);
         let context = opts.context.unwrap_or(self.config().context_length).max(1);
         // Each sequence holds whole blocks.
-        let per_seq = context.next_multiple_of(rlx_runtime::BLOCK_TOKENS);
+        let per_seq = KvPool::held_tokens(context);
         let kv_tokens = opts.kv_tokens.unwrap_or(per_seq * max_seqs).max(1);
         let context = context.min(kv_tokens);
         let step_tokens = opts.max_step_tokens.clamp(1, kv_tokens);

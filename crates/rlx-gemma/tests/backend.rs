@@ -12,8 +12,8 @@ use rlx_gguf::{GgmlType, GgufFile};
 use rlx_ir::{Graph, Op};
 use rlx_runtime::cpu::CpuBackend;
 use rlx_runtime::{
-    Backend, CompileOptions, Device, Executable, KvPoolConfig, KvStorage, MemoryReport, RunError,
-    SlotSet, WeightStore,
+    Backend, CompileOptions, Device, Executable, KvDType, KvPoolConfig, KvStorage, MemoryReport,
+    Precision, RunError, SlotSet, WeightStore,
 };
 
 /// The CPU backend, but claiming no kernels for one weight type.
@@ -25,6 +25,15 @@ struct Without {
 impl Backend for Without {
     fn device(&self) -> Device {
         self.cpu.device()
+    }
+    fn kind(&self) -> &'static str {
+        self.cpu.kind()
+    }
+    fn kv_dtypes(&self) -> Vec<KvDType> {
+        self.cpu.kv_dtypes()
+    }
+    fn default_kv_dtype(&self, precision: Precision) -> KvDType {
+        self.cpu.default_kv_dtype(precision)
     }
     fn describe(&self) -> String {
         format!("{} without {}", self.cpu.describe(), self.missing)

@@ -12,7 +12,7 @@ use common::{argmax, fixtures, read_npy, real_model, rel_l2};
 use rlx_gemma::generate::generate;
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 use rlx_gemma::{Model, ModelOptions, SessionOptions};
-use rlx_runtime::cpu::matmul::Precision;
+use rlx_runtime::Precision;
 use serde_json::Value;
 
 /// Relative L2 to the exact reference on the sampled ids. Measured here:

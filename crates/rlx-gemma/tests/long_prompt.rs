@@ -6,7 +6,7 @@ mod common;
 
 use common::{fixtures, real_model, rel_l2};
 use rlx_gemma::{Model, ModelOptions, SessionOptions};
-use rlx_runtime::cpu::matmul::Precision;
+use rlx_runtime::Precision;
 
 #[test]
 fn a_2100_token_prompt_in_chunks_matches_one_pass() {

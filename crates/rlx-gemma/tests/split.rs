@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::scenario::{compare_sessions, worst_against_alone, Script};
 use common::{ODD_SIZES, TINY_GENERATIONS};
 
-use rlx_gemma::{Device, GpuLayers, Model, ModelError, ModelOptions, Offload, Precision};
+use rlx_gemma::{Device, GpuLayers, KvDType, Model, ModelError, ModelOptions, Offload, Precision};
 use rlx_ir::{Graph, Op};
 use rlx_runtime::cpu::CpuBackend;
 use rlx_runtime::{
@@ -31,6 +31,15 @@ struct Named {
 impl Backend for Named {
     fn device(&self) -> Device {
         self.device
+    }
+    fn kind(&self) -> &'static str {
+        "test"
+    }
+    fn kv_dtypes(&self) -> Vec<KvDType> {
+        self.cpu.kv_dtypes()
+    }
+    fn default_kv_dtype(&self, precision: Precision) -> KvDType {
+        self.cpu.default_kv_dtype(precision)
     }
     fn describe(&self) -> String {
         format!("{} (the CPU under another name)", self.device)

@@ -36,7 +36,7 @@ use std::path::Path;
 
 use common::{fixtures, read_npy, rel_l2};
 use rlx_gemma::{Model, ModelOptions, SessionOptions};
-use rlx_runtime::cpu::matmul::Precision;
+use rlx_runtime::Precision;
 use serde_json::Value;
 
 const F32_BOUND: f64 = 1e-4;

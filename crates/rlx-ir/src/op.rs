@@ -66,6 +66,23 @@ pub struct RopeSpec {
     pub has_freq_factors: bool,
 }
 
+impl RopeSpec {
+    /// The angle step of pair `i`: `freq_scale · base^(−2i/n_rot) / f_i`,
+    /// computed as transformers does in float32 (`factors` are the f_i).
+    pub fn inv_freqs(&self, factors: Option<&[f32]>) -> Vec<f32> {
+        (0..self.n_rot / 2)
+            .map(|i| {
+                let inv = 1.0 / self.base.powf((2 * i) as f32 / self.n_rot as f32);
+                let inv = inv * self.freq_scale;
+                match factors {
+                    Some(f) => inv / f[i],
+                    None => inv,
+                }
+            })
+            .collect()
+    }
+}
+
 /// Where a narrowed range starts along its axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Start {

@@ -13,8 +13,7 @@ use rlx_gguf::GgmlType;
 use rlx_ir::{Graph, Op};
 
 use crate::batch::Batch;
-use crate::compile::{CompileOptions, HostTensor, RunError, Tap};
-use crate::cpu::matmul::Precision;
+use crate::compile::{CompileOptions, HostTensor, Precision, RunError, Tap};
 use crate::cpu::CpuBackend;
 use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet, StepLayout};
 use crate::weights::WeightStore;
@@ -41,28 +40,6 @@ impl Device {
                 )),
             },
         }
-    }
-
-    /// The K/V storage type used when none is asked for: f16 with `q8`
-    /// (llama.cpp's choice), f32 on the exact path.
-    pub fn default_kv_dtype(self, precision: Precision) -> KvDType {
-        match precision {
-            Precision::Quantized => KvDType::F16,
-            Precision::Exact => KvDType::F32,
-        }
-    }
-
-    /// The kind of device, for messages: `CPU` or `CUDA`.
-    pub fn kind(self) -> &'static str {
-        match self {
-            Device::Cpu => "CPU",
-            Device::Cuda(_) => "CUDA",
-        }
-    }
-
-    /// K/V storage types this device's kernels read.
-    pub fn kv_dtypes(self) -> &'static [KvDType] {
-        &KvDType::ALL
     }
 }
 
@@ -110,6 +87,12 @@ pub struct MemoryReport {
 /// A device: weights, plans and K/V storage.
 pub trait Backend: Send + Sync {
     fn device(&self) -> Device;
+    /// The kind of device, for messages: `CPU`, `CUDA`.
+    fn kind(&self) -> &'static str;
+    /// The K/V storage types its attention kernels read.
+    fn kv_dtypes(&self) -> Vec<KvDType>;
+    /// The K/V storage type used when none is asked for.
+    fn default_kv_dtype(&self, precision: Precision) -> KvDType;
     /// One line for logs and `rlx bench`.
     fn describe(&self) -> String;
     /// The model's weights as mapped from the file; plans refer to the
@@ -135,6 +118,15 @@ pub trait Backend: Send + Sync {
         Ok(KvPool::new(config, storage)?)
     }
     fn memory(&self) -> MemoryReport;
+}
+
+/// The K/V type llama.cpp keeps with its arithmetic (f16), or f32 on the
+/// exact path: what the CPU and CUDA backends use when none is asked for.
+pub fn kv_dtype_for(precision: Precision) -> KvDType {
+    match precision {
+        Precision::Quantized => KvDType::F16,
+        Precision::Exact => KvDType::F32,
+    }
 }
 
 /// A pool prepared for a step ([`KvPool::prepare`]) and its layout; the

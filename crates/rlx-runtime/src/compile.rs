@@ -9,10 +9,23 @@ use rlx_ir::passes::{self, FuseOptions};
 use rlx_ir::{Bindings, DType, Dim, Graph, NodeId, Op, Shape, Start, WeightId};
 
 use crate::batch::{Batch, BatchError};
-use crate::cpu::matmul::{self, Precision};
 use crate::kv::KvError;
 use crate::memory::{plan_memory, BufferRequest};
 use crate::weights::WeightStore;
+
+/// How products are formed, on every device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 products of the exactly dequantized weights and the f32
+    /// activations (the parity path).
+    #[default]
+    Exact,
+    /// llama.cpp's arithmetic: on the CPU, integer products with
+    /// activations quantized to the weight type's partner format (weight
+    /// types without a quantized kernel run as `Exact`); on a GPU, bf16
+    /// tensor-core products for steps of many tokens.
+    Quantized,
+}
 
 /// How to compile.
 #[derive(Clone, Debug)]
@@ -96,8 +109,6 @@ pub enum RunError {
     },
     #[error(transparent)]
     Kv(#[from] KvError),
-    #[error(transparent)]
-    Matmul(#[from] matmul::MatmulError),
     #[error("the graph uses the KV cache but no cache was given")]
     NoCache,
     #[error(transparent)]

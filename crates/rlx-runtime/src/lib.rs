@@ -26,11 +26,10 @@ pub use backend::{
     host_memory, open, Backend, BackendOptions, Device, Executable, MemoryReport, PreparedKv,
 };
 pub use batch::{Batch, BatchError, SeqId, SeqRun};
-pub use compile::{CompileOptions, HostTensor, RunError, StepInputs, Tap};
-pub use cpu::matmul::Precision;
+pub use compile::{CompileOptions, HostTensor, Precision, RunError, StepInputs, Tap};
 pub use kv::{
-    KvDType, KvError, KvGroup, KvLayerSpec, KvPool, KvPoolConfig, KvStorage, KvTypes, SlotSet,
-    StepLayout, BLOCK_TOKENS,
+    KvChoice, KvDType, KvError, KvGroup, KvLayerSpec, KvPool, KvPoolConfig, KvStorage, KvTypes,
+    SlotSet, StepLayout, BLOCK_TOKENS,
 };
 pub use split::{Placement, SplitBackend};
 pub use weights::{WeightError, WeightInfo, WeightStore};

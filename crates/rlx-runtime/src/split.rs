@@ -21,8 +21,8 @@ use rlx_ir::{DType, Dim, Graph, KvSource, NodeId, Op, Shape};
 
 use crate::backend::{Backend, Device, Executable, MemoryReport, PreparedKv};
 use crate::batch::Batch;
-use crate::compile::{CompileOptions, HostTensor, RunError};
-use crate::kv::{KvPool, KvPoolConfig, KvStorage, SlotSet};
+use crate::compile::{CompileOptions, HostTensor, Precision, RunError};
+use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet};
 use crate::weights::WeightStore;
 
 /// Which backend (an index into a [`SplitBackend`]'s list) runs what.
@@ -190,6 +190,24 @@ impl SplitBackend {
 impl Backend for SplitBackend {
     fn device(&self) -> Device {
         self.backends[0].device()
+    }
+
+    fn kind(&self) -> &'static str {
+        self.backends[0].kind()
+    }
+
+    /// The types every backend reads.
+    fn kv_dtypes(&self) -> Vec<KvDType> {
+        let mut types = self.backends[0].kv_dtypes();
+        for b in &self.backends[1..] {
+            let theirs = b.kv_dtypes();
+            types.retain(|t| theirs.contains(t));
+        }
+        types
+    }
+
+    fn default_kv_dtype(&self, precision: Precision) -> KvDType {
+        self.backends[0].default_kv_dtype(precision)
     }
 
     fn describe(&self) -> String {

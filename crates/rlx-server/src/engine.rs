@@ -7,7 +7,7 @@
 //! it and runs only the rest (a conversation re-sent with one more turn, a
 //! shared system prompt), its blocks shared until one side writes.
 
-use rlx_runtime::BLOCK_TOKENS;
+use rlx_runtime::KvPool;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -238,7 +238,7 @@ impl Engine {
                 let context = opts.context.max(1);
                 let seqs = model.sequences(SequencesOptions {
                     max_seqs: parallel,
-                    kv_tokens: Some(parallel * context.next_multiple_of(rlx_runtime::BLOCK_TOKENS)),
+                    kv_tokens: Some(parallel * KvPool::held_tokens(context)),
                     context: Some(context),
                     max_step_tokens: opts.step_tokens.max(parallel),
                     kv_types: opts.kv_types,
@@ -424,9 +424,7 @@ impl<'m> Scheduler<'m> {
                 .running
                 .iter()
                 .filter(|r| r.fed < r.job.prompt.len())
-                .map(|r| {
-                    common(&r.job.prompt, &job.prompt).min(limit) / BLOCK_TOKENS * BLOCK_TOKENS
-                })
+                .map(|r| KvPool::shareable_tokens(common(&r.job.prompt, &job.prompt).min(limit)))
                 .max()
                 .unwrap_or(0);
             if soon > self.seqs.cached_prefix(&job.prompt[..limit]) {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use rlx_gemma::{Device, GpuLayers, Model, ModelOptions, Offload};
 use rlx_runtime::Precision;
-use rlx_runtime::{KvDType, KvTypes};
+use rlx_runtime::{KvChoice, KvDType, KvTypes};
 
 /// The model used when `-m` is not given (fetched by scripts/fetch-model.sh).
 pub const DEFAULT_MODEL: &str = "gemma-3-270m-q4_k_m";
@@ -77,25 +77,20 @@ const KV_TYPES: [&str; 6] = ["auto", "f32", "f16", "bf16", "q8_0", "q4_0"];
 impl ModelArgs {
     /// The keys' and values' cache types the flags ask for, each `None`
     /// where it is `auto`.
-    fn kv_flags(&self) -> [(&str, Option<KvDType>); 2] {
-        let k = self.cache_type_k.as_deref().unwrap_or(&self.kv_type);
-        let v = self.cache_type_v.as_deref().unwrap_or(&self.kv_type);
-        [(k, KvDType::parse(k)), (v, KvDType::parse(v))]
+    fn kv_choice(&self) -> KvChoice {
+        let flag = |f: &Option<String>| KvDType::parse(f.as_deref().unwrap_or(&self.kv_type));
+        KvChoice {
+            k: flag(&self.cache_type_k),
+            v: flag(&self.cache_type_v),
+        }
     }
 
     /// The cache types for `model`: what the flags ask for, the device's
     /// default for the precision where they say `auto`; `None` when both
     /// are `auto`.
     pub fn kv_types(&self, model: &Model) -> Option<KvTypes> {
-        let [(_, k), (_, v)] = self.kv_flags();
-        if k.is_none() && v.is_none() {
-            return None;
-        }
-        let default = model.default_kv_dtype();
-        Some(KvTypes {
-            k: k.unwrap_or(default),
-            v: v.unwrap_or(default),
-        })
+        let choice = self.kv_choice();
+        (choice != KvChoice::default()).then(|| choice.resolve(model.default_kv_dtype()))
     }
 
     /// The device `--device` names.
@@ -132,19 +127,6 @@ impl ModelArgs {
             };
         }
         opts.device = self.device()?;
-        for (name, kv) in self.kv_flags() {
-            if kv.is_some_and(|kv| !opts.device.kv_dtypes().contains(&kv)) {
-                bail!(
-                    "K/V type {name}: {} keeps K/V as {:?}",
-                    opts.device,
-                    opts.device
-                        .kv_dtypes()
-                        .iter()
-                        .map(|t| t.name())
-                        .collect::<Vec<_>>()
-                );
-            }
-        }
         opts.precision = match self.precision.as_str() {
             "q8" => Precision::Quantized,
             _ => Precision::Exact,
@@ -159,6 +141,20 @@ impl ModelArgs {
             }
         }
         .with_context(|| format!("cannot load {}", path.display()))?;
+        let choice = self.kv_choice();
+        let readable = model.backend().kv_dtypes();
+        if let Some(kv) = [choice.k, choice.v]
+            .into_iter()
+            .flatten()
+            .find(|kv| !readable.contains(kv))
+        {
+            bail!(
+                "K/V type {}: {} keeps K/V as {:?}",
+                kv.name(),
+                model.device(),
+                readable.iter().map(|t| t.name()).collect::<Vec<_>>()
+            );
+        }
         for w in model.config().warnings() {
             eprintln!("warning: {}: {w}", path.display());
         }
@@ -184,20 +180,11 @@ impl ModelArgs {
         if device == Device::Cpu && (gpu_layers != GpuLayers::Auto || cpu_moe_layers > 0) {
             bail!("--gpu-layers, --cpu-moe and --n-cpu-moe need a GPU (--device cuda)");
         }
-        let [(_, k), (_, v)] = self.kv_flags();
-        let default = device.default_kv_dtype(match self.precision.as_str() {
-            "q8" => Precision::Quantized,
-            _ => Precision::Exact,
-        });
-        let kv_types = (k.is_some() || v.is_some()).then(|| KvTypes {
-            k: k.unwrap_or(default),
-            v: v.unwrap_or(default),
-        });
         Ok(Offload {
             gpu_layers,
             cpu_moe_layers,
             kv_tokens: kv_tokens.unwrap_or(Offload::default().kv_tokens),
-            kv_types,
+            kv_types: self.kv_choice(),
         })
     }
 }

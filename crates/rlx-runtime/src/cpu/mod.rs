@@ -19,10 +19,12 @@ use pool::ThreadPool;
 use rlx_gguf::GgmlType;
 use rlx_ir::{Graph, Op};
 
-use crate::backend::{host_memory, Backend, Device, Executable, MemoryReport, PreparedKv};
+use crate::backend::{
+    host_memory, kv_dtype_for, Backend, Device, Executable, MemoryReport, PreparedKv,
+};
 use crate::batch::Batch;
-use crate::compile::{CompileOptions, HostTensor, RunError, Tap};
-use crate::kv::{KvPool, KvPoolConfig, KvStorage, SlotSet};
+use crate::compile::{CompileOptions, HostTensor, Precision, RunError, Tap};
+use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet};
 use crate::weights::WeightStore;
 pub use kv::CpuKvStorage;
 pub use plan::{compile, Plan};
@@ -54,6 +56,19 @@ impl CpuBackend {
 impl Backend for CpuBackend {
     fn device(&self) -> Device {
         Device::Cpu
+    }
+
+    fn kind(&self) -> &'static str {
+        "CPU"
+    }
+
+    /// Rows of every type are read in place or a block at a time.
+    fn kv_dtypes(&self) -> Vec<KvDType> {
+        KvDType::ALL.to_vec()
+    }
+
+    fn default_kv_dtype(&self, precision: Precision) -> KvDType {
+        kv_dtype_for(precision)
     }
 
     fn describe(&self) -> String {

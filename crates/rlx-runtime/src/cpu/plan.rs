@@ -406,7 +406,8 @@ impl Plan {
                     batch_invariant: self.opts.batch_invariant,
                 };
                 let mut scratch = self.scratch.borrow_mut();
-                matmul::matmul(pool, &opts, x, m, &ws, out, &mut scratch)?;
+                matmul::matmul(pool, &opts, x, m, &ws, out, &mut scratch)
+                    .map_err(|e| node_err(g, id, e.to_string()))?;
             }
             Op::Add | Op::Mul => {
                 let b_vals = vector(1);
@@ -622,7 +623,8 @@ impl Plan {
                     stack(3),
                     &vector(4),
                     out,
-                )?;
+                )
+                .map_err(|e| node_err(g, id, e.to_string()))?;
             }
             Op::Narrow {
                 axis,

@@ -7,10 +7,10 @@ use rlx_gguf::GgmlType;
 use rlx_ir::{Graph, Op};
 
 use super::{compile_cuda, supports, CudaDevice, CudaError, CudaKvStorage, CudaPlan, CudaWeights};
-use crate::backend::{Backend, Device, Executable, MemoryReport, PreparedKv};
+use crate::backend::{kv_dtype_for, Backend, Device, Executable, MemoryReport, PreparedKv};
 use crate::batch::Batch;
-use crate::compile::{CompileOptions, HostTensor, RunError};
-use crate::kv::{KvPool, KvPoolConfig, KvStorage, SlotSet};
+use crate::compile::{CompileOptions, HostTensor, Precision, RunError};
+use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet};
 use crate::weights::WeightStore;
 
 /// A GPU with a model's weights on it.
@@ -53,6 +53,19 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     fn device(&self) -> Device {
         Device::Cuda(self.cuda().ordinal())
+    }
+
+    fn kind(&self) -> &'static str {
+        "CUDA"
+    }
+
+    /// One attention kernel per pair of key and value types.
+    fn kv_dtypes(&self) -> Vec<KvDType> {
+        KvDType::ALL.to_vec()
+    }
+
+    fn default_kv_dtype(&self, precision: Precision) -> KvDType {
+        kv_dtype_for(precision)
     }
 
     fn describe(&self) -> String {

@@ -16,12 +16,11 @@ use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, Mask, NodeId, Op, WeightId};
 use super::kv::{kv_code, CudaKvStorage, LayerPtrs};
 use super::{type_code, CudaDevice, CudaError, CudaWeights, GemmType};
 use crate::batch::Batch;
+use crate::compile::Precision;
 use crate::compile::{
     bind, dump_steps, narrow_from, node_err, prepare, schedule, CompileOptions, HostTensor, Loc,
     RunError, StepInputs,
 };
-use crate::cpu::kernels::rope::inv_freqs;
-use crate::cpu::matmul::Precision;
 use crate::kv::{KvError, KvPool, StepLayout, BLOCK_TOKENS};
 use crate::weights::WeightStore;
 
@@ -466,7 +465,7 @@ pub fn compile_cuda(
                 } else {
                     None
                 };
-                rope_tables.insert(id, s.clone_htod(&inv_freqs(spec, factors.as_deref()))?);
+                rope_tables.insert(id, s.clone_htod(&spec.inv_freqs(factors.as_deref()))?);
             }
             Op::Attention(spec) => {
                 spans |= spec.bidirectional_spans;

@@ -130,6 +130,24 @@ impl std::fmt::Display for KvTypes {
     }
 }
 
+/// The K/V types asked for, each `None` where the device's default is
+/// wanted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvChoice {
+    pub k: Option<KvDType>,
+    pub v: Option<KvDType>,
+}
+
+impl KvChoice {
+    /// The types, `default` where none was asked for.
+    pub fn resolve(self, default: KvDType) -> KvTypes {
+        KvTypes {
+            k: self.k.unwrap_or(default),
+            v: self.v.unwrap_or(default),
+        }
+    }
+}
+
 /// The shape of one layer's cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvLayerSpec {
@@ -570,6 +588,17 @@ impl KvPool {
 
     pub fn config(&self) -> &KvPoolConfig {
         &self.config
+    }
+
+    /// Tokens a sequence of `len` tokens holds: whole blocks.
+    pub fn held_tokens(len: usize) -> usize {
+        len.next_multiple_of(BLOCK_TOKENS)
+    }
+
+    /// The longest prefix of `len` tokens that sequences can share: whole
+    /// blocks (the prefix cache keeps and hands out blocks).
+    pub fn shareable_tokens(len: usize) -> usize {
+        len / BLOCK_TOKENS * BLOCK_TOKENS
     }
 
     /// The storages of the pool's rows (one unless the model is split over

@@ -2,22 +2,6 @@
 
 use rlx_ir::RopeSpec;
 
-/// The angle step of pair `i`: `freq_scale · base^(−2i/n_rot) / f_i`,
-/// computed as transformers does in float32.
-pub fn inv_freqs(spec: &RopeSpec, factors: Option<&[f32]>) -> Vec<f32> {
-    let half = spec.n_rot / 2;
-    (0..half)
-        .map(|i| {
-            let inv = 1.0 / spec.base.powf((2 * i) as f32 / spec.n_rot as f32);
-            let inv = inv * spec.freq_scale;
-            match factors {
-                Some(f) => inv / f[i],
-                None => inv,
-            }
-        })
-        .collect()
-}
-
 /// Rotates `x` `[n, heads, head_dim]` at `positions` into `out`; dimensions
 /// at or past `n_rot` are copied unchanged.
 pub fn rope(
@@ -30,7 +14,7 @@ pub fn rope(
     out: &mut [f32],
 ) {
     let half = spec.n_rot / 2;
-    let inv = inv_freqs(spec, factors);
+    let inv = spec.inv_freqs(factors);
     let mut cos = vec![0f32; half];
     let mut sin = vec![0f32; half];
     let tok = heads * head_dim;

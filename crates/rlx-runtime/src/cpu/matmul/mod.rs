@@ -83,17 +83,7 @@ pub struct WeightMatrix<'a> {
     pub data: &'a [u8],
 }
 
-/// How products are formed; see the module docs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Precision {
-    /// f32 products of the exactly dequantized weights and the f32 activations.
-    #[default]
-    Exact,
-    /// Integer products with activations quantized to the weight type's
-    /// partner format (see [`activation_type`]); weight types without a
-    /// quantized kernel run as [`Precision::Exact`].
-    Quantized,
-}
+pub use crate::compile::Precision;
 
 #[derive(Clone, Copy, Debug)]
 pub struct MatmulOptions {
