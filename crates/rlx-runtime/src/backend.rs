@@ -129,6 +129,27 @@ pub fn kv_dtype_for(precision: Precision) -> KvDType {
     }
 }
 
+/// The one sequence of a step, for every plan: the batch validated once,
+/// the pool prepared (blocks taken, rows marked), `run` on it, and the pool
+/// committed (sequences advanced) only when `run` succeeded.
+pub fn step<T>(
+    batch: &Batch,
+    kv: Option<&mut KvPool>,
+    run: impl FnOnce(Option<PreparedKv<'_>>) -> Result<T, RunError>,
+) -> Result<T, RunError> {
+    batch.runs()?;
+    let Some(pool) = kv else {
+        return run(None);
+    };
+    let layout = pool.prepare(batch)?;
+    let out = run(Some(PreparedKv {
+        pool: &mut *pool,
+        layout: &layout,
+    }))?;
+    pool.commit(&layout);
+    Ok(out)
+}
+
 /// A pool prepared for a step ([`KvPool::prepare`]) and its layout; the
 /// caller commits it once every plan of the step has run.
 pub struct PreparedKv<'a> {
@@ -138,9 +159,16 @@ pub struct PreparedKv<'a> {
 
 /// A compiled graph on one device.
 pub trait Executable: Send {
-    /// Runs one step of `batch` on a pool already prepared for it, with
-    /// the graph's f32 inputs taken by name from `values`; returns the
-    /// graph's outputs.
+    /// Checks what can be checked of a step before the pool changes (the
+    /// batch's length against the plan, the pool's layers against the
+    /// graph's); a step that passes does not fail for those reasons later.
+    fn check(&self, batch: &Batch, pool: Option<&KvPool>) -> Result<(), RunError> {
+        let _ = (batch, pool);
+        Ok(())
+    }
+    /// Runs one step of `batch` (validated: see [`step`]) on a pool already
+    /// prepared for it, with the graph's f32 inputs taken by name from
+    /// `values`; returns the graph's outputs.
     fn execute(
         &mut self,
         batch: &Batch,
@@ -155,23 +183,8 @@ pub trait Executable: Send {
         batch: &Batch,
         kv: Option<&mut KvPool>,
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
-        batch.runs()?;
-        match kv {
-            Some(pool) => {
-                let layout = pool.prepare(batch)?;
-                let outs = self.execute(
-                    batch,
-                    Some(PreparedKv {
-                        pool,
-                        layout: &layout,
-                    }),
-                    &[],
-                )?;
-                pool.commit(&layout);
-                Ok(outs)
-            }
-            None => self.execute(batch, None, &[]),
-        }
+        self.check(batch, kv.as_deref())?;
+        step(batch, kv, |kv| self.execute(batch, kv, &[]))
     }
     /// Like `run`, calling `tap(name, shape, values)` for every named f32
     /// value where the device can (the CPU); others run without the tap.

@@ -443,6 +443,24 @@ pub(crate) fn bind(
     Ok(b)
 }
 
+/// The symbols of a step bound from its batch before it runs, or `None`
+/// for a graph that also reads values of another plan (bound when they
+/// come).
+pub(crate) fn bind_early(
+    graph: &Graph,
+    max: &Bindings,
+    batch: &Batch,
+) -> Result<Option<Bindings>, RunError> {
+    let reads_values = graph.ids().any(|id| {
+        let n = graph.node(id);
+        matches!(n.op, Op::Input { .. }) && n.dtype != DType::I32
+    });
+    if reads_values {
+        return Ok(None);
+    }
+    bind(graph, max, &StepInputs::new(batch, &[])).map(Some)
+}
+
 /// A plan's steps as text: each step's op, inputs, shape and where its
 /// value lives (arena range or view), what each fused node stands for,
 /// then the outputs.

@@ -474,6 +474,12 @@ fn run_errors_name_the_problem() {
     assert!(e.to_string().contains("sequence 7"), "{e}");
     let e = p.run(&Batch::new(), Some(&mut kv)).unwrap_err();
     assert!(e.to_string().contains("empty"), "{e}");
+    // A step refused for its length takes nothing from the pool.
+    let free = kv.free_blocks();
+    let mut b = Batch::new();
+    b.push_run(seq, 0, &[1; 5], |_| true);
+    assert!(p.run(&b, Some(&mut kv)).is_err());
+    assert_eq!((kv.free_blocks(), kv.len(seq).unwrap()), (free, 0));
 }
 
 #[test]

@@ -23,7 +23,7 @@ use crate::backend::{
     host_memory, kv_dtype_for, Backend, Device, Executable, MemoryReport, PreparedKv,
 };
 use crate::batch::Batch;
-use crate::compile::{CompileOptions, HostTensor, Precision, RunError, Tap};
+use crate::compile::{bind_early, CompileOptions, HostTensor, Precision, RunError, Tap};
 use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet};
 use crate::weights::WeightStore;
 pub use kv::CpuKvStorage;
@@ -115,6 +115,10 @@ impl Backend for CpuBackend {
 }
 
 impl Executable for Plan {
+    fn check(&self, batch: &Batch, _pool: Option<&KvPool>) -> Result<(), RunError> {
+        bind_early(self.graph(), &self.options().max, batch).map(|_| ())
+    }
+
     fn execute(
         &mut self,
         batch: &Batch,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rlx_gguf::GgmlType;
 use rlx_ir::{Bindings, CacheSlot, DType, Graph, KvSource, NodeId, Op};
 
-use crate::backend::{Executable, PreparedKv};
+use crate::backend::{step, Executable, PreparedKv};
 use crate::batch::Batch;
 use crate::compile::{
     bind, dump_steps, narrow_from, node_err, prepare, schedule, CompileOptions, HostTensor, Loc,
@@ -128,6 +128,11 @@ impl Plan {
         &self.store
     }
 
+    /// What it was compiled with.
+    pub fn options(&self) -> &CompileOptions {
+        &self.opts
+    }
+
     /// Bytes this plan owns: its arena (weights are the store's).
     pub fn arena_bytes(&self) -> usize {
         self.arena.len * 4
@@ -153,20 +158,7 @@ impl Plan {
         kv: Option<&mut KvPool>,
         tap: &mut Tap<'_>,
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
-        batch.runs()?;
-        match kv {
-            Some(pool) => {
-                let layout = pool.prepare(batch)?;
-                let kv = PreparedKv {
-                    pool,
-                    layout: &layout,
-                };
-                let outs = self.run_inner(batch, Some(kv), &[], Some(tap))?;
-                pool.commit(&layout);
-                Ok(outs)
-            }
-            None => self.run_inner(batch, None, &[], Some(tap)),
-        }
+        step(batch, kv, |kv| self.run_inner(batch, kv, &[], Some(tap)))
     }
 
     /// Runs every step on a prepared pool; named values go to `tap` when
@@ -180,7 +172,6 @@ impl Plan {
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
         let inputs = StepInputs::new(batch, values);
         let b = bind(&self.graph, &self.opts.max, &inputs)?;
-        batch.runs()?;
         self.copy_in(&inputs, &b);
         for si in 0..self.steps.len() {
             let id = self.steps[si];

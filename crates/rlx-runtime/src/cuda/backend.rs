@@ -160,12 +160,9 @@ impl Executable for CudaPlan {
             .map_err(|e| e.into_run(&label))
     }
 
-    fn run(
-        &mut self,
-        batch: &Batch,
-        kv: Option<&mut KvPool>,
-    ) -> Result<Vec<(String, HostTensor)>, RunError> {
-        CudaPlan::run(self, batch, kv)
+    fn check(&self, batch: &Batch, pool: Option<&KvPool>) -> Result<(), RunError> {
+        self.check_step(batch, pool)
+            .map_err(|e| e.into_run(&self.cuda_label()))
     }
 
     fn graph(&self) -> &Graph {

@@ -18,8 +18,8 @@ use super::{type_code, CudaDevice, CudaError, CudaWeights, GemmType};
 use crate::batch::Batch;
 use crate::compile::Precision;
 use crate::compile::{
-    bind, dump_steps, narrow_from, node_err, prepare, schedule, CompileOptions, HostTensor, Loc,
-    RunError, StepInputs,
+    bind, bind_early, dump_steps, narrow_from, node_err, prepare, schedule, CompileOptions,
+    HostTensor, Loc, RunError, StepInputs,
 };
 use crate::kv::{KvError, KvPool, StepLayout, BLOCK_TOKENS};
 use crate::weights::WeightStore;
@@ -706,34 +706,22 @@ impl CudaPlan {
         batch: &Batch,
         kv: Option<&mut KvPool>,
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
-        let label = self.device.label();
-        self.run_checked(batch, kv).map_err(|e| e.into_run(&label))
+        crate::backend::Executable::run(self, batch, kv)
     }
 
-    /// Checks everything that can fail before the pool changes, then
-    /// prepares, runs and commits.
-    fn run_checked(
-        &mut self,
-        batch: &Batch,
-        kv: Option<&mut KvPool>,
-    ) -> Result<Vec<(String, HostTensor)>, CudaError> {
-        let Some(pool) = kv else {
-            return self.run_inner(batch, None, &[]);
+    /// What can fail before the pool changes: the inputs' lengths against
+    /// the plan, token ids and rows, the pool's layers against the K/V
+    /// steps. A part of a split graph, whose values come from earlier
+    /// parts, is checked when it runs.
+    pub(super) fn check_step(&self, batch: &Batch, pool: Option<&KvPool>) -> Result<(), CudaError> {
+        let Some(b) = bind_early(&self.graph_ir, &self.max, batch)? else {
+            return Ok(());
         };
-        {
-            let inputs = StepInputs::new(batch, &[]);
-            let b = bind(&self.graph_ir, &self.max, &inputs)?;
-            batch.runs().map_err(RunError::from)?;
-            self.check_indices(&b, &inputs)?;
-            if !self.kv_steps.is_empty() {
-                self.check_kv(&b, pool, self.storage(pool)?, batch.len())?;
-            }
+        self.check_indices(&b, &StepInputs::new(batch, &[]))?;
+        if let (Some(pool), false) = (pool, self.kv_steps.is_empty()) {
+            self.check_kv(&b, pool, self.storage(pool)?, batch.len())?;
         }
-        let layout = pool.prepare(batch)?;
-        self.record_spans(batch, pool, &layout)?;
-        let outs = self.run_inner(batch, Some((&*pool, &layout)), &[])?;
-        pool.commit(&layout);
-        Ok(outs)
+        Ok(())
     }
 
     /// The span ids of the rows this step's K/V writes go to, recorded in
@@ -776,7 +764,6 @@ impl CudaPlan {
     ) -> Result<Vec<(String, HostTensor)>, CudaError> {
         let inputs = StepInputs::new(batch, values);
         let b = bind(&self.graph_ir, &self.max, &inputs)?;
-        batch.runs().map_err(RunError::from)?;
         self.check_indices(&b, &inputs)?;
         // Only a plan with K/V steps reads the pool (a part of a split
         // graph may have none, and no storage on this device).
