@@ -86,9 +86,12 @@ impl Stores {
     fn rlx(&self) -> Command {
         let mut c = rlx();
         c.env("HOME", &self.home);
-        for k in ["RLX_HOME", "OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE"] {
+        for k in ["RLX_HOME", "HF_HOME", "HF_HUB_CACHE"] {
             c.env_remove(k);
         }
+        // Ollama's store in this home only (unset, the system's
+        // /usr/share/ollama is searched too).
+        c.env("OLLAMA_MODELS", self.home.join(".ollama/models"));
         c
     }
 

@@ -42,7 +42,8 @@ fn serve_answers_chat_completions_on_the_port_it_prints() {
         .to_owned();
     // The port answers at once; /health says 200 once the model is in.
     let mut ready = false;
-    for _ in 0..500 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
         let mut s = TcpStream::connect(&addr).unwrap();
         write!(
             s,
@@ -73,7 +74,8 @@ fn serve_answers_chat_completions_on_the_port_it_prints() {
     line.clear();
     while !line.starts_with("id=") {
         line.clear();
-        stderr.read_line(&mut line).unwrap();
+        let n = stderr.read_line(&mut line).unwrap();
+        assert!(n > 0, "stderr ended before the request's line");
     }
     assert!(line.starts_with("id=chatcmpl-"), "{line}");
     for key in [

@@ -4,17 +4,25 @@
 //! the mapping brings in are not counted: how many a fault maps depends on
 //! the kernel (fault-around, large folios), not on rlx. One test in this
 //! file so no other test's allocations run in the same process at once.
+//! Linux only: it reads `/proc/self/status`.
+#![cfg(target_os = "linux")]
 
 use std::path::PathBuf;
 
 use rlx_gguf::GgufFile;
 
 fn real_model() -> PathBuf {
+    // Where scripts/fetch-model.sh puts it: `$RLX_HOME`, else rlx's cache.
     let path = std::env::var_os("RLX_TEST_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").expect("HOME is set");
-            PathBuf::from(home).join(".cache/rlx/models/gemma-3-270m-q4_k_m.gguf")
+            let dir = std::env::var_os("RLX_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    let home = std::env::var_os("HOME").expect("HOME is set");
+                    PathBuf::from(home).join(".cache/rlx/models")
+                });
+            dir.join("gemma-3-270m-q4_k_m.gguf")
         });
     assert!(
         path.exists(),

@@ -17,11 +17,17 @@ pub fn tiny() -> PathBuf {
 /// The real model: `$RLX_TEST_MODEL`, else the default cache location.
 /// `scripts/test.sh` fetches it; running without it is a failure, not a skip.
 pub fn real_model() -> PathBuf {
+    // Where scripts/fetch-model.sh puts it: `$RLX_HOME`, else rlx's cache.
     let path = std::env::var_os("RLX_TEST_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").expect("HOME is set");
-            PathBuf::from(home).join(".cache/rlx/models/gemma-3-270m-q4_k_m.gguf")
+            let dir = std::env::var_os("RLX_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    let home = std::env::var_os("HOME").expect("HOME is set");
+                    PathBuf::from(home).join(".cache/rlx/models")
+                });
+            dir.join("gemma-3-270m-q4_k_m.gguf")
         });
     assert!(
         path.exists(),
