@@ -373,11 +373,8 @@ impl<'m> Sequences<'m> {
                 ),
             }
         };
-        let mut out = plan.run(&self.batch, Some(&mut self.pool))?;
-        let logits = match out.swap_remove(0).1 {
-            rlx_runtime::HostTensor::F32 { data, .. } => data,
-            rlx_runtime::HostTensor::I32 { .. } => unreachable!("logits are f32"),
-        };
+        let out = plan.run(&self.batch, Some(&mut self.pool))?;
+        let logits = rlx_runtime::take_output(out, "logits")?;
         let mut feeds_at = Vec::with_capacity(feeds.len());
         let mut at = 0;
         for f in feeds {

@@ -87,6 +87,21 @@ impl HostTensor {
             HostTensor::I32 { .. } => None,
         }
     }
+
+    pub fn into_f32(self) -> Option<Vec<f32>> {
+        match self {
+            HostTensor::F32 { data, .. } => Some(data),
+            HostTensor::I32 { .. } => None,
+        }
+    }
+}
+
+/// The f32 output `name` of a step's outputs, or an error naming it.
+pub fn take_output(outs: Vec<(String, HostTensor)>, name: &str) -> Result<Vec<f32>, RunError> {
+    outs.into_iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, t)| t.into_f32())
+        .ok_or_else(|| RunError::NoOutput(name.into()))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +126,8 @@ pub enum RunError {
     Kv(#[from] KvError),
     #[error("the graph uses the KV cache but no cache was given")]
     NoCache,
+    #[error("the plan has no f32 output {0:?}")]
+    NoOutput(String),
     #[error(transparent)]
     Batch(#[from] BatchError),
     #[error("{device}: {msg}")]
@@ -125,7 +142,8 @@ pub type Tap<'a> = dyn FnMut(&str, &[usize], &[f32]) + 'a;
 pub(crate) enum Loc {
     /// Nothing (effects).
     None,
-    Input,
+    /// An i32 input of the step.
+    Input(StepInput),
     Weight(WeightId),
     /// `[offset, offset+cap)` f32 elements of the arena.
     Arena {
@@ -188,7 +206,7 @@ pub(crate) fn prepare(
                 }
             }
             Op::Input { name } => {
-                let step_input = StepInputs::NAMES.contains(&name.as_str());
+                let step_input = StepInput::named(name).is_some();
                 let ok = match n.dtype {
                     DType::I32 => step_input,
                     // Values and effects of another plan of the same step.
@@ -203,7 +221,7 @@ pub(crate) fn prepare(
                             "input {name:?} ({}): a step supplies i32 inputs named {:?}, \
                              and f32 values or effects under other names",
                             n.dtype,
-                            StepInputs::NAMES
+                            StepInput::ALL.map(StepInput::name)
                         ),
                     ));
                 }
@@ -246,7 +264,9 @@ pub(crate) fn schedule(
             // An f32 input is copied into the arena before the first step.
             Op::Input { .. } if n.dtype == DType::F32 => Loc::Arena { offset: 0, cap: 0 },
             Op::Input { .. } if n.dtype == DType::Effect => Loc::None,
-            Op::Input { .. } => Loc::Input,
+            Op::Input { name } => {
+                Loc::Input(StepInput::named(name).expect("prepare admits only step inputs"))
+            }
             Op::Weight { id: w, .. } => Loc::Weight(*w),
             Op::Reshape { .. } => Loc::Alias {
                 src: n.inputs[0],
@@ -343,10 +363,48 @@ pub struct StepInputs<'a> {
     pub values: &'a [(String, HostTensor)],
 }
 
-impl<'a> StepInputs<'a> {
-    /// The names a graph's i32 inputs may have.
-    pub const NAMES: [&'static str; 4] = ["tokens", "pos", "logit_rows", "spans"];
+/// An i32 input a step supplies, which a graph names by [`StepInput::name`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepInput {
+    /// Each row's token id.
+    Tokens,
+    /// Each row's position in its sequence.
+    Pos,
+    /// The rows whose logits are wanted.
+    LogitRows,
+    /// Each row's bidirectional span id (0: none).
+    Spans,
+}
 
+impl StepInput {
+    pub const ALL: [StepInput; 4] = [
+        StepInput::Tokens,
+        StepInput::Pos,
+        StepInput::LogitRows,
+        StepInput::Spans,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StepInput::Tokens => "tokens",
+            StepInput::Pos => "pos",
+            StepInput::LogitRows => "logit_rows",
+            StepInput::Spans => "spans",
+        }
+    }
+
+    /// The input a graph's input node of this name stands for.
+    pub fn named(name: &str) -> Option<StepInput> {
+        Self::ALL.into_iter().find(|i| i.name() == name)
+    }
+
+    /// Its place in [`StepInput::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl<'a> StepInputs<'a> {
     pub fn new(batch: &'a Batch, values: &'a [(String, HostTensor)]) -> Self {
         StepInputs {
             tokens: batch.tokens(),
@@ -362,13 +420,12 @@ impl<'a> StepInputs<'a> {
         self.values.iter().find(|(n, _)| n == name).map(|(_, t)| t)
     }
 
-    pub fn get(&self, name: &str) -> Option<&[i32]> {
-        match name {
-            "tokens" => Some(self.tokens),
-            "pos" => Some(self.pos),
-            "logit_rows" => Some(&self.logit_rows),
-            "spans" => Some(self.spans),
-            _ => None,
+    pub fn get(&self, input: StepInput) -> &[i32] {
+        match input {
+            StepInput::Tokens => self.tokens,
+            StepInput::Pos => self.pos,
+            StepInput::LogitRows => &self.logit_rows,
+            StepInput::Spans => self.spans,
         }
     }
 }
@@ -400,9 +457,8 @@ pub(crate) fn bind(
                 t.shape().to_vec()
             }
             _ => {
-                let data = inputs
-                    .get(name)
-                    .ok_or_else(|| bad("not a step input".into()))?;
+                let which = StepInput::named(name).ok_or_else(|| bad("not a step input".into()))?;
+                let data = inputs.get(which);
                 if n.shape.rank() != 1 {
                     return Err(bad(format!("step inputs are one axis, not {}", n.shape)));
                 }

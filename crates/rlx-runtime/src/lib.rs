@@ -26,7 +26,9 @@ pub use backend::{
     host_memory, open, Backend, BackendOptions, Device, Executable, MemoryReport, PreparedKv,
 };
 pub use batch::{Batch, BatchError, SeqId, SeqRun};
-pub use compile::{CompileOptions, HostTensor, Precision, RunError, StepInputs, Tap};
+pub use compile::{
+    take_output, CompileOptions, HostTensor, Precision, RunError, StepInput, StepInputs, Tap,
+};
 pub use kv::{
     KvChoice, KvDType, KvError, KvGroup, KvLayerSpec, KvPool, KvPoolConfig, KvStorage, KvTypes,
     SlotSet, StepLayout, BLOCK_TOKENS,

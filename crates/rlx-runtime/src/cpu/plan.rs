@@ -232,12 +232,7 @@ impl Plan {
     fn value<'a>(&'a self, id: NodeId, inputs: &'a StepInputs, b: &Bindings) -> Val<'a> {
         let n = self.graph.node(id);
         match self.locs[id.index()] {
-            Loc::Input => {
-                let Op::Input { name } = &n.op else {
-                    unreachable!()
-                };
-                Val::I32(inputs.get(name).expect("bound inputs exist"))
-            }
+            Loc::Input(which) => Val::I32(inputs.get(which)),
             Loc::Weight(w) => {
                 let DType::Ggml(ty) = n.dtype else {
                     unreachable!()

@@ -19,7 +19,7 @@ use crate::batch::Batch;
 use crate::compile::Precision;
 use crate::compile::{
     bind, bind_early, dump_steps, narrow_from, node_err, prepare, schedule, CompileOptions,
-    HostTensor, Loc, RunError, StepInputs,
+    HostTensor, Loc, RunError, StepInput, StepInputs,
 };
 use crate::kv::{KvError, KvPool, StepLayout, BLOCK_TOKENS};
 use crate::weights::WeightStore;
@@ -28,8 +28,8 @@ use crate::weights::WeightStore;
 /// buffer, in i32 elements. With `R` the most rows a step has (`rows`) and
 /// `I` the number of step inputs:
 ///
-/// - `[i·R, (i+1)·R)`: step input `StepInputs::NAMES[i]` (`tokens`, `pos`,
-///   `logit_rows`, `spans`).
+/// - `[i·R, (i+1)·R)`: step input `StepInput::ALL[i]` (tokens, positions,
+///   logit rows, spans).
 /// - `[I·R, (I+1)·R)`: `run_of_row`, the run (sequence) of each batch row.
 /// - `[(I+1)·R, (I+2)·R)`: `run_end`, each run's length after the step (its
 ///   first position plus its rows).
@@ -55,10 +55,10 @@ pub(super) struct MetaLayout {
 }
 
 impl MetaLayout {
-    const INPUTS: usize = StepInputs::NAMES.len();
+    const INPUTS: usize = StepInput::ALL.len();
 
-    pub(super) fn input(&self, i: usize) -> usize {
-        i * self.rows
+    pub(super) fn input(&self, input: StepInput) -> usize {
+        input.index() * self.rows
     }
 
     pub(super) fn run_of_row(&self) -> usize {
@@ -130,13 +130,13 @@ impl MetaLayout {
     ) {
         stage.clear();
         stage.resize(self.table(), 0);
-        for (i, name) in StepInputs::NAMES.iter().enumerate() {
+        for input in StepInput::ALL {
             // A graph input is at most its maximum (`bind`), and the batch
             // at most `rows` when the pool is used (`check_kv`); anything
             // longer is read by no kernel.
-            let data = inputs.get(name).expect("a step input");
+            let data = inputs.get(input);
             if data.len() <= self.rows {
-                stage[self.input(i)..][..data.len()].copy_from_slice(data);
+                stage[self.input(input)..][..data.len()].copy_from_slice(data);
             }
         }
         let Some((pool, layout)) = kv else { return };
@@ -181,14 +181,6 @@ impl MetaLayout {
 
 // The attention kernel's `BLOCK`.
 const _: () = assert!(BLOCK_TOKENS == 32);
-
-/// The index of a step input in [`StepInputs::NAMES`].
-fn input_index(name: &str) -> usize {
-    StepInputs::NAMES
-        .iter()
-        .position(|&n| n == name)
-        .expect("prepare admits only step inputs")
-}
 
 /// A step captured with the symbol values and the storage it ran with.
 struct Captured {
@@ -686,12 +678,7 @@ impl CudaPlan {
         match self.locs[id.index()] {
             Loc::Arena { offset, .. } => self.device.ptr(&self.arena) + 4 * offset as u64,
             Loc::Alias { src, offset } => self.addr(src) + 4 * offset as u64,
-            Loc::Input => {
-                let Op::Input { name } = &self.graph_ir.node(id).op else {
-                    unreachable!("inputs are input nodes")
-                };
-                self.meta_addr(self.meta_layout.input(input_index(name)))
-            }
+            Loc::Input(which) => self.meta_addr(self.meta_layout.input(which)),
             Loc::Weight(w) => self.weights.ptr(w).unwrap_or(0),
             Loc::None => 0,
         }
@@ -739,15 +726,12 @@ impl CudaPlan {
             let (Op::KvWrite { slot }, Some(&s)) = (&n.op, n.inputs.get(2)) else {
                 continue;
             };
-            let Op::Input { name } = &g.node(s).op else {
+            let Loc::Input(which) = self.locs[s.index()] else {
                 unreachable!("i32 values are inputs")
             };
-            let spans = StepInputs::new(batch, &[])
-                .get(name)
-                .map(<[i32]>::to_vec)
-                .unwrap_or_default();
+            let inputs = StepInputs::new(batch, &[]);
             let group = pool.group_of(*slot)?;
-            for (&row, &span) in layout.write_rows[group].iter().zip(&spans) {
+            for (&row, &span) in layout.write_rows[group].iter().zip(inputs.get(which)) {
                 pool.set_span(group, row, span);
             }
         }
@@ -891,8 +875,8 @@ impl CudaPlan {
     fn check_indices(&self, b: &Bindings, inputs: &StepInputs) -> Result<(), CudaError> {
         let g = &self.graph_ir;
         let input_of = |id: NodeId| -> Option<&[i32]> {
-            match &g.node(id).op {
-                Op::Input { name } => inputs.get(name),
+            match self.locs[id.index()] {
+                Loc::Input(which) => Some(inputs.get(which)),
                 _ => None,
             }
         };
@@ -1387,7 +1371,7 @@ impl CudaPlan {
                             Arg::Ptr(inp(0)),
                             Arg::Ptr(l.k),
                             Arg::Ptr(l.v),
-                            Arg::Ptr(self.meta_addr(ml.input(input_index("pos")))),
+                            Arg::Ptr(self.meta_addr(ml.input(StepInput::Pos))),
                             Arg::Ptr(self.meta_addr(ml.run_of_row())),
                             Arg::Ptr(self.meta_addr(ml.run_end())),
                             Arg::Ptr(self.meta_addr(ml.block_start(group))),

@@ -15,7 +15,7 @@ use super::plan::MetaLayout;
 use crate::backend::{open, Backend, BackendOptions, Device, Executable};
 use crate::batch::{Batch, SeqId};
 use crate::compile::CompileOptions;
-use crate::compile::StepInputs;
+use crate::compile::{StepInput, StepInputs};
 use crate::kv::{KvDType, KvLayerSpec, KvPool, KvPoolConfig, KvTypes, BLOCK_TOKENS};
 use crate::weights::WeightStore;
 
@@ -319,7 +319,7 @@ fn staged_metadata_gives_the_pools_keys_and_rows() {
         let inputs = StepInputs::new(b, &[]);
         ml.stage(&inputs, Some((&*kv, &layout)), &mut stage);
         assert!(stage.len() <= ml.len());
-        let pos_at = ml.input(StepInputs::NAMES.iter().position(|&n| n == "pos").unwrap());
+        let pos_at = ml.input(StepInput::Pos);
         assert_eq!(&stage[pos_at..][..b.len()], b.positions());
         for g in 0..ml.groups {
             let rows = kv.rows(g);
