@@ -333,14 +333,37 @@ struct Running {
 }
 
 /// What one request contributes to a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Part {
-    Prompt {
-        end: usize,
-    },
+    /// The next `n` prompt tokens.
+    Prompt { n: usize },
     /// The first `n` pending generated tokens.
-    Generated {
-        n: usize,
-    },
+    Generated { n: usize },
+}
+
+/// What a step of at most `budget` tokens carries of requests that each
+/// have `pending` generated tokens to run and `prompt_left` prompt tokens
+/// not yet run: every request's pending tokens first, in order, as far as
+/// the budget goes (decode is never starved by prompts), then prompt chunks
+/// of the requests with nothing pending, in order, in what is left.
+fn plan_step(budget: usize, requests: &[(usize, usize)]) -> Vec<(usize, Part)> {
+    let mut budget = budget;
+    let mut plan = Vec::new();
+    for (i, &(pending, _)) in requests.iter().enumerate() {
+        let n = pending.min(budget);
+        if n > 0 {
+            plan.push((i, Part::Generated { n }));
+            budget -= n;
+        }
+    }
+    for (i, &(pending, left)) in requests.iter().enumerate() {
+        let n = left.min(budget);
+        if pending == 0 && n > 0 {
+            plan.push((i, Part::Prompt { n }));
+            budget -= n;
+        }
+    }
+    plan
 }
 
 struct Scheduler<'m> {
@@ -508,23 +531,12 @@ impl<'m> Scheduler<'m> {
 
     /// One step over every running request.
     fn step(&mut self) {
-        let mut budget = self.seqs.max_step_tokens();
-        let mut plan: Vec<(usize, Part)> = Vec::new();
-        for (i, r) in self.running.iter().enumerate() {
-            let n = r.pending.len().min(budget);
-            if n > 0 {
-                plan.push((i, Part::Generated { n }));
-                budget -= n;
-            }
-        }
-        for (i, r) in self.running.iter().enumerate() {
-            let left = r.job.prompt.len() - r.fed;
-            if r.pending.is_empty() && left > 0 && budget > 0 {
-                let n = left.min(budget);
-                plan.push((i, Part::Prompt { end: r.fed + n }));
-                budget -= n;
-            }
-        }
+        let requests: Vec<(usize, usize)> = self
+            .running
+            .iter()
+            .map(|r| (r.pending.len(), r.job.prompt.len() - r.fed))
+            .collect();
+        let plan = plan_step(self.seqs.max_step_tokens(), &requests);
         let running = &self.running;
         let feeds: Vec<Feed> = plan
             .iter()
@@ -541,10 +553,10 @@ impl<'m> Scheduler<'m> {
                             Want::None
                         },
                     },
-                    Part::Prompt { end } => Feed {
+                    Part::Prompt { n } => Feed {
                         seq: r.seq,
-                        tokens: &r.job.prompt[r.fed..*end],
-                        logits: if *end == r.job.prompt.len() {
+                        tokens: &r.job.prompt[r.fed..r.fed + n],
+                        logits: if r.fed + n == r.job.prompt.len() {
                             Want::Last
                         } else {
                             Want::None
@@ -567,12 +579,12 @@ impl<'m> Scheduler<'m> {
         for (k, (i, part)) in plan.into_iter().enumerate() {
             let r = &mut self.running[i];
             match part {
-                Part::Prompt { end } => {
+                Part::Prompt { n } => {
                     self.load
                         .prompt_tokens
-                        .fetch_add((end - r.fed) as u64, Ordering::Relaxed);
-                    r.fed = end;
-                    if end < r.job.prompt.len() {
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    r.fed += n;
+                    if r.fed < r.job.prompt.len() {
                         continue;
                     }
                 }
@@ -770,5 +782,47 @@ impl Running {
             prefill_secs: (first - self.started).as_secs_f64(),
             decode_secs: first.elapsed().as_secs_f64(),
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{plan_step, Part};
+
+    #[test]
+    fn decode_goes_first_then_prompts_in_order_within_the_budget() {
+        // Two decoding requests, two prefilling ones.
+        let plan = plan_step(10, &[(0, 30), (1, 0), (0, 4), (1, 0)]);
+        assert_eq!(
+            plan,
+            vec![
+                (1, Part::Generated { n: 1 }),
+                (3, Part::Generated { n: 1 }),
+                (0, Part::Prompt { n: 8 }),
+            ]
+        );
+        // What the first prompt leaves goes to the next.
+        let plan = plan_step(10, &[(0, 3), (1, 0), (0, 40)]);
+        assert_eq!(
+            plan,
+            vec![
+                (1, Part::Generated { n: 1 }),
+                (0, Part::Prompt { n: 3 }),
+                (2, Part::Prompt { n: 6 }),
+            ]
+        );
+    }
+
+    #[test]
+    fn forced_tokens_and_a_small_budget_are_split_across_steps() {
+        // Pending tokens beyond the budget wait; no prompt runs then.
+        assert_eq!(
+            plan_step(4, &[(3, 0), (5, 0), (0, 9)]),
+            vec![(0, Part::Generated { n: 3 }), (1, Part::Generated { n: 1 })]
+        );
+        // A request with pending tokens does not also prefill.
+        assert_eq!(plan_step(8, &[(2, 5)]), vec![(0, Part::Generated { n: 2 })]);
+        assert!(plan_step(0, &[(1, 4)]).is_empty());
+        assert!(plan_step(8, &[(0, 0)]).is_empty());
     }
 }
