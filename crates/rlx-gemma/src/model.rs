@@ -186,18 +186,19 @@ impl Model {
         let n = config.layers.len();
         let graph = build_graph(&config, &store)?;
         // A backend holding no weights yet says what the device has free
-        // and which K/V type it keeps by default.
-        let (available, default_kv) = {
-            let none = BackendOptions {
+        // and which K/V type it keeps by default. It lives until the real
+        // one is open, so a device shared per process (its context, its
+        // compiled kernels) is set up once.
+        let probe = opener(
+            options.device,
+            &store,
+            &BackendOptions {
                 weights: Some(vec![false; store.len()]),
                 ..threads.clone()
-            };
-            let probe = opener(options.device, &store, &none)?;
-            (
-                probe.memory().available,
-                probe.default_kv_dtype(options.precision),
-            )
-        };
+            },
+        )?;
+        let available = probe.memory().available;
+        let default_kv = probe.default_kv_dtype(options.precision);
         let types = off.kv_types.resolve(default_kv);
         let kv = kv_config_of(&config, off.kv_tokens.max(1), 1, 512, types);
         let scratch = offload::scratch_bytes(&store, activation_bytes_of(&config, 512, 1));
