@@ -264,7 +264,7 @@ impl Model {
                 shares[offload::GPU].total(),
             ));
         }
-        let read = offload::weights_read(&graph, &store, &placement)?;
+        let read = placement.weights_read(&graph, 2, store.len())?;
         let gpu = opener(
             options.device,
             &store,

@@ -218,15 +218,6 @@ pub(crate) fn estimate(
     Ok(shares)
 }
 
-/// The weights each backend of a split reads, for opening them.
-pub(crate) fn weights_read(
-    graph: &Graph,
-    store: &WeightStore,
-    placement: &Placement,
-) -> Result<Vec<Vec<bool>>, RunError> {
-    placement.weights_read(graph, 2, store.len())
-}
-
 /// Scratch an accelerator needs beside weights and K/V: a few plans'
 /// activations, the largest matrix dequantized to bf16 for many-token
 /// products, and room for the runtime and libraries (256 MiB).

@@ -7,30 +7,11 @@
 //! Linux only: it reads `/proc/self/status`.
 #![cfg(target_os = "linux")]
 
-use std::path::PathBuf;
-
 use rlx_gguf::GgufFile;
 
-fn real_model() -> PathBuf {
-    // Where scripts/fetch-model.sh puts it: `$RLX_HOME`, else rlx's cache.
-    let path = std::env::var_os("RLX_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let dir = std::env::var_os("RLX_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    let home = std::env::var_os("HOME").expect("HOME is set");
-                    PathBuf::from(home).join(".cache/rlx/models")
-                });
-            dir.join("gemma-3-270m-q4_k_m.gguf")
-        });
-    assert!(
-        path.exists(),
-        "{} is missing: run `bash scripts/fetch-model.sh`",
-        path.display()
-    );
-    path
-}
+#[path = "../../../tests/support/real_model.rs"]
+mod real_model;
+use real_model::real_model;
 
 /// Resident anonymous memory of this process, in KiB (Linux `RssAnon`):
 /// what a copy of the file would add, unlike file pages of a mapping.

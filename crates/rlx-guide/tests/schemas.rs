@@ -23,25 +23,13 @@ const FREE_TOKENS: usize = 64;
 /// path: its logits do not depend on which of the CPU's kernels a machine
 /// has (the 8-bit path's prompt GEMM and row kernels round differently), so
 /// the sampled outputs are the same everywhere.
+#[path = "../../../tests/support/real_model.rs"]
+mod real_model;
+use real_model::real_model;
+
 fn model() -> Model {
-    let path = std::env::var_os("RLX_TEST_MODEL")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            let dir = std::env::var_os("RLX_HOME")
-                .map(std::path::PathBuf::from)
-                .unwrap_or_else(|| {
-                    let home = std::env::var_os("HOME").expect("HOME is set");
-                    std::path::PathBuf::from(home).join(".cache/rlx/models")
-                });
-            dir.join("gemma-3-270m-q4_k_m.gguf")
-        });
-    assert!(
-        path.exists(),
-        "{} is missing: run `bash scripts/fetch-model.sh`",
-        path.display()
-    );
     Model::load(
-        path,
+        real_model(),
         ModelOptions {
             precision: Precision::Exact,
             threads: 2,

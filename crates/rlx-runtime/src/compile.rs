@@ -239,6 +239,8 @@ pub(crate) fn prepare(
 pub(crate) struct Schedule {
     pub steps: Vec<NodeId>,
     pub locs: Vec<Loc>,
+    /// The f32 inputs, copied into the arena before the first step.
+    pub values: Vec<NodeId>,
     /// f32 elements of the arena.
     pub arena_elems: usize,
 }
@@ -329,10 +331,36 @@ pub(crate) fn schedule(
             cap: req.bytes / 4,
         };
     }
+    let values = g
+        .ids()
+        .filter(|&id| matches!(g.node(id).op, Op::Input { .. }) && g.node(id).dtype == DType::F32)
+        .collect();
     Ok(Schedule {
         steps,
         locs,
+        values,
         arena_elems: mem.arena_bytes / 4,
+    })
+}
+
+/// Each f32 input of a step (checked against its node's shape by `bind`,
+/// so within its buffer) and the arena element it is copied to.
+pub(crate) fn value_copies<'a>(
+    g: &'a Graph,
+    values: &'a [NodeId],
+    locs: &'a [Loc],
+    inputs: &'a StepInputs,
+) -> impl Iterator<Item = (usize, &'a [f32])> + 'a {
+    values.iter().map(move |&id| {
+        let (Op::Input { name }, Loc::Arena { offset, .. }) = (&g.node(id).op, locs[id.index()])
+        else {
+            unreachable!("values are inputs in the arena")
+        };
+        let data = inputs
+            .value(name)
+            .and_then(HostTensor::as_f32)
+            .expect("bound inputs exist");
+        (offset, data)
     })
 }
 

@@ -14,28 +14,11 @@ pub fn tiny() -> PathBuf {
         .join("../../tests/fixtures/tiny/gemma3/model-f32.gguf")
 }
 
-/// The real model: `$RLX_TEST_MODEL`, else the default cache location.
-/// `scripts/test.sh` fetches it; running without it is a failure, not a skip.
-pub fn real_model() -> PathBuf {
-    // Where scripts/fetch-model.sh puts it: `$RLX_HOME`, else rlx's cache.
-    let path = std::env::var_os("RLX_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let dir = std::env::var_os("RLX_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    let home = std::env::var_os("HOME").expect("HOME is set");
-                    PathBuf::from(home).join(".cache/rlx/models")
-                });
-            dir.join("gemma-3-270m-q4_k_m.gguf")
-        });
-    assert!(
-        path.exists(),
-        "{} is missing: run `bash scripts/fetch-model.sh` (or scripts/test.sh)",
-        path.display()
-    );
-    path
-}
+#[path = "../../../../tests/support/real_model.rs"]
+mod real_model;
+// Not every test binary that includes this module reads the real file.
+#[allow(unused_imports)]
+pub use real_model::real_model;
 
 /// Runs `cmd` and asserts it succeeded, showing its stderr if not.
 pub fn ok(cmd: &mut Command) -> Output {

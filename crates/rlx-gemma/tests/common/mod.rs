@@ -29,28 +29,11 @@ pub const TINY_GENERATIONS: [&str; 7] = [
 /// `scripts/tiny/make_odd_models.py`.
 pub const ODD_SIZES: [&str; 2] = ["gemma4-odd", "gemma3-odd"];
 
-/// The real Gemma 3 270M file: `$RLX_TEST_MODEL`, else the default cache.
-/// Missing is a failure with instructions, not a skip.
-pub fn real_model() -> PathBuf {
-    // Where scripts/fetch-model.sh puts it: `$RLX_HOME`, else rlx's cache.
-    let path = std::env::var_os("RLX_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let dir = std::env::var_os("RLX_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    let home = std::env::var_os("HOME").expect("HOME is set");
-                    PathBuf::from(home).join(".cache/rlx/models")
-                });
-            dir.join("gemma-3-270m-q4_k_m.gguf")
-        });
-    assert!(
-        path.exists(),
-        "{} is missing: run `bash scripts/fetch-model.sh`",
-        path.display()
-    );
-    path
-}
+#[path = "../../../../tests/support/real_model.rs"]
+mod real_model;
+// Not every test binary that includes this module reads the real file.
+#[allow(unused_imports)]
+pub use real_model::real_model;
 
 /// A little-endian .npy array: its shape and raw element bytes.
 pub struct Npy {

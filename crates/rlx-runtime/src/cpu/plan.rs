@@ -13,8 +13,8 @@ use rlx_ir::{Bindings, CacheSlot, DType, Graph, KvSource, NodeId, Op};
 use crate::backend::{step, Executable, PreparedKv};
 use crate::batch::Batch;
 use crate::compile::{
-    bind, dump_steps, narrow_from, node_err, prepare, schedule, CompileOptions, HostTensor, Loc,
-    RunError, Schedule, StepInputs, Tap,
+    bind, dump_steps, narrow_from, node_err, prepare, schedule, value_copies, CompileOptions,
+    HostTensor, Loc, RunError, Schedule, StepInputs, Tap,
 };
 use crate::cpu::kernels::{attention, elementwise, moe, norm, rope, shape as shape_k};
 use crate::cpu::kv::{CpuKvStorage, RowsView};
@@ -34,6 +34,8 @@ pub struct Plan {
     device: CpuDevice,
     steps: Vec<NodeId>,
     locs: Vec<Loc>,
+    /// The f32 inputs (values of another plan of the step).
+    values: Vec<NodeId>,
     arena: Arena,
     /// Matmul scratch, borrowed by one step at a time.
     scratch: std::cell::RefCell<MatmulScratch>,
@@ -53,6 +55,7 @@ pub fn compile(
     let Schedule {
         steps,
         locs,
+        values,
         arena_elems,
     } = schedule(&g, &opts.max, &|_| None)?;
     Ok(Plan {
@@ -61,6 +64,7 @@ pub fn compile(
         device: device.clone(),
         steps,
         locs,
+        values,
         arena: Arena::new(arena_elems),
         scratch: std::cell::RefCell::new(MatmulScratch::default()),
         norm_buf: std::cell::RefCell::new(Vec::new()),
@@ -172,7 +176,7 @@ impl Plan {
     ) -> Result<Vec<(String, HostTensor)>, RunError> {
         let inputs = StepInputs::new(batch, values);
         let b = bind(&self.graph, &self.opts.max, &inputs)?;
-        self.copy_in(&inputs, &b);
+        self.copy_in(&inputs);
         for si in 0..self.steps.len() {
             let id = self.steps[si];
             let (pool, layout) = match kv.as_mut() {
@@ -206,26 +210,13 @@ impl Plan {
         Ok(outs)
     }
 
-    /// Copies the f32 inputs (checked by `bind`) into their arena buffers.
-    fn copy_in(&mut self, inputs: &StepInputs, b: &Bindings) {
-        for id in self.graph.ids() {
-            let n = self.graph.node(id);
-            let (Op::Input { name }, Loc::Arena { offset, cap }) = (&n.op, self.locs[id.index()])
-            else {
-                continue;
-            };
-            let data = inputs
-                .value(name)
-                .and_then(HostTensor::as_f32)
-                .expect("bound inputs exist");
-            let len = n.shape.numel(b).expect("bound");
-            assert!(
-                len <= cap && data.len() == len,
-                "an input within its buffer"
-            );
-            // SAFETY: in bounds of the arena (asserted), and no step runs
-            // while inputs are copied in.
-            unsafe { self.arena.slice_mut(offset, len) }.copy_from_slice(data);
+    /// Copies the f32 inputs into their arena buffers.
+    fn copy_in(&mut self, inputs: &StepInputs) {
+        for (offset, data) in value_copies(&self.graph, &self.values, &self.locs, inputs) {
+            // SAFETY: `bind` checked the value against its node's shape, so
+            // it lies within the buffer the schedule planned for it; no
+            // step runs while inputs are copied in.
+            unsafe { self.arena.slice_mut(offset, data.len()) }.copy_from_slice(data);
         }
     }
 

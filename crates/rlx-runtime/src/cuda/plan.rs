@@ -18,8 +18,8 @@ use super::{type_code, CudaDevice, CudaError, CudaWeights, GemmType};
 use crate::batch::Batch;
 use crate::compile::Precision;
 use crate::compile::{
-    bind, bind_early, dump_steps, narrow_from, node_err, prepare, schedule, CompileOptions,
-    HostTensor, Loc, RunError, StepInput, StepInputs,
+    bind, bind_early, dump_steps, narrow_from, node_err, prepare, schedule, value_copies,
+    CompileOptions, HostTensor, Loc, RunError, StepInput, StepInputs,
 };
 use crate::kv::{KvError, KvPool, StepLayout, BLOCK_TOKENS};
 use crate::weights::WeightStore;
@@ -286,6 +286,8 @@ pub struct CudaPlan {
     weights: Arc<CudaWeights>,
     device: Arc<CudaDevice>,
     steps: Vec<NodeId>,
+    /// The f32 inputs (values of another plan of the step).
+    values: Vec<NodeId>,
     locs: Vec<Loc>,
     arena: CudaSlice<f32>,
     /// The normalised input of a norm-folded matmul.
@@ -579,6 +581,7 @@ pub fn compile_cuda(
         device,
         steps: sched.steps,
         locs: sched.locs,
+        values: sched.values,
         rope_tables,
         captured: Vec::new(),
         gemm,
@@ -721,6 +724,7 @@ impl CudaPlan {
         layout: &StepLayout,
     ) -> Result<(), CudaError> {
         let g = &self.graph_ir;
+        let inputs = StepInputs::new(batch, &[]);
         for &id in &self.kv_steps {
             let n = g.node(id);
             let (Op::KvWrite { slot }, Some(&s)) = (&n.op, n.inputs.get(2)) else {
@@ -729,7 +733,6 @@ impl CudaPlan {
             let Loc::Input(which) = self.locs[s.index()] else {
                 unreachable!("i32 values are inputs")
             };
-            let inputs = StepInputs::new(batch, &[]);
             let group = pool.group_of(*slot)?;
             for (&row, &span) in layout.write_rows[group].iter().zip(inputs.get(which)) {
                 pool.set_span(group, row, span);
@@ -763,7 +766,7 @@ impl CudaPlan {
             self.fit_meta(layout, pool)?;
         }
         self.upload(&inputs, kv)?;
-        self.copy_in(&inputs, &b)?;
+        self.copy_in(&inputs)?;
         let stream = Arc::clone(&self.device.stream);
         {
             let ctx = match kv {
@@ -1014,23 +1017,12 @@ impl CudaPlan {
         Ok(())
     }
 
-    /// Copies the f32 inputs (checked by `bind`) into their arena buffers.
-    fn copy_in(&mut self, inputs: &StepInputs, b: &Bindings) -> Result<(), CudaError> {
-        for id in self.graph_ir.ids() {
-            let n = self.graph_ir.node(id);
-            let (Op::Input { name }, Loc::Arena { offset, .. }) = (&n.op, self.locs[id.index()])
-            else {
-                continue;
-            };
-            let data = inputs
-                .value(name)
-                .and_then(HostTensor::as_f32)
-                .expect("bound inputs exist");
-            let len = n.shape.numel(b).expect("bound");
-            debug_assert_eq!(data.len(), len);
+    /// Copies the f32 inputs into their arena buffers.
+    fn copy_in(&mut self, inputs: &StepInputs) -> Result<(), CudaError> {
+        for (offset, data) in value_copies(&self.graph_ir, &self.values, &self.locs, inputs) {
             self.device
                 .stream
-                .memcpy_htod(data, &mut self.arena.slice_mut(offset..offset + len))?;
+                .memcpy_htod(data, &mut self.arena.slice_mut(offset..offset + data.len()))?;
         }
         Ok(())
     }

@@ -667,6 +667,24 @@ fn kv_rows_are_stored_as_the_cpu_stores_them() {
     }
 }
 
+/// Queries (4 heads of 64), keys and values (2 heads of 64 each) read
+/// from the embeddings of `tokens`: attention inputs with real values.
+fn embedding_qkv(g: &mut Graph, s: &WeightStore, tokens: NodeId) -> (NodeId, NodeId, NodeId) {
+    let embd = s.node(g, "token_embd.weight").unwrap();
+    let x = g.gather(embd, tokens).unwrap();
+    let heads = |g: &mut Graph, t: NodeId, n: usize| {
+        g.reshape(t, Shape::new([seq(), n.into(), HD.into()]))
+            .unwrap()
+    };
+    let q = heads(g, x, 4);
+    let k = g.narrow(x, 1, rlx_ir::Start::FromStart(0), 2 * HD).unwrap();
+    let v = g
+        .narrow(x, 1, rlx_ir::Start::FromStart(2 * HD), 2 * HD)
+        .unwrap();
+    let (k, v) = (heads(g, k, 2), heads(g, v, 2));
+    (q, k, v)
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn attention_over_inputs_matches_the_cpu() {
@@ -683,18 +701,7 @@ fn attention_over_inputs_matches_the_cpu() {
     ] {
         let mut g = Graph::new();
         let tokens = g.input("tokens", DType::I32, Shape::new([seq()]));
-        let embd = s.node(&mut g, "token_embd.weight").unwrap();
-        let x = g.gather(embd, tokens).unwrap();
-        let heads = |g: &mut Graph, t: NodeId, n: usize| {
-            g.reshape(t, Shape::new([seq(), n.into(), HD.into()]))
-                .unwrap()
-        };
-        let q = heads(&mut g, x, 4);
-        let k = g.narrow(x, 1, rlx_ir::Start::FromStart(0), 2 * HD).unwrap();
-        let v = g
-            .narrow(x, 1, rlx_ir::Start::FromStart(2 * HD), 2 * HD)
-            .unwrap();
-        let (k, v) = (heads(&mut g, k, 2), heads(&mut g, v, 2));
+        let (q, k, v) = embedding_qkv(&mut g, &s, tokens);
         let spec = AttentionSpec {
             mask,
             scale: 0.125,
@@ -738,18 +745,7 @@ fn span_attention_matches_the_cpu() {
         let mut g = Graph::new();
         let tokens = g.input("tokens", DType::I32, Shape::new([seq()]));
         let spans = g.input("spans", DType::I32, Shape::new([seq()]));
-        let embd = s.node(&mut g, "token_embd.weight").unwrap();
-        let x = g.gather(embd, tokens).unwrap();
-        let heads = |g: &mut Graph, t: NodeId, n: usize| {
-            g.reshape(t, Shape::new([seq(), n.into(), HD.into()]))
-                .unwrap()
-        };
-        let q = heads(&mut g, x, 4);
-        let k = g.narrow(x, 1, rlx_ir::Start::FromStart(0), 2 * HD).unwrap();
-        let v = g
-            .narrow(x, 1, rlx_ir::Start::FromStart(2 * HD), 2 * HD)
-            .unwrap();
-        let (k, v) = (heads(&mut g, k, 2), heads(&mut g, v, 2));
+        let (q, k, v) = embedding_qkv(&mut g, &s, tokens);
         let w = g.kv_write_spans(CacheSlot(0), k, v, spans).unwrap();
         let spec = AttentionSpec {
             mask,
