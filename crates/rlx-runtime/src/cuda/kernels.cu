@@ -3,7 +3,9 @@
 // a weight dequantizes 32-element units on the fly (or, for products of many
 // rows, a chunk of rows into a scratch buffer that cuBLAS multiplies).
 // Arithmetic is f32 on the exactly dequantized weights (the CPU backend's
-// `exact` precision), except the bf16 tensor-core products of `q8`.
+// `exact` precision), except in `q8` plans: products of up to eight rows
+// multiply 8-bit activation blocks with integer dot products, larger ones
+// run on bf16 tensor cores.
 
 typedef unsigned char u8;
 typedef signed char i8;
@@ -52,9 +54,9 @@ typedef unsigned int u32;
 
 // The non-linear 4-bit codebooks: IQ4_NL/IQ4_XS values, and E2M1 (FP4)
 // doubled (MXFP4's scale is halved to match).
-__constant__ signed char KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+__constant__ __align__(16) signed char KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                               1,    13,   25,  38,  53,  69,  89,  113};
-__constant__ signed char KVALUES_FP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+__constant__ __align__(16) signed char KVALUES_FP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
@@ -382,78 +384,359 @@ __device__ void matmul_body(const u8* __restrict__ w, const float* __restrict__ 
     }
 FOR_EACH_TYPE(MATMUL)
 
-// y[y_off + r] = Σ_k x[k] · w[r, k] (one token). Each warp first copies its
-// row into shared memory with coalesced 16-byte loads, four in flight per
-// lane, then its lanes dequantize the row's 32-element units from there.
-// (On an H200 this beat one element per lane from memory, as `matmul_body`
-// reads, at 4B: 105 against 99 and 72 tokens/s.) Dynamic shared memory:
-// warps per block × the row rounded up to words. k must be a multiple of 32
-// and x 16-byte aligned (the host sends other products to `matmul_body`).
-__device__ __forceinline__ void st4(u32* d, uint4 v) {
-    d[0] = v.x;
-    d[1] = v.y;
-    d[2] = v.z;
-    d[3] = v.w;
+// ---- Products of 1–8 activation rows (decode) ----
+//
+// One warp per weight row, its lanes taking the row's 32-element units in
+// turn; every load goes straight to registers (16-byte vectors where the
+// block layout keeps that alignment, 2-byte halves where it does not), and
+// each weight unit, once loaded, serves every activation row. `q8` products
+// read the activations as ggml's Q8_0 blocks (`quantize_q8`, once per
+// product) and multiply the codes with integer dot products (dp4a); `exact`
+// ones read f32 activations and dequantize each weight in registers.
+
+// A word at a 2-byte-aligned address.
+__device__ __forceinline__ u32 ld32_2(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
+__device__ __forceinline__ u32 ld32_1(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+// Bits 0..3 of b into bit 4 of bytes 0..3 (the fifth bit of Q5 codes).
+__device__ __forceinline__ u32 bit4_of_bytes(u32 b) {
+    return ((b & 1) << 4) | ((b & 2) << 11) | ((b & 4) << 18) | ((b & 8) << 25);
+}
+
+// Four 4-bit indices (the bytes of v, each below 16) looked up in a table of
+// 16 signed bytes held as four words: two byte permutes pick from the low
+// and the high eight entries, a third picks between them by bit 3.
+__device__ __forceinline__ u32 lut16(u32 v, const u32* t) {
+    u32 sel = (v & 0x7) | ((v >> 4) & 0x70) | ((v >> 8) & 0x700) | ((v >> 12) & 0x7000);
+    u32 lo = __byte_perm(t[0], t[1], sel);
+    u32 hi = __byte_perm(t[2], t[3], sel);
+    u32 b3 = v & 0x08080808;
+    u32 pick = 0x3210 | ((b3 >> 1) & 0x4) | ((b3 >> 5) & 0x40) | ((b3 >> 9) & 0x400) |
+               ((b3 >> 13) & 0x4000);
+    return __byte_perm(lo, hi, pick);
+}
+
+// One 32-element unit of a block-type weight row: its codes as signed bytes
+// (element i in byte i % 4 of q[i / 4]) and, per half of 16 elements, a
+// scale and an offset: element i = s[i / 16] · code + m[i / 16].
+struct WUnit {
+    int q[8];
+    float s[2], m[2];
+};
+
+// Whether a type's halves have their own scales, and whether it has offsets.
+__device__ __forceinline__ constexpr bool two_scales(int t) {
+    return t == T_Q6_K || t == T_Q2_K || t == T_Q3_K;
+}
+__device__ __forceinline__ constexpr bool has_offset(int t) {
+    return t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1 || t == T_Q4_K ||
+           t == T_Q5_K || t == T_Q2_K;
+}
+__device__ __forceinline__ constexpr bool is_float(int t) {
+    return t == T_F32 || t == T_F16 || t == T_BF16;
 }
 
 template <int T>
-__device__ void matvec_body(const u8* __restrict__ w, const float* __restrict__ x,
-                            float* __restrict__ y, int n, int k, int y_off) {
-    extern __shared__ u32 staged[];
+__device__ __forceinline__ void wunit(const u8* __restrict__ row, int u, WUnit& w) {
+    w.m[0] = w.m[1] = 0.0f;
+    if (T == T_Q8_0) {
+        const u8* b = row + 34 * u;
+        w.s[0] = h2f(*(const u16*)b);
+        #pragma unroll
+        for (int i = 0; i < 8; i++) w.q[i] = (int)ld32_2(b + 2 + 4 * i);
+    } else if (T == T_Q4_0 || T == T_Q4_1) {
+        const u8* b = row + (T == T_Q4_0 ? 18 : 20) * u;
+        float d = h2f(*(const u16*)b);
+        w.s[0] = d;
+        w.m[0] = T == T_Q4_0 ? -8.0f * d : h2f(*(const u16*)(b + 2));
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 v = T == T_Q4_0 ? ld32_2(b + 2 + 4 * i) : *(const u32*)(b + 4 + 4 * i);
+            w.q[i] = (int)(v & 0x0F0F0F0F);
+            w.q[i + 4] = (int)((v >> 4) & 0x0F0F0F0F);
+        }
+    } else if (T == T_Q5_0 || T == T_Q5_1) {
+        const u8* b = row + (T == T_Q5_0 ? 22 : 24) * u;
+        float d = h2f(*(const u16*)b);
+        w.s[0] = d;
+        w.m[0] = T == T_Q5_0 ? -16.0f * d : h2f(*(const u16*)(b + 2));
+        u32 qh = T == T_Q5_0 ? ld32_2(b + 2) : *(const u32*)(b + 4);
+        const u8* qs = b + (T == T_Q5_0 ? 6 : 8);
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 v = T == T_Q5_0 ? ld32_2(qs + 4 * i) : *(const u32*)(qs + 4 * i);
+            w.q[i] = (int)((v & 0x0F0F0F0F) | bit4_of_bytes(qh >> (4 * i)));
+            w.q[i + 4] = (int)(((v >> 4) & 0x0F0F0F0F) | bit4_of_bytes(qh >> (16 + 4 * i)));
+        }
+    } else if (T == T_Q4_K || T == T_Q5_K) {
+        // Sub-block j shares its 32 code bytes with j ^ 1 (low and high
+        // nibbles); neighbouring lanes load the same vectors, once.
+        int j = u & 7;
+        const u8* b = row + (T == T_Q4_K ? 144 : 176) * (u >> 3);
+        float d1, m1;
+        k4_sub(b, j, &d1, &m1);
+        w.s[0] = d1;
+        w.m[0] = -m1;
+        const uint4* qs = (const uint4*)(b + (T == T_Q4_K ? 16 : 48) + 32 * (j >> 1));
+        uint4 a = qs[0], c = qs[1];
+        u32 v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+        int sh = 4 * (j & 1);
+        #pragma unroll
+        for (int i = 0; i < 8; i++) w.q[i] = (int)((v[i] >> sh) & 0x0F0F0F0F);
+        if (T == T_Q5_K) {
+            const uint4* qh = (const uint4*)(b + 16);
+            uint4 e = qh[0], f = qh[1];
+            u32 h[8] = {e.x, e.y, e.z, e.w, f.x, f.y, f.z, f.w};
+            #pragma unroll
+            for (int i = 0; i < 8; i++) w.q[i] |= (int)(((h[i] >> j) & 0x01010101) << 4);
+        }
+    } else if (T == T_Q6_K) {
+        // Unit j of 8 is quad (j % 4) of half (j / 4).
+        int j = u & 7;
+        const u8* b = row + 210 * (u >> 3);
+        int half = j >> 2, quad = j & 3;
+        const u8* ql = b + 64 * half + 32 * (quad & 1);
+        const u8* qh = b + 128 + 32 * half;
+        const i8* sc = (const i8*)(b + 192);
+        float d = h2f(*(const u16*)(b + 208));
+        w.s[0] = d * (float)sc[2 * j];
+        w.s[1] = d * (float)sc[2 * j + 1];
+        int shl = quad < 2 ? 0 : 4, shh = 2 * quad;
+        #pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u32 lo = (ld32_2(ql + 4 * i) >> shl) & 0x0F0F0F0F;
+            u32 hi = ((ld32_2(qh + 4 * i) >> shh) & 0x03030303) << 4;
+            w.q[i] = (int)__vsub4(lo | hi, 0x20202020);
+        }
+    } else if (T == T_Q2_K || T == T_Q3_K) {
+        // Unit j's 2-bit codes: bytes 32 (j / 4) .. +32 of qs, shifted by
+        // 2 (j % 4); its halves' scales are sub-blocks 2j and 2j + 1.
+        int j = u & 7;
+        const u8* b = row + (T == T_Q2_K ? 84 : 110) * (u >> 3);
+        const u8* qs = b + (T == T_Q2_K ? 16 : 32) + 32 * (j >> 2);
+        int sh = 2 * (j & 3);
+        if (T == T_Q2_K) {
+            float d = h2f(*(const u16*)(b + 80)), dmin = h2f(*(const u16*)(b + 82));
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int sc = b[2 * j + h];
+                w.s[h] = d * (float)(sc & 0xF);
+                w.m[h] = -dmin * (float)(sc >> 4);
+            }
+            #pragma unroll
+            for (int i = 0; i < 8; i++) w.q[i] = (int)((*(const u32*)(qs + 4 * i) >> sh) & 0x03030303);
+        } else {
+            float d = h2f(*(const u16*)(b + 108));
+            const u8* s = b + 96;
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int k16 = 2 * j + h;
+                int low = k16 < 8 ? (s[k16] & 0xF) : (s[k16 - 8] >> 4);
+                int high = (s[8 + (k16 & 3)] >> (2 * (k16 >> 2))) & 3;
+                w.s[h] = d * (float)((low | (high << 4)) - 32);
+            }
+            // A code is its two bits less 4 where the high mask bit is clear.
+            #pragma unroll
+            for (int i = 0; i < 8; i++) {
+                u32 c = (ld32_2(qs + 4 * i) >> sh) & 0x03030303;
+                u32 hm = ((ld32_2(b + 4 * i) >> j) & 0x01010101) << 2;
+                w.q[i] = (int)__vsub4(c | hm, 0x04040404);
+            }
+        }
+    } else {  // IQ4_NL, IQ4_XS, MXFP4: 4-bit indices into a codebook
+        const u8* qs;
+        const u32* table = (const u32*)(T == T_MXFP4 ? KVALUES_FP4 : KVALUES_IQ4NL);
+        if (T == T_IQ4_NL) {
+            const u8* b = row + 18 * u;
+            w.s[0] = h2f(*(const u16*)b);
+            qs = b + 2;
+        } else if (T == T_MXFP4) {
+            const u8* b = row + 17 * u;
+            w.s[0] = e8m0_half(b[0]);
+            qs = b + 1;
+        } else {
+            const u8* b = row + 136 * (u >> 3);
+            int ib = u & 7;
+            int ls = ((b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 0xF) |
+                     (((*(const u16*)(b + 2) >> (2 * ib)) & 3) << 4);
+            w.s[0] = h2f(*(const u16*)b) * (float)(ls - 32);
+            qs = b + 8 + 16 * ib;
+        }
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 v = T == T_IQ4_XS ? *(const u32*)(qs + 4 * i)
+                    : T == T_IQ4_NL ? ld32_2(qs + 4 * i)
+                                    : ld32_1(qs + 4 * i);
+            w.q[i] = (int)lut16(v & 0x0F0F0F0F, table);
+            w.q[i + 4] = (int)lut16((v >> 4) & 0x0F0F0F0F, table);
+        }
+    }
+    if (!two_scales(T)) {
+        w.s[1] = w.s[0];
+        w.m[1] = w.m[0];
+    }
+}
+
+// One 32-element unit of a float row, with 16-byte loads.
+template <int T>
+__device__ __forceinline__ void funit(const u8* __restrict__ row, int u, float* v) {
+    if (T == T_F32) {
+        const float4* p = (const float4*)row + 8 * u;
+        #pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float4 a = p[i];
+            v[4 * i] = a.x;
+            v[4 * i + 1] = a.y;
+            v[4 * i + 2] = a.z;
+            v[4 * i + 3] = a.w;
+        }
+    } else {
+        const uint4* p = (const uint4*)row + 4 * u;
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint4 a = p[i];
+            u32 h[4] = {a.x, a.y, a.z, a.w};
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                u16 lo = (u16)(h[e] & 0xFFFF), hi = (u16)(h[e] >> 16);
+                v[8 * i + 2 * e] = T == T_F16 ? h2f(lo) : bf2f(lo);
+                v[8 * i + 2 * e + 1] = T == T_F16 ? h2f(hi) : bf2f(hi);
+            }
+        }
+    }
+}
+
+// Σ v[i] · x[i] over one unit, x 16-byte aligned.
+__device__ __forceinline__ float dot32(const float* v, const float* __restrict__ x) {
+    const float4* xp = (const float4*)x;
+    float acc = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float4 a = xp[i];
+        acc += v[4 * i] * a.x + v[4 * i + 1] * a.y + v[4 * i + 2] * a.z + v[4 * i + 3] * a.w;
+    }
+    return acc;
+}
+
+// Rows of x (k long, k a multiple of 32) as ggml's Q8_0 blocks, byte for
+// byte what its reference quantizer writes: the codes in qs (row-major, k a
+// row) and the f16 scales in d (k / 32 a row). One warp per block.
+extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restrict__ qs,
+                                       u16* __restrict__ d, long long blocks) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if ((i >> 5) >= blocks) return;
+    float v = x[i];
+    float amax = warp_max(fabsf(v));
+    float dd = amax / 127.0f;
+    float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    qs[i] = (i8)roundf(v * id);
+    if ((threadIdx.x & 31) == 0) d[i >> 5] = f2h(dd);
+}
+
+// y[t, y_off + r] = Σ_k x[t, k] · w[r, k] for rows r < n and activation
+// rows t < mt ≤ NX; k a multiple of 32; x (or xq) 16-byte aligned rows.
+// Q8: the activations as quantize_q8 wrote them (float weight types read x
+// in both modes).
+template <int T, int NX, bool Q8>
+__device__ void mmv_body(const u8* __restrict__ w, const float* __restrict__ x,
+                         const i8* __restrict__ xq, const u16* __restrict__ xd,
+                         float* __restrict__ y, int mt, int n, int k, int ldy, int y_off) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp;
     if (r >= n) return;
-    int row_bytes = (int)row_size(T, k);
-    int words = (row_bytes + 3) >> 2;
-    u32* buf = staged + (size_t)warp * words;
-    const u8* row = w + (size_t)r * row_bytes;
-    int done = 0;
-    if ((((size_t)row) & 3) == 0) {
-        // Words up to a 16-byte boundary, 16-byte vectors, then the last
-        // whole words.
-        int head = (int)((16 - (((size_t)row) & 15)) & 15);
-        if (head > row_bytes) head = row_bytes & ~3;
-        if (lane < (head >> 2)) buf[lane] = ((const u32*)row)[lane];
-        int vecs = (row_bytes - head) >> 4;
-        const uint4* src = (const uint4*)(row + head);
-        u32* dst = buf + (head >> 2);
-        int i = lane;
-        for (; i + 96 < vecs; i += 128) {
-            uint4 a = src[i], b = src[i + 32], c = src[i + 64], d = src[i + 96];
-            st4(dst + 4 * i, a);
-            st4(dst + 4 * (i + 32), b);
-            st4(dst + 4 * (i + 64), c);
-            st4(dst + 4 * (i + 96), d);
+    const u8* row = w + (size_t)r * row_size(T, k);
+    int units = k >> 5;
+    float acc[NX];
+    #pragma unroll
+    for (int t = 0; t < NX; t++) acc[t] = 0.0f;
+    #pragma unroll 2
+    for (int u = lane; u < units; u += 32) {
+        if (is_float(T)) {
+            float v[32];
+            funit<T>(row, u, v);
+            #pragma unroll
+            for (int t = 0; t < NX; t++)
+                if (t < mt) acc[t] += dot32(v, x + (size_t)t * k + 32 * u);
+            continue;
         }
-        for (; i < vecs; i += 32) st4(dst + 4 * i, src[i]);
-        done = head + 16 * vecs;
-        int tail = (row_bytes - done) >> 2;
-        if (lane < tail) buf[(done >> 2) + lane] = ((const u32*)(row + done))[lane];
-        done += 4 * tail;
-    }
-    u8* bytes = (u8*)buf;
-    for (int i = done + lane; i < row_bytes; i += 32) bytes[i] = row[i];
-    __syncwarp();
-    float acc = 0.0f, v[32];
-    for (int u = lane; u < (k >> 5); u += 32) {
-        unit<T>(bytes, u, v);
-        const float4* xp = (const float4*)(x + 32 * u);
-        #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            float4 q = xp[i];
-            acc += v[4 * i] * q.x + v[4 * i + 1] * q.y + v[4 * i + 2] * q.z + v[4 * i + 3] * q.w;
+        WUnit q;
+        wunit<T>(row, u, q);
+        if (Q8) {
+            #pragma unroll
+            for (int t = 0; t < NX; t++) {
+                if (t >= mt) continue;
+                const int4* xp = (const int4*)(xq + (size_t)t * k + 32 * u);
+                int4 a = xp[0], b = xp[1];
+                int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                int s0 = 0, s1 = 0;
+                #pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    s0 = __dp4a(q.q[i], xv[i], s0);
+                    s1 = __dp4a(q.q[i + 4], xv[i + 4], s1);
+                }
+                float part = two_scales(T) ? q.s[0] * (float)s0 + q.s[1] * (float)s1
+                                           : q.s[0] * (float)(s0 + s1);
+                if (has_offset(T)) {
+                    int x0 = 0, x1 = 0;
+                    #pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        x0 = __dp4a(xv[i], 0x01010101, x0);
+                        x1 = __dp4a(xv[i + 4], 0x01010101, x1);
+                    }
+                    part += two_scales(T) ? q.m[0] * (float)x0 + q.m[1] * (float)x1
+                                          : q.m[0] * (float)(x0 + x1);
+                }
+                acc[t] += h2f(xd[(size_t)t * units + u]) * part;
+            }
+        } else {
+            float v[32];
+            #pragma unroll
+            for (int i = 0; i < 32; i++) {
+                int c = (int)(i8)(q.q[i >> 2] >> (8 * (i & 3)));
+                v[i] = q.s[i >> 4] * (float)c + q.m[i >> 4];
+            }
+            #pragma unroll
+            for (int t = 0; t < NX; t++)
+                if (t < mt) acc[t] += dot32(v, x + (size_t)t * k + 32 * u);
         }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) y[y_off + r] = acc;
+    #pragma unroll
+    for (int t = 0; t < NX; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0 && t < mt) y[(size_t)t * ldy + y_off + r] = s;
+    }
 }
 
-#define MATVEC(SUF, T)                                                                   \
-    extern "C" __global__ void matvec_##SUF(const u8* w, const float* x, float* y, int n, \
-                                            int k, int y_off) {                          \
-        matvec_body<T>(w, x, y, n, k, y_off);                                            \
+// Per type: mmv<n>_<type> (exact, f32 activations) and mmvq<n>_<type> (q8
+// activations), for one activation row (n = 1) and up to eight (n = 8).
+#define MMV(SUF, T)                                                                        \
+    extern "C" __global__ void mmv1_##SUF(const u8* w, const float* x, const i8* xq,       \
+                                          const u16* xd, float* y, int mt, int n, int k,   \
+                                          int ldy, int y_off) {                            \
+        mmv_body<T, 1, false>(w, x, xq, xd, y, mt, n, k, ldy, y_off);                      \
+    }                                                                                      \
+    extern "C" __global__ void mmv8_##SUF(const u8* w, const float* x, const i8* xq,       \
+                                          const u16* xd, float* y, int mt, int n, int k,   \
+                                          int ldy, int y_off) {                            \
+        mmv_body<T, 8, false>(w, x, xq, xd, y, mt, n, k, ldy, y_off);                      \
+    }                                                                                      \
+    extern "C" __global__ void mmvq1_##SUF(const u8* w, const float* x, const i8* xq,      \
+                                           const u16* xd, float* y, int mt, int n, int k,  \
+                                           int ldy, int y_off) {                           \
+        mmv_body<T, 1, true>(w, x, xq, xd, y, mt, n, k, ldy, y_off);                       \
+    }                                                                                      \
+    extern "C" __global__ void mmvq8_##SUF(const u8* w, const float* x, const i8* xq,      \
+                                           const u16* xd, float* y, int mt, int n, int k,  \
+                                           int ldy, int y_off) {                           \
+        mmv_body<T, 8, true>(w, x, xq, xd, y, mt, n, k, ldy, y_off);                       \
     }
-FOR_EACH_TYPE(MATVEC)
+FOR_EACH_TYPE(MMV)
 
 // out[i, :] = table[ids[i], :] dequantized; one thread per 32-element unit
 // (a float row's partial last unit element by element).

@@ -25,7 +25,9 @@
 //! for every later step with the same storage.
 //!
 //! Arithmetic is f32 on exactly dequantized weights (the CPU's `exact`
-//! precision). The CUDA libraries are loaded at run time: without a driver
+//! precision), except in `q8` plans: products of up to eight rows read the
+//! activations as 8-bit blocks (integer dot products), larger ones run on
+//! bf16 tensor cores. The CUDA libraries are loaded at run time: without a driver
 //! [`CudaDevice::new`] returns an error and nothing else changes.
 
 mod backend;
@@ -148,11 +150,14 @@ pub fn compile_kernels(major: i32, minor: i32) -> Result<Ptx, CudaError> {
 
 /// The kernels of `kernels.cu`, looked up once.
 struct Kernels {
-    /// Per weight type code: `matmul_<type>`, `matvec_<type>` (one token)
-    /// and `gather_<type>`.
+    /// Per weight type code: `matmul_<type>` and `gather_<type>`.
     matmul: Vec<CudaFunction>,
-    matvec: Vec<CudaFunction>,
     gather: Vec<CudaFunction>,
+    /// Per weight type code, the products of up to eight activation rows:
+    /// `mmv1_`, `mmv8_` (f32 activations, one row and up to eight), then
+    /// `mmvq1_`, `mmvq8_` (8-bit activation blocks), each `_<type>`.
+    mmv: Vec<[CudaFunction; 4]>,
+    quantize_q8: CudaFunction,
     /// Per weight type code: `dequant_<type>`, rows into f32 or bf16 for a
     /// cuBLAS product.
     dequant: Vec<CudaFunction>,
@@ -287,7 +292,20 @@ impl CudaDevice {
         };
         let kernels = Kernels {
             matmul: per_type("matmul")?,
-            matvec: per_type("matvec")?,
+            mmv: TYPES
+                .iter()
+                .map(
+                    |(_, t)| -> Result<[CudaFunction; 4], cudarc::driver::DriverError> {
+                        Ok([
+                            f(&format!("mmv1_{t}"))?,
+                            f(&format!("mmv8_{t}"))?,
+                            f(&format!("mmvq1_{t}"))?,
+                            f(&format!("mmvq8_{t}"))?,
+                        ])
+                    },
+                )
+                .collect::<Result<_, _>>()?,
+            quantize_q8: f("quantize_q8")?,
             gather: per_type("gather")?,
             dequant: per_type("dequant")?,
             moe_rows: per_type("moe_rows")?,

@@ -207,6 +207,20 @@ const PINNED_MAX_ELEMS: usize = 64 << 20;
 /// in many, and 128 MiB of scratch at f32.
 const GEMM_CHUNK_ELEMS: usize = 32 << 20;
 
+/// The most activation rows the decode products (`mmv*` kernels) take; more
+/// go to cuBLAS.
+const MMV_ROWS: usize = 8;
+
+/// Warps (one weight row each) per block of the decode products.
+const MMV_WARPS: usize = 4;
+
+/// Bytes of the 8-bit activation blocks of `rows` rows of `k`: the codes,
+/// then the f16 scales (16-byte aligned).
+fn act_q_bytes(rows: usize, k: usize) -> (usize, usize) {
+    let codes = (rows * k).next_multiple_of(16);
+    (codes, codes + rows * k / 32 * 2)
+}
+
 /// The buffers of a plan's cuBLAS products: a chunk of weight rows
 /// dequantized, and the activations as bf16 (for bf16 products).
 struct GemmScratch {
@@ -314,6 +328,9 @@ pub struct CudaPlan {
     captured: Vec<Captured>,
     /// Products of more than one row through cuBLAS, where it is loaded.
     gemm: Option<GemmScratch>,
+    /// `q8` plans: the activations of a product of up to [`MMV_ROWS`] rows
+    /// as 8-bit blocks (codes, then f16 scales); `exact` plans have none.
+    act_q: Option<CudaSlice<u8>>,
     /// The mixture-of-experts steps' scratch, if the graph has any.
     moe: Option<MoeScratch>,
     /// Page-locked host memory that outputs are copied into (a copy into
@@ -395,6 +412,8 @@ pub fn compile_cuda(
     let mut norm_elems = 0usize;
     // The largest weight matrix and matmul input, for cuBLAS scratch.
     let (mut weight_elems, mut x_elems, mut max_k) = (0usize, 0usize, 0usize);
+    // The longest row a product of whole 32-element units has.
+    let mut mmv_k = 0usize;
     // The most rows a step has: every input, K/V write and attention fits.
     let mut rows = 1usize;
     let mut moe: Option<MoeSizes> = None;
@@ -437,6 +456,9 @@ pub fn compile_cuda(
                 let x = g.node(n.inputs[0]).shape.numel(&opts.max).unwrap_or(0);
                 let k = g.node(n.inputs[0]).shape.0.last().and_then(|d| d.fixed());
                 let k = k.unwrap_or(0);
+                if k % 32 == 0 {
+                    mmv_k = mmv_k.max(k);
+                }
                 if k > 0 && x > k {
                     x_elems = x_elems.max(x);
                     max_k = max_k.max(k);
@@ -559,6 +581,10 @@ pub fn compile_cuda(
     } else {
         None
     };
+    let act_q = match opts.precision {
+        Precision::Quantized if mmv_k > 0 => Some(s.alloc_zeros(act_q_bytes(MMV_ROWS, mmv_k).1)?),
+        _ => None,
+    };
     let moe = match moe {
         Some(sizes) => Some(MoeScratch {
             buf: s.alloc_zeros(sizes.elems().max(1))?,
@@ -585,6 +611,7 @@ pub fn compile_cuda(
         rope_tables,
         captured: Vec::new(),
         gemm,
+        act_q,
         host: None,
         max: opts.max.clone(),
     })
@@ -649,7 +676,8 @@ impl CudaPlan {
         let gemm = self.gemm.as_ref().map_or(0, |g| {
             g.weights.len() + 2 * g.x16.as_ref().map_or(0, |x| x.len())
         });
-        (self.arena.len() + self.norm_buf.len() + self.meta.len()) * 4 + gemm
+        let act_q = self.act_q.as_ref().map_or(0, |a| a.len());
+        (self.arena.len() + self.norm_buf.len() + self.meta.len()) * 4 + gemm + act_q
     }
 
     fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[Arg]) -> Result<(), CudaError> {
@@ -1108,6 +1136,71 @@ impl CudaPlan {
                     x = normed;
                 }
                 let total = *dims.last().expect("rank");
+                // Up to MMV_ROWS rows (decode): each weight read once for all
+                // of them, straight into registers; `q8` plans quantize the
+                // activations once for every weight of the node.
+                let weights_of = n.inputs[first..]
+                    .iter()
+                    .map(|&w| {
+                        let (code, ptr) = weight_of(g, &self.weights, w)?;
+                        let rows = g.node(w).shape.0[0].fixed().expect("fixed");
+                        let DType::Ggml(ty) = g.node(w).dtype else {
+                            unreachable!("a weight")
+                        };
+                        Ok((code, ptr, rows, ty))
+                    })
+                    .collect::<Result<Vec<_>, CudaError>>()?;
+                let aligned = x % 16 == 0 && weights_of.iter().all(|w| w.1 % 16 == 0);
+                'many: {
+                    if m > MMV_ROWS || kin % 32 != 0 || !aligned {
+                        break 'many;
+                    }
+                    let q8 = self.act_q.as_ref().filter(|_| {
+                        weights_of
+                            .iter()
+                            .any(|w| !matches!(w.3, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16))
+                    });
+                    let (xq, xd) = match q8 {
+                        Some(buf) => {
+                            let base = self.device.ptr(buf);
+                            let (codes, _) = act_q_bytes(m, kin);
+                            self.launch(
+                                &k.quantize_q8,
+                                linear(m * kin),
+                                &[
+                                    Arg::Ptr(x),
+                                    Arg::Ptr(base),
+                                    Arg::Ptr(base + codes as u64),
+                                    Arg::I64((m * kin / 32) as i64),
+                                ],
+                            )?;
+                            (base, base + codes as u64)
+                        }
+                        None => (0, 0),
+                    };
+                    let variant = usize::from(q8.is_some()) * 2 + usize::from(m > 1);
+                    let mut off = 0;
+                    for &(code, ptr, rows, _) in &weights_of {
+                        self.launch(
+                            &k.mmv[code as usize][variant],
+                            grid(rows.div_ceil(MMV_WARPS), 1, 32 * MMV_WARPS as u32),
+                            &[
+                                Arg::Ptr(ptr),
+                                Arg::Ptr(x),
+                                Arg::Ptr(xq),
+                                Arg::Ptr(xd),
+                                Arg::Ptr(out),
+                                Arg::I32(m as i32),
+                                Arg::I32(rows as i32),
+                                Arg::I32(kin as i32),
+                                Arg::I32(total as i32),
+                                Arg::I32(off as i32),
+                            ],
+                        )?;
+                        off += rows;
+                    }
+                    return Ok(());
+                }
                 // Many rows: weight rows dequantized a chunk at a time and
                 // multiplied by cuBLAS (the activations once as bf16 for
                 // bf16 products).
@@ -1122,12 +1215,7 @@ impl CudaPlan {
                     )?;
                 }
                 let mut off = 0;
-                for &w in &n.inputs[first..] {
-                    let (code, ptr) = weight_of(g, &self.weights, w)?;
-                    let rows = g.node(w).shape.0[0].fixed().expect("fixed");
-                    let DType::Ggml(ty) = g.node(w).dtype else {
-                        unreachable!("a weight")
-                    };
+                for &(code, ptr, rows, ty) in &weights_of {
                     // f32 weights go to an f32 product as they are; others
                     // are dequantized a chunk of whole 32-element units at
                     // a time.
@@ -1175,33 +1263,6 @@ impl CudaPlan {
                                 total,
                             )?;
                         }
-                        off += rows;
-                        continue;
-                    }
-                    // One token: rows staged in shared memory, as many warps a
-                    // block as fit in 48 KiB (rows too long for one use the
-                    // general kernel).
-                    let words = (kin / ty.block_elems() * ty.block_bytes()).div_ceil(4);
-                    let warps = (48 * 1024 / (4 * words)).min(4);
-                    // Whole 32-element units and 16-byte activation loads.
-                    let units = kin % 32 == 0 && x % 16 == 0;
-                    if m == 1 && warps > 0 && units {
-                        self.launch(
-                            &k.matvec[code as usize],
-                            LaunchConfig {
-                                grid_dim: (rows.div_ceil(warps) as u32, 1, 1),
-                                block_dim: (32 * warps as u32, 1, 1),
-                                shared_mem_bytes: (4 * words * warps) as u32,
-                            },
-                            &[
-                                Arg::Ptr(ptr),
-                                Arg::Ptr(x),
-                                Arg::Ptr(out),
-                                Arg::I32(rows as i32),
-                                Arg::I32(kin as i32),
-                                Arg::I32(off as i32),
-                            ],
-                        )?;
                         off += rows;
                         continue;
                     }

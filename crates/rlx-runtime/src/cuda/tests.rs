@@ -576,6 +576,127 @@ fn every_type_decodes_as_the_reference() {
 
 #[test]
 #[ignore = "needs a GPU"]
+fn decode_products_match_the_reference() {
+    // The 8-bit activation blocks against ggml's reference quantizer (bit
+    // for bit), then each type's products of 1, 3 and 8 activation rows,
+    // both kernels of each (one row, up to eight) and both modes, against
+    // f64 sums over the reference's dequantized weights: `exact` with the
+    // f32 activations, `q8` with the activations its blocks decode to.
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    let dev = super::CudaDevice::new(0).unwrap();
+    let s = &dev.stream;
+    let (rows, k) = (7usize, 768usize);
+    let mut r = Rng(5);
+    let launch = |f: &cudarc::driver::CudaFunction, cfg: LaunchConfig, args: &[u64]| {
+        let mut b = s.launch_builder(f);
+        for a in args {
+            b.arg(a);
+        }
+        // SAFETY: each call below passes its kernel's arguments, as u64
+        // values the kernels read as pointers or (little-endian) integers
+        // of the sizes this test allocates.
+        unsafe { b.launch(cfg) }.unwrap();
+    };
+    let mut failures = Vec::new();
+    for m in [1usize, 3, 8] {
+        let x: Vec<f32> = (0..m * k).map(|_| r.next() * 3.0).collect();
+        // Blocks: the GPU's codes and scales against rlx_gguf's Q8_0 bytes.
+        let reference = rlx_gguf::quantize_to_vec(GgmlType::Q8_0, &x).unwrap();
+        let xg = s.clone_htod(&x).unwrap();
+        let codes = s.alloc_zeros::<i8>(m * k).unwrap();
+        let scales = s.alloc_zeros::<u16>(m * k / 32).unwrap();
+        launch(
+            &dev.kernels.quantize_q8,
+            super::plan::linear(m * k),
+            &[
+                dev.ptr(&xg),
+                dev.ptr(&codes),
+                dev.ptr(&scales),
+                (m * k / 32) as u64,
+            ],
+        );
+        let (codes_h, scales_h) = (
+            s.clone_dtoh(&codes).unwrap(),
+            s.clone_dtoh(&scales).unwrap(),
+        );
+        let mut xq = vec![0f32; m * k];
+        for (b, block) in reference.chunks_exact(34).enumerate() {
+            let d = u16::from_le_bytes([block[0], block[1]]);
+            let same =
+                scales_h[b] == d && (0..32).all(|i| codes_h[32 * b + i] == block[2 + i] as i8);
+            if !same {
+                failures.push(format!("m {m}: activation block {b} differs from ggml's"));
+            }
+            for i in 0..32 {
+                xq[32 * b + i] = half::f16::from_bits(d).to_f32() * (block[2 + i] as i8) as f32;
+            }
+        }
+        for (code, &(ty, name)) in super::TYPES.iter().enumerate() {
+            let bytes = random_rows(ty, rows, k, &mut r);
+            let wf = rlx_gguf::dequantize_to_vec(ty, &bytes).unwrap();
+            let w = s.clone_htod(&bytes).unwrap();
+            let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+            for (variant, kernel) in dev.kernels.mmv[code].iter().enumerate() {
+                if variant % 2 == 0 && m > 1 {
+                    continue;
+                }
+                let q8 = variant >= 2 && !float;
+                let xs = if q8 { &xq } else { &x };
+                // Into columns 2 .. 2 + rows of rows + 3, as a fused
+                // product's later weights write.
+                let ldy = rows + 3;
+                let y = s.alloc_zeros::<f32>(m * ldy).unwrap();
+                launch(
+                    kernel,
+                    LaunchConfig {
+                        grid_dim: (rows.div_ceil(4) as u32, 1, 1),
+                        block_dim: (128, 1, 1),
+                        shared_mem_bytes: 0,
+                    },
+                    &[
+                        dev.ptr(&w),
+                        dev.ptr(&xg),
+                        dev.ptr(&codes),
+                        dev.ptr(&scales),
+                        dev.ptr(&y),
+                        m as u64,
+                        rows as u64,
+                        k as u64,
+                        ldy as u64,
+                        2,
+                    ],
+                );
+                let y = s.clone_dtoh(&y).unwrap();
+                for t in 0..m {
+                    for row in 0..rows {
+                        let (mut want, mut mag) = (0f64, 0f64);
+                        for i in 0..k {
+                            let p = wf[row * k + i] as f64 * xs[t * k + i] as f64;
+                            want += p;
+                            mag += p.abs();
+                        }
+                        let got = y[t * ldy + 2 + row] as f64;
+                        if (got - want).abs() > 2e-6 * mag.max(1e-30) {
+                            failures.push(format!(
+                                "{name} variant {variant} m {m} row {t}.{row}: {got} against {want} (Σ|wx| {mag:e})"
+                            ));
+                        }
+                    }
+                    let untouched = [0, 1, ldy - 1].iter().all(|&c| y[t * ldy + c] == 0.0);
+                    if !untouched {
+                        failures.push(format!(
+                            "{name} variant {variant}: wrote outside its columns"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
 fn a_weight_type_without_kernels_is_refused_by_name() {
     let ty = GgmlType::IQ2_XXS;
     let mut w = GgufWriter::new();
