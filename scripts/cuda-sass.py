@@ -88,7 +88,7 @@ def main():
             m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
             if m:
                 ops[m.group(1).split(".")[0]] += 1
-        key = ["LDG", "LDS", "LDL", "STL", "IDP", "FFMA", "PRMT", "SHFL", "BRA"]
+        key = ["LDG", "LD", "LDS", "LDL", "STL", "IDP", "FFMA", "PRMT", "SHFL", "BRA"]
         wide = sum(1 for line in out.splitlines() if "LDG.E.128" in line or "LDG.E.ENL2.256" in line)
         print(f"{r[0]:32} " + " ".join(f"{k}={ops[k]}" for k in key) + f" LDG.128={wide}")
 

@@ -400,6 +400,22 @@ __device__ __forceinline__ u32 ld32_2(const u8* p) {
     return (u32)h[0] | ((u32)h[1] << 16);
 }
 
+// N words from a 2-byte-aligned address: N + 1 aligned word loads, joined
+// by funnel shifts (a shift of 0 where the address is word-aligned).
+template <int N>
+__device__ __forceinline__ void ldw_2(const u8* p, u32* out) {
+    // (Offsetting p, not rebuilding it from an integer, keeps the compiler
+    // aware that it points to global memory: LDG, not generic loads.)
+    size_t mis = (size_t)p & 3;
+    const u32* a = (const u32*)(p - mis);
+    u32 sh = 8 * (u32)mis;
+    u32 w[N + 1];
+    #pragma unroll
+    for (int i = 0; i <= N; i++) w[i] = a[i];
+    #pragma unroll
+    for (int i = 0; i < N; i++) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+
 __device__ __forceinline__ u32 ld32_1(const u8* p) {
     return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
 }
@@ -448,8 +464,7 @@ __device__ __forceinline__ void wunit(const u8* __restrict__ row, int u, WUnit& 
     if (T == T_Q8_0) {
         const u8* b = row + 34 * u;
         w.s[0] = h2f(*(const u16*)b);
-        #pragma unroll
-        for (int i = 0; i < 8; i++) w.q[i] = (int)ld32_2(b + 2 + 4 * i);
+        ldw_2<8>(b + 2, (u32*)w.q);
     } else if (T == T_Q4_0 || T == T_Q4_1) {
         const u8* b = row + (T == T_Q4_0 ? 18 : 20) * u;
         float d = h2f(*(const u16*)b);
@@ -477,12 +492,18 @@ __device__ __forceinline__ void wunit(const u8* __restrict__ row, int u, WUnit& 
     } else if (T == T_Q4_K || T == T_Q5_K) {
         // Sub-block j shares its 32 code bytes with j ^ 1 (low and high
         // nibbles); neighbouring lanes load the same vectors, once.
+        // The block's head (d, dmin and the twelve scale bytes) is one
+        // 16-byte load; sub-block j's 6-bit scale and min come out of it
+        // as scale_min_k4 reads them.
         int j = u & 7;
         const u8* b = row + (T == T_Q4_K ? 144 : 176) * (u >> 3);
-        float d1, m1;
-        k4_sub(b, j, &d1, &m1);
-        w.s[0] = d1;
-        w.m[0] = -m1;
+        uint4 head = *(const uint4*)b;
+        int sb = 8 * (j & 3);
+        u32 s0 = (head.y >> sb) & 0xFF, s1 = (head.z >> sb) & 0xFF, s2 = (head.w >> sb) & 0xFF;
+        u32 sc = j < 4 ? s0 & 63 : (s2 & 0xF) | ((s0 >> 6) << 4);
+        u32 mn = j < 4 ? s1 & 63 : (s2 >> 4) | ((s1 >> 6) << 4);
+        w.s[0] = h2f((u16)(head.x & 0xFFFF)) * (float)sc;
+        w.m[0] = -(h2f((u16)(head.x >> 16)) * (float)mn);
         const uint4* qs = (const uint4*)(b + (T == T_Q4_K ? 16 : 48) + 32 * (j >> 1));
         uint4 a = qs[0], c = qs[1];
         u32 v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
@@ -508,10 +529,13 @@ __device__ __forceinline__ void wunit(const u8* __restrict__ row, int u, WUnit& 
         w.s[0] = d * (float)sc[2 * j];
         w.s[1] = d * (float)sc[2 * j + 1];
         int shl = quad < 2 ? 0 : 4, shh = 2 * quad;
+        u32 lw[8], hw[8];
+        ldw_2<8>(ql, lw);
+        ldw_2<8>(qh, hw);
         #pragma unroll
         for (int i = 0; i < 8; i++) {
-            u32 lo = (ld32_2(ql + 4 * i) >> shl) & 0x0F0F0F0F;
-            u32 hi = ((ld32_2(qh + 4 * i) >> shh) & 0x03030303) << 4;
+            u32 lo = (lw[i] >> shl) & 0x0F0F0F0F;
+            u32 hi = ((hw[i] >> shh) & 0x03030303) << 4;
             w.q[i] = (int)__vsub4(lo | hi, 0x20202020);
         }
     } else if (T == T_Q2_K || T == T_Q3_K) {
@@ -542,10 +566,13 @@ __device__ __forceinline__ void wunit(const u8* __restrict__ row, int u, WUnit& 
                 w.s[h] = d * (float)((low | (high << 4)) - 32);
             }
             // A code is its two bits less 4 where the high mask bit is clear.
+            u32 cw[8], hw[8];
+            ldw_2<8>(qs, cw);
+            ldw_2<8>(b, hw);
             #pragma unroll
             for (int i = 0; i < 8; i++) {
-                u32 c = (ld32_2(qs + 4 * i) >> sh) & 0x03030303;
-                u32 hm = ((ld32_2(b + 4 * i) >> j) & 0x01010101) << 2;
+                u32 c = (cw[i] >> sh) & 0x03030303;
+                u32 hm = ((hw[i] >> j) & 0x01010101) << 2;
                 w.q[i] = (int)__vsub4(c | hm, 0x04040404);
             }
         }
@@ -624,6 +651,17 @@ __device__ __forceinline__ float dot32(const float* v, const float* __restrict__
     return acc;
 }
 
+// Element v of a warp's 32 (one per lane, in order) into its Q8_0 block as
+// ggml's reference quantizer writes it: the code at q, and lane 0 the f16
+// scale at d.
+__device__ __forceinline__ void q8_store(float v, i8* q, u16* d) {
+    float amax = warp_max(fabsf(v));
+    float dd = amax / 127.0f;
+    float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    *q = (i8)roundf(v * id);
+    if ((threadIdx.x & 31) == 0) *d = f2h(dd);
+}
+
 // Rows of x (k long, k a multiple of 32) as ggml's Q8_0 blocks, byte for
 // byte what its reference quantizer writes: the codes in qs (row-major, k a
 // row) and the f16 scales in d (k / 32 a row). One warp per block.
@@ -631,12 +669,7 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
                                        u16* __restrict__ d, long long blocks) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if ((i >> 5) >= blocks) return;
-    float v = x[i];
-    float amax = warp_max(fabsf(v));
-    float dd = amax / 127.0f;
-    float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-    qs[i] = (i8)roundf(v * id);
-    if ((threadIdx.x & 31) == 0) d[i >> 5] = f2h(dd);
+    q8_store(x[i], qs + i, d + (i >> 5));
 }
 
 // y[t, y_off + r] = Σ_k x[t, k] · w[r, k] for rows r < n and activation
@@ -655,55 +688,70 @@ __device__ void mmv_body(const u8* __restrict__ w, const float* __restrict__ x,
     float acc[NX];
     #pragma unroll
     for (int t = 0; t < NX; t++) acc[t] = 0.0f;
-    #pragma unroll 2
-    for (int u = lane; u < units; u += 32) {
+    // U units a lane at a time, all their weight loads issued before any
+    // arithmetic (past the row's end a lane reloads its last unit and
+    // drops it): a warp waits for memory once per U units, not once per unit.
+    constexpr int U = is_float(T) ? 2 : 4;
+    for (int u0 = lane; u0 < units; u0 += 32 * U) {
         if (is_float(T)) {
-            float v[32];
-            funit<T>(row, u, v);
+            float v[U][32];
             #pragma unroll
-            for (int t = 0; t < NX; t++)
-                if (t < mt) acc[t] += dot32(v, x + (size_t)t * k + 32 * u);
+            for (int j = 0; j < U; j++) funit<T>(row, min(u0 + 32 * j, units - 1), v[j]);
+            #pragma unroll
+            for (int j = 0; j < U; j++) {
+                int u = u0 + 32 * j;
+                if (u >= units) break;
+                #pragma unroll
+                for (int t = 0; t < NX; t++)
+                    if (t < mt) acc[t] += dot32(v[j], x + (size_t)t * k + 32 * u);
+            }
             continue;
         }
-        WUnit q;
-        wunit<T>(row, u, q);
-        if (Q8) {
-            #pragma unroll
-            for (int t = 0; t < NX; t++) {
-                if (t >= mt) continue;
-                const int4* xp = (const int4*)(xq + (size_t)t * k + 32 * u);
-                int4 a = xp[0], b = xp[1];
-                int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-                int s0 = 0, s1 = 0;
+        WUnit q[U];
+        #pragma unroll
+        for (int j = 0; j < U; j++) wunit<T>(row, min(u0 + 32 * j, units - 1), q[j]);
+        #pragma unroll
+        for (int j = 0; j < U; j++) {
+            int u = u0 + 32 * j;
+            if (u >= units) break;
+            if (Q8) {
                 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    s0 = __dp4a(q.q[i], xv[i], s0);
-                    s1 = __dp4a(q.q[i + 4], xv[i + 4], s1);
-                }
-                float part = two_scales(T) ? q.s[0] * (float)s0 + q.s[1] * (float)s1
-                                           : q.s[0] * (float)(s0 + s1);
-                if (has_offset(T)) {
-                    int x0 = 0, x1 = 0;
+                for (int t = 0; t < NX; t++) {
+                    if (t >= mt) continue;
+                    const int4* xp = (const int4*)(xq + (size_t)t * k + 32 * u);
+                    int4 a = xp[0], b = xp[1];
+                    int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                    int s0 = 0, s1 = 0;
                     #pragma unroll
                     for (int i = 0; i < 4; i++) {
-                        x0 = __dp4a(xv[i], 0x01010101, x0);
-                        x1 = __dp4a(xv[i + 4], 0x01010101, x1);
+                        s0 = __dp4a(q[j].q[i], xv[i], s0);
+                        s1 = __dp4a(q[j].q[i + 4], xv[i + 4], s1);
                     }
-                    part += two_scales(T) ? q.m[0] * (float)x0 + q.m[1] * (float)x1
-                                          : q.m[0] * (float)(x0 + x1);
+                    float part = two_scales(T) ? q[j].s[0] * (float)s0 + q[j].s[1] * (float)s1
+                                               : q[j].s[0] * (float)(s0 + s1);
+                    if (has_offset(T)) {
+                        int x0 = 0, x1 = 0;
+                        #pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            x0 = __dp4a(xv[i], 0x01010101, x0);
+                            x1 = __dp4a(xv[i + 4], 0x01010101, x1);
+                        }
+                        part += two_scales(T) ? q[j].m[0] * (float)x0 + q[j].m[1] * (float)x1
+                                              : q[j].m[0] * (float)(x0 + x1);
+                    }
+                    acc[t] += h2f(xd[(size_t)t * units + u]) * part;
                 }
-                acc[t] += h2f(xd[(size_t)t * units + u]) * part;
+            } else {
+                float v[32];
+                #pragma unroll
+                for (int i = 0; i < 32; i++) {
+                    int c = (int)(i8)(q[j].q[i >> 2] >> (8 * (i & 3)));
+                    v[i] = q[j].s[i >> 4] * (float)c + q[j].m[i >> 4];
+                }
+                #pragma unroll
+                for (int t = 0; t < NX; t++)
+                    if (t < mt) acc[t] += dot32(v, x + (size_t)t * k + 32 * u);
             }
-        } else {
-            float v[32];
-            #pragma unroll
-            for (int i = 0; i < 32; i++) {
-                int c = (int)(i8)(q.q[i >> 2] >> (8 * (i & 3)));
-                v[i] = q.s[i >> 4] * (float)c + q.m[i >> 4];
-            }
-            #pragma unroll
-            for (int t = 0; t < NX; t++)
-                if (t < mt) acc[t] += dot32(v, x + (size_t)t * k + 32 * u);
         }
     }
     #pragma unroll
@@ -815,13 +863,31 @@ extern "C" __global__ void to_bf16(const float* x, u16* y, long long n) {
 }
 
 // Per row of d: x / sqrt(mean(x²) + eps) · (gamma if given). One block per row.
-extern "C" __global__ void rms_norm(const float* x, const float* gamma, float* y, int d,
-                                    float eps) {
+// y = x / rms(x) · gamma per row of d (gamma null: none); one block per row.
+// Each thread holds up to NORM_HELD of the row's elements (and their gamma)
+// in registers, all loaded at once, so the row is read from memory once and
+// the wait for it is one round trip, not one per element; the host sizes
+// blocks to about four elements a thread. Q8: written as 8-bit blocks
+// (codes qs, f16 scales qd, as quantize_q8 writes them) instead of f32; d a
+// multiple of 32 and the block's threads whole warps, so each warp
+// quantizes whole blocks.
+#define NORM_HELD 8
+template <bool Q8>
+__device__ void rms_norm_body(const float* __restrict__ x, const float* __restrict__ gamma,
+                              float* __restrict__ y, i8* qs, u16* qd, int d, float eps) {
     __shared__ float part[32];
     const float* xr = x + (size_t)blockIdx.x * d;
-    float* yr = y + (size_t)blockIdx.x * d;
+    float v[NORM_HELD], g[NORM_HELD];
+    #pragma unroll
+    for (int c = 0; c < NORM_HELD; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        v[c] = i < d ? xr[i] : 0.0f;
+        g[c] = i < d && gamma ? gamma[i] : 1.0f;
+    }
     float s = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) s += xr[i] * xr[i];
+    #pragma unroll
+    for (int c = 0; c < NORM_HELD; c++) s += v[c] * v[c];
+    for (int i = threadIdx.x + NORM_HELD * blockDim.x; i < d; i += blockDim.x) s += xr[i] * xr[i];
     s = warp_sum(s);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
     __syncthreads();
@@ -832,8 +898,30 @@ extern "C" __global__ void rms_norm(const float* x, const float* gamma, float* y
     }
     __syncthreads();
     float inv = rsqrtf(part[0] / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x)
-        yr[i] = xr[i] * inv * (gamma ? gamma[i] : 1.0f);
+    size_t base = (size_t)blockIdx.x * d;
+    #pragma unroll
+    for (int c = 0; c < NORM_HELD; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        if (i >= d) break;
+        float o = v[c] * inv * g[c];
+        if (Q8) q8_store(o, qs + base + i, qd + ((base + i) >> 5));
+        else y[base + i] = o;
+    }
+    for (int i = threadIdx.x + NORM_HELD * blockDim.x; i < d; i += blockDim.x) {
+        float o = xr[i] * inv * (gamma ? gamma[i] : 1.0f);
+        if (Q8) q8_store(o, qs + base + i, qd + ((base + i) >> 5));
+        else y[base + i] = o;
+    }
+}
+
+extern "C" __global__ void rms_norm(const float* x, const float* gamma, float* y, int d,
+                                    float eps) {
+    rms_norm_body<false>(x, gamma, y, nullptr, nullptr, d, eps);
+}
+
+extern "C" __global__ void rms_norm_q8(const float* x, const float* gamma, i8* qs, u16* qd,
+                                       int d, float eps) {
+    rms_norm_body<true>(x, gamma, nullptr, qs, qd, d, eps);
 }
 
 // Elementwise a ∘ b, b broadcast NumPy-style: the output (and a) is

@@ -173,6 +173,9 @@ struct Kernels {
     batch_matmul: CudaFunction,
     to_bf16: CudaFunction,
     rms_norm: CudaFunction,
+    /// RMS norm writing 8-bit activation blocks (a `q8` decode product's
+    /// input) instead of f32.
+    rms_norm_q8: CudaFunction,
     binary: CudaFunction,
     unary: CudaFunction,
     geglu: CudaFunction,
@@ -318,6 +321,7 @@ impl CudaDevice {
             batch_matmul: f("batch_matmul")?,
             to_bf16: f("to_bf16")?,
             rms_norm: f("rms_norm")?,
+            rms_norm_q8: f("rms_norm_q8")?,
             binary: f("binary")?,
             unary: f("unary")?,
             geglu: f("geglu")?,

@@ -627,6 +627,13 @@ pub(super) fn linear(n: usize) -> LaunchConfig {
     }
 }
 
+/// One block per row of `d` for the norm kernels: about four elements a
+/// thread (they hold up to eight each in registers), whole warps.
+fn norm_rows(rows: usize, d: usize) -> LaunchConfig {
+    let threads = d.div_ceil(4).next_multiple_of(32).clamp(32, 1024);
+    grid(rows, 1, threads as u32)
+}
+
 fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (x.max(1) as u32, y.max(1) as u32, 1),
@@ -1112,33 +1119,12 @@ impl CudaPlan {
             Op::MatMul { norm } => {
                 let kin = *in_dims(0).last().expect("rank");
                 let m = in_dims(0).iter().product::<usize>() / kin;
-                let mut x = inp(0);
-                let mut first = 1;
-                if let Some(spec) = norm {
-                    let gamma = if spec.has_gamma {
-                        first = 2;
-                        inp(1)
-                    } else {
-                        0
-                    };
-                    let normed = self.device.ptr(&self.norm_buf);
-                    self.launch(
-                        &k.rms_norm,
-                        grid(m, 1, 256),
-                        &[
-                            Arg::Ptr(x),
-                            Arg::Ptr(gamma),
-                            Arg::Ptr(normed),
-                            Arg::I32(kin as i32),
-                            Arg::F32(spec.eps),
-                        ],
-                    )?;
-                    x = normed;
-                }
+                let first = if norm.is_some_and(|s| s.has_gamma) {
+                    2
+                } else {
+                    1
+                };
                 let total = *dims.last().expect("rank");
-                // Up to MMV_ROWS rows (decode): each weight read once for all
-                // of them, straight into registers; `q8` plans quantize the
-                // activations once for every weight of the node.
                 let weights_of = n.inputs[first..]
                     .iter()
                     .map(|&w| {
@@ -1150,34 +1136,58 @@ impl CudaPlan {
                         Ok((code, ptr, rows, ty))
                     })
                     .collect::<Result<Vec<_>, CudaError>>()?;
-                let aligned = x % 16 == 0 && weights_of.iter().all(|w| w.1 % 16 == 0);
-                'many: {
-                    if m > MMV_ROWS || kin % 32 != 0 || !aligned {
-                        break 'many;
-                    }
-                    let q8 = self.act_q.as_ref().filter(|_| {
-                        weights_of
-                            .iter()
-                            .any(|w| !matches!(w.3, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16))
+                let float =
+                    |ty: GgmlType| matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+                // Up to MMV_ROWS rows (decode): each weight read once for all
+                // of them, straight into registers. `q8` plans quantize the
+                // activations once for every weight of the node, in the norm
+                // kernel where the node has one and no float weights (those
+                // read the f32 activations).
+                let small = m <= MMV_ROWS
+                    && kin % 32 == 0
+                    && inp(0) % 16 == 0
+                    && weights_of.iter().all(|w| w.1 % 16 == 0);
+                let q8 = self
+                    .act_q
+                    .as_ref()
+                    .filter(|_| small && weights_of.iter().any(|w| !float(w.3)))
+                    .map(|buf| {
+                        let base = self.device.ptr(buf);
+                        (base, base + act_q_bytes(m, kin).0 as u64)
                     });
-                    let (xq, xd) = match q8 {
-                        Some(buf) => {
-                            let base = self.device.ptr(buf);
-                            let (codes, _) = act_q_bytes(m, kin);
-                            self.launch(
-                                &k.quantize_q8,
-                                linear(m * kin),
-                                &[
-                                    Arg::Ptr(x),
-                                    Arg::Ptr(base),
-                                    Arg::Ptr(base + codes as u64),
-                                    Arg::I64((m * kin / 32) as i64),
-                                ],
-                            )?;
-                            (base, base + codes as u64)
-                        }
-                        None => (0, 0),
+                let fused =
+                    q8.is_some() && norm.is_some() && weights_of.iter().all(|w| !float(w.3));
+                let mut x = inp(0);
+                if let Some(spec) = norm {
+                    let gamma = if spec.has_gamma { inp(1) } else { 0 };
+                    let (kernel, y, yd) = match q8 {
+                        Some((xq, xd)) if fused => (&k.rms_norm_q8, xq, xd),
+                        _ => (&k.rms_norm, self.device.ptr(&self.norm_buf), 0),
                     };
+                    let mut args = vec![Arg::Ptr(x), Arg::Ptr(gamma), Arg::Ptr(y)];
+                    if fused {
+                        args.push(Arg::Ptr(yd));
+                    }
+                    args.extend([Arg::I32(kin as i32), Arg::F32(spec.eps)]);
+                    self.launch(kernel, norm_rows(m, kin), &args)?;
+                    if !fused {
+                        x = y;
+                    }
+                }
+                if small {
+                    let (xq, xd) = q8.unwrap_or((0, 0));
+                    if q8.is_some() && !fused {
+                        self.launch(
+                            &k.quantize_q8,
+                            linear(m * kin),
+                            &[
+                                Arg::Ptr(x),
+                                Arg::Ptr(xq),
+                                Arg::Ptr(xd),
+                                Arg::I64((m * kin / 32) as i64),
+                            ],
+                        )?;
+                    }
                     let variant = usize::from(q8.is_some()) * 2 + usize::from(m > 1);
                     let mut off = 0;
                     for &(code, ptr, rows, _) in &weights_of {
@@ -1356,7 +1366,7 @@ impl CudaPlan {
                 let gamma = if spec.has_gamma { inp(1) } else { 0 };
                 self.launch(
                     &k.rms_norm,
-                    grid(numel / d, 1, 256),
+                    norm_rows(numel / d, d),
                     &[
                         Arg::Ptr(inp(0)),
                         Arg::Ptr(gamma),

@@ -578,7 +578,8 @@ fn every_type_decodes_as_the_reference() {
 #[ignore = "needs a GPU"]
 fn decode_products_match_the_reference() {
     // The 8-bit activation blocks against ggml's reference quantizer (bit
-    // for bit), then each type's products of 1, 3 and 8 activation rows,
+    // for bit), the norm that writes them against the norm then the
+    // quantizer (bit for bit), then each type's products of 1, 3 and 8 activation rows,
     // both kernels of each (one row, up to eight) and both modes, against
     // f64 sums over the reference's dequantized weights: `exact` with the
     // f32 activations, `q8` with the activations its blocks decode to.
@@ -630,6 +631,60 @@ fn decode_products_match_the_reference() {
             for i in 0..32 {
                 xq[32 * b + i] = half::f16::from_bits(d).to_f32() * (block[2 + i] as i8) as f32;
             }
+        }
+        // The norm that writes blocks: what the norm writes, quantized.
+        let gamma = s
+            .clone_htod(&(0..k).map(|_| r.next()).collect::<Vec<f32>>())
+            .unwrap();
+        let normed = s.alloc_zeros::<f32>(m * k).unwrap();
+        let rows_cfg = LaunchConfig {
+            grid_dim: (m as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let eps = 1e-6f32.to_bits() as u64;
+        let kk = k as u64;
+        launch(
+            &dev.kernels.rms_norm,
+            rows_cfg,
+            &[dev.ptr(&xg), dev.ptr(&gamma), dev.ptr(&normed), kk, eps],
+        );
+        let (nq, nd) = (
+            s.alloc_zeros::<i8>(m * k).unwrap(),
+            s.alloc_zeros::<u16>(m * k / 32).unwrap(),
+        );
+        launch(
+            &dev.kernels.quantize_q8,
+            super::plan::linear(m * k),
+            &[
+                dev.ptr(&normed),
+                dev.ptr(&nq),
+                dev.ptr(&nd),
+                (m * k / 32) as u64,
+            ],
+        );
+        let (fq, fd) = (
+            s.alloc_zeros::<i8>(m * k).unwrap(),
+            s.alloc_zeros::<u16>(m * k / 32).unwrap(),
+        );
+        launch(
+            &dev.kernels.rms_norm_q8,
+            rows_cfg,
+            &[
+                dev.ptr(&xg),
+                dev.ptr(&gamma),
+                dev.ptr(&fq),
+                dev.ptr(&fd),
+                kk,
+                eps,
+            ],
+        );
+        if s.clone_dtoh(&nq).unwrap() != s.clone_dtoh(&fq).unwrap()
+            || s.clone_dtoh(&nd).unwrap() != s.clone_dtoh(&fd).unwrap()
+        {
+            failures.push(format!(
+                "m {m}: rms_norm_q8 differs from rms_norm then quantize_q8"
+            ));
         }
         for (code, &(ty, name)) in super::TYPES.iter().enumerate() {
             let bytes = random_rows(ty, rows, k, &mut r);
