@@ -1154,18 +1154,23 @@ struct DenseKeys {
     __device__ int key_span(int, int) const { return 0; }
 };
 
-// One block of 4 warps per (query row, head). Query row qi [hq, hd] of q
-// [n, hq, hd] reads the keys `keys` gives it: row i of a block holds the key
-// at position lo + i, in row phys·BLOCK + i of kc [rows, hkv, hd] and vc
-// [rows, hkv, hdv]. The warps take every 4th row of each visible block with
-// an online softmax, and their partial results are merged at the end. A
-// query that sees no key gets zeros. out [n, hq, hdv]; hd, hdv ≤ 512; keys
-// of type KT and values of type VT (`kv_load`).
+// One block of 4 warps per (query row, head) and split of the query's
+// listed key blocks (gridDim.y splits, each a contiguous share of them, so
+// that a few queries over a long context still fill the GPU). Query row qi
+// [hq, hd] of q [n, hq, hd] reads the keys `keys` gives it: row i of a block
+// holds the key at position lo + i, in row phys·BLOCK + i of kc [rows, hkv,
+// hd] and vc [rows, hkv, hdv]. The warps take every 4th row of each visible
+// block with an online softmax, and their partial results are merged at the
+// end. With one split the block writes out [n, hq, hdv] (a query that sees
+// no key gets zeros); with more it writes its unnormalized sum, maximum and
+// total into part (ATTN_PART floats a split, see attention_merge). hd, hdv ≤
+// 512; keys of type KT and values of type VT (`kv_load`).
 #define AW 4
+#define ATTN_PART (512 + 2)
 template <int KT, int VT, class Keys>
 __device__ void attention_body(const float* q, const void* kc, const void* vc, Keys keys,
-                               float* out, int hq, int hkv, int hd, int hdv, float scale,
-                               float softcap, int mask, int window) {
+                               float* out, float* part, int hq, int hkv, int hd, int hdv,
+                               float scale, float softcap, int mask, int window) {
     __shared__ float sm_m[AW], sm_l[AW];
     __shared__ float sm_o[AW][512];
     int qi = blockIdx.x / hq, h = blockIdx.x % hq;
@@ -1183,6 +1188,11 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
     int qp, end, e0, e_end;
     keys.query(qi, &qp, &end, &e0, &e_end);
     int qs = keys.query_span(qi);
+    if (gridDim.y > 1) {
+        int share = (e_end - e0 + gridDim.y - 1) / gridDim.y;
+        e0 += blockIdx.y * share;
+        e_end = min(e_end, e0 + share);
+    }
     for (int e = e0; e < e_end; e++) {
         int phys, lo;
         keys.block(e, &phys, &lo);
@@ -1227,14 +1237,43 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
     __syncthreads();
     float big = NEG_INF;
     for (int w = 0; w < AW; w++) big = fmaxf(big, sm_m[w]);
-    float* orow = out + ((size_t)qi * hq + h) * hdv;
     float total = 0.0f;
     for (int w = 0; w < AW; w++)
         if (sm_m[w] > NEG_INF) total += expf(sm_m[w] - big) * sm_l[w];
+    bool split = gridDim.y > 1;
+    float* prow = part + ((size_t)blockIdx.x * gridDim.y + blockIdx.y) * ATTN_PART;
+    float* orow = split ? prow : out + ((size_t)qi * hq + h) * hdv;
     for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
         float o = 0.0f;
         for (int w = 0; w < AW; w++)
             if (sm_m[w] > NEG_INF) o += expf(sm_m[w] - big) * sm_o[w][c];
+        orow[c] = split ? o : total > 0.0f ? o / total : 0.0f;
+    }
+    if (split && threadIdx.x == 0) {
+        prow[512] = big;
+        prow[513] = total;
+    }
+}
+
+// The splits of attention_body merged per (query row, head), one block each:
+// each split's sum scaled from its own maximum to the largest, over the
+// scaled totals (zeros where no split saw a key).
+extern "C" __global__ void attention_merge(const float* part, float* out, int splits, int hdv) {
+    const float* p = part + (size_t)blockIdx.x * splits * ATTN_PART;
+    float big = NEG_INF;
+    for (int s = 0; s < splits; s++) big = fmaxf(big, p[s * ATTN_PART + 512]);
+    float total = 0.0f;
+    for (int s = 0; s < splits; s++) {
+        float m = p[s * ATTN_PART + 512];
+        if (m > NEG_INF) total += expf(m - big) * p[s * ATTN_PART + 513];
+    }
+    float* orow = out + (size_t)blockIdx.x * hdv;
+    for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < splits; s++) {
+            float m = p[s * ATTN_PART + 512];
+            if (m > NEG_INF) o += expf(m - big) * p[s * ATTN_PART + c];
+        }
         orow[c] = total > 0.0f ? o / total : 0.0f;
     }
 }
@@ -1245,11 +1284,11 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
     extern "C" __global__ void attention_##KS##_##VS(                                            \
         const float* q, const void* kc, const void* vc, const int* qpos, const int* run_of_row, \
         const int* run_end, const int* block_start, const int* table, const int* qspan,         \
-        const int* tspan, float* out, int hq, int hkv, int hd, int hdv, float scale,            \
-        float softcap, int mask, int window) {                                                  \
+        const int* tspan, float* out, float* part, int hq, int hkv, int hd, int hdv,            \
+        float scale, float softcap, int mask, int window) {                                     \
         PagedKeys keys = {qpos, run_of_row, run_end, block_start, table, qspan, tspan};        \
-        attention_body<KT, VT>(q, kc, vc, keys, out, hq, hkv, hd, hdv, scale, softcap, mask,    \
-                               window);                                                         \
+        attention_body<KT, VT>(q, kc, vc, keys, out, part, hq, hkv, hd, hdv, scale, softcap,    \
+                               mask, window);                                                   \
     }
 #define ATTN_K(KS, KT)                  \
     ATTN_KV(KS, KT, f32, T_F32)         \
@@ -1269,8 +1308,8 @@ extern "C" __global__ void attention_inputs(const float* q, const float* k, cons
                                             int hdv, float scale, float softcap, int mask,
                                             int window) {
     DenseKeys keys = {m, n};
-    attention_body<T_F32, T_F32>(q, k, v, keys, out, hq, hkv, hd, hdv, scale, softcap, mask,
-                                 window);
+    attention_body<T_F32, T_F32>(q, k, v, keys, out, nullptr, hq, hkv, hd, hdv, scale, softcap,
+                                 mask, window);
 }
 
 // Sum of v over the block (all threads get it), in f64 as the CPU sums

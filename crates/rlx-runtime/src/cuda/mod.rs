@@ -186,6 +186,8 @@ struct Kernels {
     attention: Vec<CudaFunction>,
     /// Attention over K/V given as inputs (f32).
     attention_inputs: CudaFunction,
+    /// The splits of a long-context attention merged per query and head.
+    attention_merge: CudaFunction,
     take_rows: CudaFunction,
     narrow: CudaFunction,
     concat_part: CudaFunction,
@@ -201,6 +203,8 @@ pub struct CudaDevice {
     /// cuBLAS for products of many rows, where libcublas is installed.
     blas: Option<Blas>,
     name: String,
+    /// Streaming multiprocessors: how many blocks fill the GPU.
+    sms: usize,
 }
 
 /// A cuBLAS handle on the device's stream, with a workspace of our own so
@@ -333,6 +337,7 @@ impl CudaDevice {
                 .map(|(k, v)| f(&format!("attention_{}_{}", k.name(), v.name())))
                 .collect::<Result<_, _>>()?,
             attention_inputs: f("attention_inputs")?,
+            attention_merge: f("attention_merge")?,
             take_rows: f("take_rows")?,
             narrow: f("narrow")?,
             concat_part: f("concat_part")?,
@@ -360,6 +365,9 @@ impl CudaDevice {
             None
         };
         let name = format!("{} (sm_{major}{minor})", ctx.name()?);
+        let sms = ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )?;
         Ok(Arc::new(CudaDevice {
             ordinal,
             ctx,
@@ -367,6 +375,7 @@ impl CudaDevice {
             kernels,
             blas,
             name,
+            sms: sms.max(1) as usize,
         }))
     }
 

@@ -214,6 +214,26 @@ const MMV_ROWS: usize = 8;
 /// Warps (one weight row each) per block of the decode products.
 const MMV_WARPS: usize = 4;
 
+/// Floats of one split's partial attention result (`ATTN_PART` in
+/// kernels.cu): an output row of up to 512, its maximum and its total.
+const ATTN_PART: usize = 512 + 2;
+
+/// The most splits of one query's context.
+const ATTN_MAX_SPLITS: usize = 32;
+
+/// Into how many parts attention over the pool splits each query's listed
+/// blocks, for `blocks` (query rows × heads) on a GPU of `sms`
+/// multiprocessors: enough for about two blocks per multiprocessor, so one
+/// query over a long context runs on the whole GPU (and `blocks × splits`
+/// stays below `4 × sms`). Fixed per step shape, so captured graphs hold.
+fn attention_splits(blocks: usize, sms: usize) -> usize {
+    if blocks >= 2 * sms {
+        1
+    } else {
+        (2 * sms).div_ceil(blocks.max(1)).min(ATTN_MAX_SPLITS)
+    }
+}
+
 /// Bytes of the 8-bit activation blocks of `rows` rows of `k`: the codes,
 /// then the f16 scales (16-byte aligned).
 fn act_q_bytes(rows: usize, k: usize) -> (usize, usize) {
@@ -331,6 +351,9 @@ pub struct CudaPlan {
     /// `q8` plans: the activations of a product of up to [`MMV_ROWS`] rows
     /// as 8-bit blocks (codes, then f16 scales); `exact` plans have none.
     act_q: Option<CudaSlice<u8>>,
+    /// Partial results of attention split over the context (see
+    /// [`attention_splits`]), for plans that attend over the pool.
+    attn_part: Option<CudaSlice<f32>>,
     /// The mixture-of-experts steps' scratch, if the graph has any.
     moe: Option<MoeScratch>,
     /// Page-locked host memory that outputs are copied into (a copy into
@@ -581,6 +604,13 @@ pub fn compile_cuda(
     } else {
         None
     };
+    let paged_attention = g
+        .ids()
+        .any(|id| matches!(&g.node(id).op, Op::Attention(a) if matches!(a.kv, KvSource::Cache(_))));
+    let attn_part = match paged_attention {
+        true => Some(s.alloc_zeros(4 * device.sms * ATTN_PART)?),
+        false => None,
+    };
     let act_q = match opts.precision {
         Precision::Quantized if mmv_k > 0 => Some(s.alloc_zeros(act_q_bytes(MMV_ROWS, mmv_k).1)?),
         _ => None,
@@ -612,6 +642,7 @@ pub fn compile_cuda(
         captured: Vec::new(),
         gemm,
         act_q,
+        attn_part,
         host: None,
         max: opts.max.clone(),
     })
@@ -684,7 +715,8 @@ impl CudaPlan {
             g.weights.len() + 2 * g.x16.as_ref().map_or(0, |x| x.len())
         });
         let act_q = self.act_q.as_ref().map_or(0, |a| a.len());
-        (self.arena.len() + self.norm_buf.len() + self.meta.len()) * 4 + gemm + act_q
+        let part = self.attn_part.as_ref().map_or(0, |a| a.len());
+        (self.arena.len() + self.norm_buf.len() + self.meta.len() + part) * 4 + gemm + act_q
     }
 
     fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[Arg]) -> Result<(), CudaError> {
@@ -1396,6 +1428,14 @@ impl CudaPlan {
             Op::Attention(spec) => {
                 let qd = in_dims(0);
                 let (nq, hq) = (qd[0], qd[1]);
+                // Over the pool, a few queries split their context.
+                let (splits, part) = match (&spec.kv, &self.attn_part) {
+                    (KvSource::Cache(_), Some(p)) => (
+                        attention_splits(nq * hq, self.device.sms),
+                        self.device.ptr(p),
+                    ),
+                    _ => (1, 0),
+                };
                 let (mask, window) = match spec.mask {
                     Mask::Causal => (0, 0),
                     Mask::Sliding { window } => (1, window),
@@ -1448,6 +1488,7 @@ impl CudaPlan {
                                 0
                             }),
                             Arg::Ptr(out),
+                            Arg::Ptr(part),
                             Arg::I32(hq as i32),
                             Arg::I32(lspec.kv_heads as i32),
                             Arg::I32(lspec.head_dim as i32),
@@ -1458,7 +1499,19 @@ impl CudaPlan {
                     }
                 };
                 let args: Vec<Arg> = args.into_iter().chain(tail).collect();
-                self.launch(f, grid(nq * hq, 1, 128), &args)?;
+                self.launch(f, grid(nq * hq, splits, 128), &args)?;
+                if splits > 1 {
+                    self.launch(
+                        &k.attention_merge,
+                        grid(nq * hq, 1, 128),
+                        &[
+                            Arg::Ptr(part),
+                            Arg::Ptr(out),
+                            Arg::I32(splits as i32),
+                            Arg::I32(dims[2] as i32),
+                        ],
+                    )?;
+                }
             }
             Op::TakeRows => {
                 let width: usize = dims[1..].iter().product();
