@@ -74,7 +74,7 @@ def main() -> None:
         lines.append("")
         lines.append(f"/// `{cname}` from ggml-common.h.")
         lines.append("#[rustfmt::skip]")
-        lines.append(f"pub(crate) const {rname}: [{ty}; {n}] = [")
+        lines.append(f"pub const {rname}: [{ty}; {n}] = [")
         k = PER_LINE[ty]
         for i in range(0, n, k):
             row = ", ".join(fmt(v, ty).rjust(width) for v in vals[i : i + k])

@@ -4,6 +4,7 @@
 //! Knows nothing about models: names and meanings of keys and tensors belong
 //! to the model crates.
 
+pub mod blocks;
 mod error;
 pub mod quant;
 mod reader;

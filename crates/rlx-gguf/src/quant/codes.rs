@@ -7,8 +7,8 @@
 //! so a kernel needs only the activation sums besides the integer dot.
 
 use super::iq_grids::KVALUES_IQ4NL;
-use super::kquants::{q3_k_scales, scale_min_k4};
 use super::{check_lengths, f16_at, u32_at, QuantError};
+use crate::blocks::{q3_k_scales, scale_min_k4};
 use crate::GgmlType;
 
 /// Elements per affine sub-block of `ty`, or `None` if `ty` has no exact

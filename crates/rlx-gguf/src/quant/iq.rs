@@ -11,20 +11,10 @@ use super::iq_grids::{
     KVALUES_FP4, KVALUES_IQ4NL,
 };
 
+use crate::blocks::{e8m0_half, f16_at, u16_at, u32_at};
+
 const IQ1S_DELTA: f32 = 0.125;
 const IQ1M_DELTA: f32 = 0.125;
-
-fn f16_at(b: &[u8], off: usize) -> f32 {
-    half::f16::from_le_bytes([b[off], b[off + 1]]).to_f32()
-}
-
-fn u16_at(b: &[u8], off: usize) -> u16 {
-    u16::from_le_bytes([b[off], b[off + 1]])
-}
-
-fn u32_at(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
-}
 
 /// Eight codebook magnitudes scaled by `dl`; bit j of `signs` negates element j.
 fn put_signed8(y: &mut [f32], dl: f32, grid: [u8; 8], signs: u8) {
@@ -302,16 +292,6 @@ pub(crate) fn dequant_block_tq2_0(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// Half of the E8M0 scale, 2^(e − 128), since the FP4 table holds doubled values.
-fn e8m0_to_f32_half(e: u8) -> f32 {
-    let bits = if e < 2 {
-        0x0020_0000u32 << e
-    } else {
-        u32::from(e - 1) << 23
-    };
-    f32::from_bits(bits)
-}
-
 /// Half of a UE4M3 scale (bias 7, no sign; bit 7 is ignored), matching the doubled
 /// FP4 table. 0x7F is the NaN code and reads as 0, as in ggml.
 fn ue4m3_to_f32_half(x: u8) -> f32 {
@@ -339,7 +319,7 @@ fn exp2i(k: i32) -> f32 {
 pub(crate) fn dequant_block_mxfp4(b: &[u8], y: &mut [f32]) {
     debug_assert_eq!(b.len(), 17);
     debug_assert_eq!(y.len(), 32);
-    let d = e8m0_to_f32_half(b[0]);
+    let d = e8m0_half(b[0]);
     let (lo, hi) = y.split_at_mut(16);
     for ((&q, lo), hi) in b[1..].iter().zip(lo).zip(hi) {
         *lo = f32::from(KVALUES_FP4[usize::from(q & 0xf)]) * d;
@@ -456,15 +436,6 @@ mod tests {
         }
         // The "negative zero" code gives +0.0: ggml's table stores it as integer 0.
         assert!(y[8].is_sign_positive());
-    }
-
-    #[test]
-    fn e8m0_half_scale() {
-        assert_eq!(e8m0_to_f32_half(128), 1.0);
-        assert_eq!(e8m0_to_f32_half(127), 0.5);
-        assert_eq!(e8m0_to_f32_half(1), f32::from_bits(1 << 22)); // 2^-127, subnormal
-        assert_eq!(e8m0_to_f32_half(0), f32::from_bits(1 << 21)); // 2^-128
-        assert_eq!(e8m0_to_f32_half(254), 2f32.powi(126));
     }
 
     #[test]

@@ -4,26 +4,7 @@
 //! bit-identical, not merely close.
 
 use super::{f16_at, f32_at};
-
-/// The 6-bit scale and min of sub-block `j` from the 12 packed bytes of Q4_K/Q5_K.
-#[inline]
-pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (s[j] & 63, s[j + 4] & 63)
-    } else {
-        (
-            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        )
-    }
-}
-
-/// The 2-bit field of element `e` in Q2_K/Q3_K `qs` (64 bytes, 4 elements per byte).
-#[inline]
-fn crumb(qs: &[u8], e: usize) -> u8 {
-    let (half, r) = (e / 128, e % 128);
-    (qs[32 * half + r % 32] >> (2 * (r / 32))) & 3
-}
+use crate::blocks::{crumb, q3_k_scales, scale_min_k4};
 
 pub(crate) fn dequant_q2_k(b: &[u8], y: &mut [f32]) {
     let scales = &b[0..16];
@@ -36,17 +17,6 @@ pub(crate) fn dequant_q2_k(b: &[u8], y: &mut [f32]) {
         let ml = dmin * (sc >> 4) as f32;
         *v = dl * crumb(qs, e) as f32 - ml;
     }
-}
-
-/// The 16 signed 6-bit scales of a Q3_K block.
-pub(crate) fn q3_k_scales(s: &[u8]) -> [i8; 16] {
-    let mut out = [0i8; 16];
-    for (j, o) in out.iter_mut().enumerate() {
-        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
-        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-        *o = ((low | (high << 4)) as i8) - 32;
-    }
-    out
 }
 
 pub(crate) fn dequant_q3_k(b: &[u8], y: &mut [f32]) {

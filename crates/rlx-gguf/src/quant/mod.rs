@@ -7,11 +7,12 @@
 
 mod codes;
 mod iq;
-mod iq_grids;
+pub(crate) mod iq_grids;
 mod kquants;
 mod legacy;
 mod quantize;
 
+pub(crate) use crate::blocks::{f16_at, f32_at, i16_at, u32_at};
 use crate::GgmlType;
 
 pub use codes::{affine_codes, affine_max_code, affine_sub_block};
@@ -182,26 +183,6 @@ pub fn quantize_to_vec(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, QuantError>
     let mut out = vec![0u8; src.len() / block * ty.block_bytes()];
     quantize(ty, src, &mut out)?;
     Ok(out)
-}
-
-#[inline]
-pub(crate) fn f16_at(b: &[u8], off: usize) -> f32 {
-    half::f16::from_le_bytes([b[off], b[off + 1]]).to_f32()
-}
-
-#[inline]
-pub(crate) fn f32_at(b: &[u8], off: usize) -> f32 {
-    f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
-}
-
-#[inline]
-pub(crate) fn u32_at(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
-}
-
-#[inline]
-pub(crate) fn i16_at(b: &[u8], off: usize) -> i16 {
-    i16::from_le_bytes([b[off], b[off + 1]])
 }
 
 #[cfg(test)]

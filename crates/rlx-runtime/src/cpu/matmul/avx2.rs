@@ -14,7 +14,7 @@
 use std::arch::x86_64::*;
 
 use super::scalar::{
-    e8m0_half, f32_at, q3_k_scales, scale_min_k4, KVALUES_IQ4NL, KVALUES_MXFP4, Q8_0_BYTES,
+    e8m0_half, f32_at, q3_k_scales, scale_min_k4, KVALUES_FP4, KVALUES_IQ4NL, Q8_0_BYTES,
     Q8_1_BYTES, Q8_K_BYTES,
 };
 
@@ -268,7 +268,7 @@ pub(super) unsafe fn vec_dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn vec_dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
-    let values = table(&KVALUES_MXFP4);
+    let values = table(&KVALUES_FP4);
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w.chunks_exact(17).zip(a.chunks_exact(Q8_0_BYTES)) {
         let d = _mm256_set1_ps(e8m0_half(wb[0]) * f16_at(ab, 0));
@@ -335,7 +335,7 @@ pub(super) unsafe fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
         let (da, q8, _) = q8_k(ab);
         let hbits = load256(arr(&wb[0..]));
         let qs = &wb[32..96];
-        let sc = q3_k_scales(&wb[96..108]);
+        let sc = q3_k_scales(&wb[96..108]).map(i32::from);
         let mut sumi = _mm256_setzero_si256();
         for (j, (q3, q8)) in qs.chunks_exact(32).zip(q8.chunks_exact(128)).enumerate() {
             let bits = load256(arr(q3));

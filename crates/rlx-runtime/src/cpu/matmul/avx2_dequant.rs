@@ -212,7 +212,7 @@ pub(super) unsafe fn dequant_q3_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(110).zip(dst.chunks_exact_mut(256)) {
         let d = f16_at(b, 108);
         let hbits = load256(arr(&b[0..]));
-        let sc = q3_k_scales(&b[96..108]);
+        let sc = q3_k_scales(&b[96..108]).map(i32::from);
         for (j, (q3, y)) in b[32..96]
             .chunks_exact(32)
             .zip(y.chunks_exact_mut(128))

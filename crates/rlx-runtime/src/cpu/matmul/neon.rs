@@ -15,7 +15,7 @@ use std::arch::aarch64::*;
 use std::sync::OnceLock;
 
 use super::scalar::{
-    e8m0_half, scale_min_k4, KVALUES_IQ4NL, KVALUES_MXFP4, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES,
+    e8m0_half, scale_min_k4, KVALUES_FP4, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES,
 };
 use super::table::f16_table;
 use crate::cpu::arm::sdot;
@@ -147,7 +147,7 @@ pub(super) unsafe fn unpack_iq4_nl(b: &[u8]) -> (int8x16_t, int8x16_t) {
 unsafe fn unpack_mxfp4(b: &[u8]) -> (int8x16_t, int8x16_t) {
     // SAFETY: a 17-byte block; 16 bytes from offset 1.
     let (lo, hi) = nibbles(b.as_ptr().add(1));
-    code_values(&KVALUES_MXFP4, lo, hi)
+    code_values(&KVALUES_FP4, lo, hi)
 }
 
 /// Σ a·b over 16 signed bytes, added to `acc`'s 32-bit lanes.

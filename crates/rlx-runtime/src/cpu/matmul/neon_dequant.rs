@@ -190,7 +190,7 @@ pub(super) unsafe fn dequant_q3_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(110).zip(dst.chunks_exact_mut(256)) {
         let d = f16_at(b, 108);
         let hmask = load32(&b[0..]);
-        let sc = q3_k_scales(&b[96..108]);
+        let sc = q3_k_scales(&b[96..108]).map(i32::from);
         for (j, y) in y.chunks_exact_mut(128).enumerate() {
             let q3 = load32(&b[32 + 32 * j..]);
             for (p, y) in y.chunks_exact_mut(32).enumerate() {

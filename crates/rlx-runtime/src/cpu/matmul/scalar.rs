@@ -6,49 +6,15 @@
 //! `sum += (d_w · d_a) · Σ` (minus the `dmin` term for the K-quants with mins,
 //! plus `m_w · s_a` for Q4_1/Q5_1). The SIMD kernels form the same integers.
 
+use rlx_gguf::blocks::{crumb, i16_at, u32_at};
+pub(super) use rlx_gguf::blocks::{
+    e8m0_half, f16_at, f32_at, q3_k_scales, scale_min_k4, KVALUES_FP4, KVALUES_IQ4NL,
+};
+
 /// Bytes of an activation block.
 pub(super) const Q8_0_BYTES: usize = 34;
 pub(super) const Q8_1_BYTES: usize = 36;
 pub(super) const Q8_K_BYTES: usize = 292;
-
-/// IQ4_NL / IQ4_XS code values.
-pub(super) const KVALUES_IQ4NL: [i8; 16] = [
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-];
-/// E2M1 values doubled (the block scale is halved to match), as ggml stores them.
-pub(super) const KVALUES_MXFP4: [i8; 16] =
-    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
-
-#[inline]
-pub(super) fn f16_at(b: &[u8], off: usize) -> f32 {
-    half::f16::from_le_bytes([b[off], b[off + 1]]).to_f32()
-}
-
-#[inline]
-pub(super) fn f32_at(b: &[u8], off: usize) -> f32 {
-    f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
-}
-
-#[inline]
-fn i16_at(b: &[u8], off: usize) -> i32 {
-    i16::from_le_bytes([b[off], b[off + 1]]).into()
-}
-
-#[inline]
-fn u32_at(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
-}
-
-/// Half of the E8M0 scale, `2^(e - 128)`, since the FP4 table is doubled.
-#[inline]
-pub(super) fn e8m0_half(e: u8) -> f32 {
-    let bits = if e < 2 {
-        0x0020_0000u32 << e
-    } else {
-        u32::from(e - 1) << 23
-    };
-    f32::from_bits(bits)
-}
 
 /// `Σ v[e] · a[e]` with the activation bytes read as i8.
 #[inline]
@@ -98,7 +64,7 @@ fn q8_1(ab: &[u8]) -> (f32, f32, &[u8]) {
 fn q8_k(ab: &[u8]) -> (f32, &[u8], [i32; 16]) {
     let mut bsums = [0i32; 16];
     for (j, s) in bsums.iter_mut().enumerate() {
-        *s = i16_at(ab, 260 + 2 * j);
+        *s = i32::from(i16_at(ab, 260 + 2 * j));
     }
     (f32_at(ab, 0), &ab[4..260], bsums)
 }
@@ -171,18 +137,10 @@ pub(super) fn vec_dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
     for (wb, ab) in w.chunks_exact(17).zip(a.chunks_exact(Q8_0_BYTES)) {
         let (da, qa) = q8_0(ab);
-        let v = nibbles32(&wb[1..17]).map(|q| KVALUES_MXFP4[usize::from(q)]);
+        let v = nibbles32(&wb[1..17]).map(|q| KVALUES_FP4[usize::from(q)]);
         sum += (e8m0_half(wb[0]) * da) * idot(&v, qa) as f32;
     }
     sum
-}
-
-/// The 2-bit field of element `e` in Q2_K/Q3_K `qs`: each byte holds elements
-/// `l, l+32, l+64, l+96` of one 128-element half.
-#[inline]
-fn crumb(qs: &[u8], e: usize) -> u8 {
-    let (half, r) = (e / 128, e % 128);
-    (qs[32 * half + r % 32] >> (2 * (r / 32))) & 3
 }
 
 /// The 4-bit part of element `e` of Q4_K/Q5_K `qs`: each 32-byte run holds 64
@@ -194,19 +152,6 @@ fn nibble256(qs: &[u8], e: usize) -> u8 {
         byte & 0xF
     } else {
         byte >> 4
-    }
-}
-
-/// The 6-bit scale and min of sub-block `j` from Q4_K/Q5_K's 12 packed bytes.
-#[inline]
-pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (s[j] & 63, s[j + 4] & 63)
-    } else {
-        (
-            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        )
     }
 }
 
@@ -239,15 +184,6 @@ pub(super) fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
     sum
 }
 
-/// The 16 signed 6-bit scales of a Q3_K block.
-pub(super) fn q3_k_scales(s: &[u8]) -> [i32; 16] {
-    std::array::from_fn(|j| {
-        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
-        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-        i32::from(low | (high << 4)) - 32
-    })
-}
-
 pub(super) fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
     for (wb, ab) in w.chunks_exact(110).zip(a.chunks_exact(Q8_K_BYTES)) {
@@ -258,7 +194,7 @@ pub(super) fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
             let high_set = (hmask[e % 32] >> (e / 32)) & 1 != 0;
             crumb(qs, e) as i8 - if high_set { 0 } else { 4 }
         });
-        let sumi = scaled_idot(&v, qa, &q3_k_scales(&wb[96..108]), 16);
+        let sumi = scaled_idot(&v, qa, &q3_k_scales(&wb[96..108]).map(i32::from), 16);
         sum += (da * f16_at(wb, 108)) * sumi as f32;
     }
     sum

@@ -1,0 +1,119 @@
+//! Pieces of the ggml block formats that every decoder needs: little-endian
+//! field readers, the sub-block scale packings of the K-quants, the 2-bit
+//! code layout of Q2_K/Q3_K and the codebooks of the non-linear 4-bit types.
+//! The reference (de)quantizers here and the runtime's kernels read blocks
+//! through these, so each packing is written once.
+
+pub use crate::quant::iq_grids::{KVALUES_FP4, KVALUES_IQ4NL};
+
+/// The f16 at `b[off..off + 2]`, as f32 (exact).
+#[inline]
+pub fn f16_at(b: &[u8], off: usize) -> f32 {
+    half::f16::from_le_bytes([b[off], b[off + 1]]).to_f32()
+}
+
+#[inline]
+pub fn f32_at(b: &[u8], off: usize) -> f32 {
+    f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+#[inline]
+pub fn u16_at(b: &[u8], off: usize) -> u16 {
+    u16::from_le_bytes([b[off], b[off + 1]])
+}
+
+#[inline]
+pub fn i16_at(b: &[u8], off: usize) -> i16 {
+    i16::from_le_bytes([b[off], b[off + 1]])
+}
+
+#[inline]
+pub fn u32_at(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// Half of an E8M0 scale, 2^(e − 128): MXFP4's scale, halved because
+/// [`KVALUES_FP4`] holds the E2M1 values doubled.
+#[inline]
+pub fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        u32::from(e - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// The 6-bit scale and min of sub-block `j` (of 8) from the 12 packed bytes
+/// of Q4_K/Q5_K.
+#[inline]
+pub fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// The 16 signed 6-bit sub-block scales of a Q3_K block (its 12 scale bytes).
+#[inline]
+pub fn q3_k_scales(s: &[u8]) -> [i8; 16] {
+    std::array::from_fn(|j| {
+        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
+        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        ((low | (high << 4)) as i8) - 32
+    })
+}
+
+/// The 2-bit field of element `e` (of 256) in Q2_K/Q3_K `qs` (64 bytes): two
+/// halves of 128 elements, each four 2-bit shifts of 32 bytes.
+#[inline]
+pub fn crumb(qs: &[u8], e: usize) -> u8 {
+    let (half, r) = (e / 128, e % 128);
+    (qs[32 * half + r % 32] >> (2 * (r / 32))) & 3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e8m0_halves() {
+        assert_eq!(e8m0_half(128), 1.0);
+        assert_eq!(e8m0_half(127), 0.5);
+        assert_eq!(e8m0_half(1), f32::from_bits(1 << 22)); // 2^-127, subnormal
+        assert_eq!(e8m0_half(0), f32::from_bits(1 << 21)); // 2^-128
+    }
+
+    #[test]
+    fn k4_scales_unpack_both_halves() {
+        // Sub-blocks 0..4 in the low six bits; 4..8 from the nibbles of bytes
+        // 8..12 and the top bits of bytes 0..8.
+        let s = [
+            0xC1, 0x02, 0x03, 0x04, 0x45, 0x06, 0x07, 0x08, 0x9A, 0, 0, 0,
+        ];
+        assert_eq!(scale_min_k4(0, &s), (1, 5));
+        assert_eq!(scale_min_k4(4, &s), (0xA | (3 << 4), 0x9 | (1 << 4)));
+    }
+
+    #[test]
+    fn q3_scales_are_centred() {
+        let mut s = [0u8; 12];
+        s[0] = 0x0F; // scale 0: low 15, high 0 → 15 − 32
+        s[8] = 0x03; // scale 0's high bits 3 → 63 − 32
+        assert_eq!(q3_k_scales(&s)[0], 31);
+        assert_eq!(q3_k_scales(&[0u8; 12]), [-32; 16]);
+    }
+
+    #[test]
+    fn crumbs_follow_the_shift_layout() {
+        let mut qs = [0u8; 64];
+        qs[5] = 0b1110_0100; // elements 5, 37, 69, 101 = 0, 1, 2, 3
+        assert_eq!([5, 37, 69, 101].map(|e| crumb(&qs, e)), [0, 1, 2, 3]);
+        qs[32] = 3; // element 128
+        assert_eq!(crumb(&qs, 128), 3);
+    }
+}
