@@ -676,14 +676,22 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 // rows t < mt ≤ NX; k a multiple of 32; x (or xq) 16-byte aligned rows.
 // Q8: the activations as quantize_q8 wrote them (float weight types read x
 // in both modes).
+//
+// One launch may cover up to three weights of one type and row length
+// (a fused q/k/v or gate/up product): rows below e0 are w0's, rows below e1
+// w1's (from row e0), the rest w2's, written to consecutive columns.
 template <int T, int NX, bool Q8>
-__device__ void mmv_body(const u8* __restrict__ w, const float* __restrict__ x,
-                         const i8* __restrict__ xq, const u16* __restrict__ xd,
-                         float* __restrict__ y, int mt, int n, int k, int ldy, int y_off) {
+__device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
+                         const u8* __restrict__ w2, int e0, int e1,
+                         const float* __restrict__ x, const i8* __restrict__ xq,
+                         const u16* __restrict__ xd, float* __restrict__ y, int mt, int n, int k,
+                         int ldy, int y_off) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp;
     if (r >= n) return;
-    const u8* row = w + (size_t)r * row_size(T, k);
+    const u8* row = r < e0   ? w0 + (size_t)r * row_size(T, k)
+                    : r < e1 ? w1 + (size_t)(r - e0) * row_size(T, k)
+                             : w2 + (size_t)(r - e1) * row_size(T, k);
     int units = k >> 5;
     float acc[NX];
     #pragma unroll
@@ -763,27 +771,15 @@ __device__ void mmv_body(const u8* __restrict__ w, const float* __restrict__ x,
 
 // Per type: mmv<n>_<type> (exact, f32 activations) and mmvq<n>_<type> (q8
 // activations), for one activation row (n = 1) and up to eight (n = 8).
+#define MMV_PARAMS                                                                      \
+    const u8 *w0, const u8 *w1, const u8 *w2, int e0, int e1, const float *x, const i8 *xq, \
+        const u16 *xd, float *y, int mt, int n, int k, int ldy, int y_off
+#define MMV_ARGS w0, w1, w2, e0, e1, x, xq, xd, y, mt, n, k, ldy, y_off
 #define MMV(SUF, T)                                                                        \
-    extern "C" __global__ void mmv1_##SUF(const u8* w, const float* x, const i8* xq,       \
-                                          const u16* xd, float* y, int mt, int n, int k,   \
-                                          int ldy, int y_off) {                            \
-        mmv_body<T, 1, false>(w, x, xq, xd, y, mt, n, k, ldy, y_off);                      \
-    }                                                                                      \
-    extern "C" __global__ void mmv8_##SUF(const u8* w, const float* x, const i8* xq,       \
-                                          const u16* xd, float* y, int mt, int n, int k,   \
-                                          int ldy, int y_off) {                            \
-        mmv_body<T, 8, false>(w, x, xq, xd, y, mt, n, k, ldy, y_off);                      \
-    }                                                                                      \
-    extern "C" __global__ void mmvq1_##SUF(const u8* w, const float* x, const i8* xq,      \
-                                           const u16* xd, float* y, int mt, int n, int k,  \
-                                           int ldy, int y_off) {                           \
-        mmv_body<T, 1, true>(w, x, xq, xd, y, mt, n, k, ldy, y_off);                       \
-    }                                                                                      \
-    extern "C" __global__ void mmvq8_##SUF(const u8* w, const float* x, const i8* xq,      \
-                                           const u16* xd, float* y, int mt, int n, int k,  \
-                                           int ldy, int y_off) {                           \
-        mmv_body<T, 8, true>(w, x, xq, xd, y, mt, n, k, ldy, y_off);                       \
-    }
+    extern "C" __global__ void mmv1_##SUF(MMV_PARAMS) { mmv_body<T, 1, false>(MMV_ARGS); }  \
+    extern "C" __global__ void mmv8_##SUF(MMV_PARAMS) { mmv_body<T, 8, false>(MMV_ARGS); }  \
+    extern "C" __global__ void mmvq1_##SUF(MMV_PARAMS) { mmv_body<T, 1, true>(MMV_ARGS); }  \
+    extern "C" __global__ void mmvq8_##SUF(MMV_PARAMS) { mmv_body<T, 8, true>(MMV_ARGS); }
 FOR_EACH_TYPE(MMV)
 
 // out[i, :] = table[ids[i], :] dequantized; one thread per 32-element unit
@@ -872,23 +868,31 @@ extern "C" __global__ void to_bf16(const float* x, u16* y, long long n) {
 // multiple of 32 and the block's threads whole warps, so each warp
 // quantizes whole blocks.
 #define NORM_HELD 8
-template <bool Q8>
-__device__ void rms_norm_body(const float* __restrict__ x, const float* __restrict__ gamma,
-                              float* __restrict__ y, i8* qs, u16* qd, int d, float eps) {
-    __shared__ float part[32];
-    const float* xr = x + (size_t)blockIdx.x * d;
-    float v[NORM_HELD], g[NORM_HELD];
+
+// Thread's elements tid + c·blockDim (c < NORM_HELD) of row r (zero past d)
+// into v, and of gamma (one where null) into g.
+__device__ __forceinline__ void hold_row(const float* __restrict__ r,
+                                         const float* __restrict__ gamma, int d, float* v,
+                                         float* g) {
     #pragma unroll
     for (int c = 0; c < NORM_HELD; c++) {
         int i = threadIdx.x + c * blockDim.x;
-        v[c] = i < d ? xr[i] : 0.0f;
-        g[c] = i < d && gamma ? gamma[i] : 1.0f;
+        v[c] = i < d ? r[i] : 0.0f;
+        if (g) g[c] = i < d && gamma ? gamma[i] : 1.0f;
     }
+}
+
+// 1 / rms + eps of a row whose held part is v and whose elements past
+// NORM_HELD·blockDim are read from r (each thread its own), summed in the
+// same order by every norm kernel. part: 32 floats of shared memory.
+__device__ __forceinline__ float row_inv_rms(const float* v, const float* r, int d, float eps,
+                                             float* part) {
     float s = 0.0f;
     #pragma unroll
     for (int c = 0; c < NORM_HELD; c++) s += v[c] * v[c];
-    for (int i = threadIdx.x + NORM_HELD * blockDim.x; i < d; i += blockDim.x) s += xr[i] * xr[i];
+    for (int i = threadIdx.x + NORM_HELD * blockDim.x; i < d; i += blockDim.x) s += r[i] * r[i];
     s = warp_sum(s);
+    __syncthreads();  // `part` may still be read from a previous sum
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -897,7 +901,17 @@ __device__ void rms_norm_body(const float* __restrict__ x, const float* __restri
         if (threadIdx.x == 0) part[0] = t;
     }
     __syncthreads();
-    float inv = rsqrtf(part[0] / (float)d + eps);
+    return rsqrtf(part[0] / (float)d + eps);
+}
+
+template <bool Q8>
+__device__ void rms_norm_body(const float* __restrict__ x, const float* __restrict__ gamma,
+                              float* __restrict__ y, i8* qs, u16* qd, int d, float eps) {
+    __shared__ float part[32];
+    const float* xr = x + (size_t)blockIdx.x * d;
+    float v[NORM_HELD], g[NORM_HELD];
+    hold_row(xr, gamma, d, v, g);
+    float inv = row_inv_rms(v, xr, d, eps, part);
     size_t base = (size_t)blockIdx.x * d;
     #pragma unroll
     for (int c = 0; c < NORM_HELD; c++) {
@@ -912,6 +926,55 @@ __device__ void rms_norm_body(const float* __restrict__ x, const float* __restri
         if (Q8) q8_store(o, qs + base + i, qd + ((base + i) >> 5));
         else y[base + i] = o;
     }
+}
+
+// A residual add between two norms, for a q8 decode product: s = x + n,
+// where n = a / rms(a) · g1 (norm1) or n = a, is written (the residual
+// stream goes on), and s / rms(s) · g2 as 8-bit blocks (the product's
+// input) — bit for bit what rms_norm, the add and rms_norm_q8 write, one
+// block per row of d (a multiple of 32), blocks of whole warps. s may be
+// where a or x was: each thread reads its elements before writing them.
+extern "C" __global__ void add_norm_q8(const float* __restrict__ x, const float* a,
+                                       const float* __restrict__ g1, float eps1, int norm1,
+                                       float* s, const float* __restrict__ g2, float eps2,
+                                       i8* qs, u16* qd, int d) {
+    __shared__ float part[32];
+    size_t base = (size_t)blockIdx.x * d;
+    const float *ar = a + base, *xr = x + base;
+    float* sr = s + base;
+    float v[NORM_HELD], g[NORM_HELD], xv[NORM_HELD];
+    hold_row(ar, g1, d, v, g);
+    hold_row(xr, nullptr, d, xv, nullptr);
+    float inv1 = norm1 ? row_inv_rms(v, ar, d, eps1, part) : 1.0f;
+    // The elements past the held ones, then the held ones (whose a and x
+    // are already in registers).
+    // (Explicitly rounded operations: a contracted multiply-add would round
+    // differently from the separate norm and add kernels.)
+    for (int i = threadIdx.x + NORM_HELD * blockDim.x; i < d; i += blockDim.x) {
+        float n = norm1 ? __fmul_rn(__fmul_rn(ar[i], inv1), g1 ? g1[i] : 1.0f) : ar[i];
+        sr[i] = __fadd_rn(xr[i], n);
+    }
+    #pragma unroll
+    for (int c = 0; c < NORM_HELD; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        float n = norm1 ? __fmul_rn(__fmul_rn(v[c], inv1), g[c]) : v[c];
+        v[c] = __fadd_rn(xv[c], n);
+        if (i < d) sr[i] = v[c];
+    }
+    #pragma unroll
+    for (int c = 0; c < NORM_HELD; c++) {  // the second norm's gammas
+        int i = threadIdx.x + c * blockDim.x;
+        g[c] = i < d && g2 ? g2[i] : 1.0f;
+    }
+    float inv2 = row_inv_rms(v, sr, d, eps2, part);
+    #pragma unroll
+    for (int c = 0; c < NORM_HELD; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        if (i >= d) break;
+        q8_store(v[c] * inv2 * g[c], qs + base + i, qd + ((base + i) >> 5));
+    }
+    for (int i = threadIdx.x + NORM_HELD * blockDim.x; i < d; i += blockDim.x)
+        q8_store(sr[i] * inv2 * (g2 ? g2[i] : 1.0f), qs + base + i, qd + ((base + i) >> 5));
 }
 
 extern "C" __global__ void rms_norm(const float* x, const float* gamma, float* y, int d,
@@ -966,6 +1029,15 @@ extern "C" __global__ void unary(const float* x, float* y, long long n, int op, 
 extern "C" __global__ void geglu(const float* gate, const float* up, float* y, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = gelu(gate[i]) * up[i];
+}
+
+// geglu as 8-bit blocks for a q8 decode product (n a multiple of 32; as
+// geglu then quantize_q8 write them). One warp per block.
+extern "C" __global__ void geglu_q8(const float* gate, const float* up, i8* qs, u16* qd,
+                                    long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if ((i >> 5) >= (n >> 5)) return;
+    q8_store(gelu(gate[i]) * up[i], qs + i, qd + (i >> 5));
 }
 
 // NEOX rotary embedding of x [n, heads, hd]: pairs (i, i + n_rot/2) for

@@ -176,6 +176,10 @@ struct Kernels {
     /// RMS norm writing 8-bit activation blocks (a `q8` decode product's
     /// input) instead of f32.
     rms_norm_q8: CudaFunction,
+    /// A residual add between two norms, writing the sum and the second
+    /// norm's 8-bit blocks; GeGLU writing 8-bit blocks.
+    add_norm_q8: CudaFunction,
+    geglu_q8: CudaFunction,
     binary: CudaFunction,
     unary: CudaFunction,
     geglu: CudaFunction,
@@ -326,6 +330,8 @@ impl CudaDevice {
             to_bf16: f("to_bf16")?,
             rms_norm: f("rms_norm")?,
             rms_norm_q8: f("rms_norm_q8")?,
+            add_norm_q8: f("add_norm_q8")?,
+            geglu_q8: f("geglu_q8")?,
             binary: f("binary")?,
             unary: f("unary")?,
             geglu: f("geglu")?,

@@ -234,6 +234,11 @@ fn attention_splits(blocks: usize, sms: usize) -> usize {
     }
 }
 
+/// Float weights: decode products read them against f32 activations.
+fn is_float(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
 /// Bytes of the 8-bit activation blocks of `rows` rows of `k`: the codes,
 /// then the f16 scales (16-byte aligned).
 fn act_q_bytes(rows: usize, k: usize) -> (usize, usize) {
@@ -354,6 +359,11 @@ pub struct CudaPlan {
     /// Partial results of attention split over the context (see
     /// [`attention_splits`]), for plans that attend over the pool.
     attn_part: Option<CudaSlice<f32>>,
+    /// Per product: the kernel before it that may write its 8-bit input
+    /// blocks (see [`Prologue`]); and each node that then folds into one,
+    /// with its product.
+    prologues: HashMap<NodeId, Prologue>,
+    folded: HashMap<NodeId, NodeId>,
     /// The mixture-of-experts steps' scratch, if the graph has any.
     moe: Option<MoeScratch>,
     /// Page-locked host memory that outputs are copied into (a copy into
@@ -390,6 +400,77 @@ fn uploaded(weights: &CudaWeights, w: WeightId, name: &str) -> Result<u64, CudaE
             weights.device().label()
         ))
     })
+}
+
+/// A kernel that, where the product after it takes the 8-bit decode path
+/// (up to [`MMV_ROWS`] rows, only block-type weights), writes the
+/// product's input blocks itself: one launch instead of two or four, with
+/// the same values bit for bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Prologue {
+    /// `GeGlu` whose only user is the product (the f32 result is not kept).
+    GeGlu,
+    /// `Add` (its sum written, as the residual stream goes on) whose sum is
+    /// the input of a product with a folded norm; with `norm`, one operand
+    /// of the add is an `RmsNorm` used only by it, run inside it.
+    AddNorm { norm: Option<NodeId> },
+}
+
+/// The products whose input blocks a [`Prologue`] writes, and the nodes
+/// folded into each. A producer must come right before its product in
+/// `steps` (views aside), so that nothing reuses the 8-bit scratch or the
+/// memory of a value the folded kernel still reads in between.
+pub(super) fn find_prologues(
+    g: &Graph,
+    steps: &[NodeId],
+    locs: &[Loc],
+) -> (HashMap<NodeId, Prologue>, HashMap<NodeId, NodeId>) {
+    let mut users = vec![Vec::new(); g.len()];
+    for id in g.ids() {
+        for &i in &g.node(id).inputs {
+            users[i.index()].push(id);
+        }
+    }
+    let outputs: std::collections::HashSet<NodeId> =
+        g.outputs().iter().map(|(_, id)| *id).collect();
+    let order: Vec<NodeId> = steps
+        .iter()
+        .copied()
+        .filter(|id| !matches!(locs[id.index()], Loc::Alias { .. }))
+        .collect();
+    let before = |id: NodeId, next: NodeId| order.windows(2).any(|w| w[0] == id && w[1] == next);
+    let only_user =
+        |id: NodeId, user: NodeId| users[id.index()] == [user] && !outputs.contains(&id);
+    let (mut prologues, mut folded) = (HashMap::new(), HashMap::new());
+    for &mm in &order {
+        let Op::MatMul { norm } = &g.node(mm).op else {
+            continue;
+        };
+        let p = g.node(mm).inputs[0];
+        match (&g.node(p).op, norm) {
+            (Op::GeGlu, None) if only_user(p, mm) && before(p, mm) => {
+                prologues.insert(mm, Prologue::GeGlu);
+                folded.insert(p, mm);
+            }
+            (Op::Add, Some(_)) if before(p, mm) => {
+                let add = g.node(p);
+                let same = add.inputs.iter().all(|&i| g.node(i).shape == add.shape);
+                if !same {
+                    continue;
+                }
+                let norm = add.inputs.iter().copied().find(|&r| {
+                    matches!(g.node(r).op, Op::RmsNorm(_)) && only_user(r, p) && before(r, p)
+                });
+                prologues.insert(mm, Prologue::AddNorm { norm });
+                folded.insert(p, mm);
+                if let Some(r) = norm {
+                    folded.insert(r, mm);
+                }
+            }
+            _ => {}
+        }
+    }
+    (prologues, folded)
 }
 
 /// Compiles `graph` for the GPU of `weights`, which holds `store`'s weights.
@@ -429,6 +510,7 @@ pub fn compile_cuda(
         }
     }
     let sched = schedule(&g, &opts.max, &view)?;
+    let (prologues, folded) = find_prologues(&g, &sched.steps, &sched.locs);
     let device = Arc::clone(weights.device());
     let s = &device.stream;
     let mut rope_tables = HashMap::new();
@@ -643,6 +725,8 @@ pub fn compile_cuda(
         gemm,
         act_q,
         attn_part,
+        prologues,
+        folded,
         host: None,
         max: opts.max.clone(),
     })
@@ -660,7 +744,7 @@ pub(super) fn linear(n: usize) -> LaunchConfig {
 
 /// One block per row of `d` for the norm kernels: about four elements a
 /// thread (they hold up to eight each in registers), whole warps.
-fn norm_rows(rows: usize, d: usize) -> LaunchConfig {
+pub(super) fn norm_rows(rows: usize, d: usize) -> LaunchConfig {
     let threads = d.div_ceil(4).next_multiple_of(32).clamp(32, 1024);
     grid(rows, 1, threads as u32)
 }
@@ -717,6 +801,70 @@ impl CudaPlan {
         let act_q = self.act_q.as_ref().map_or(0, |a| a.len());
         let part = self.attn_part.as_ref().map_or(0, |a| a.len());
         (self.arena.len() + self.norm_buf.len() + self.meta.len() + part) * 4 + gemm + act_q
+    }
+
+    /// A product's weights: type code, device address, rows and type.
+    fn mm_weights(&self, mm: NodeId) -> Result<Vec<(u32, u64, usize, GgmlType)>, CudaError> {
+        let g = &self.graph_ir;
+        let n = g.node(mm);
+        let Op::MatMul { norm } = &n.op else {
+            unreachable!("a product")
+        };
+        let first = if norm.is_some_and(|s| s.has_gamma) {
+            2
+        } else {
+            1
+        };
+        n.inputs[first..]
+            .iter()
+            .map(|&w| {
+                let (code, ptr) = weight_of(g, &self.weights, w)?;
+                let rows = g.node(w).shape.0[0].fixed().expect("fixed");
+                let DType::Ggml(ty) = g.node(w).dtype else {
+                    unreachable!("a weight")
+                };
+                Ok((code, ptr, rows, ty))
+            })
+            .collect()
+    }
+
+    /// Where product `mm` reads its 8-bit input blocks from this step if a
+    /// [`Prologue`] writes them: it has one, and the step takes the 8-bit
+    /// decode path (few rows, block-type weights only, `q8`). The producer
+    /// and the product both ask, so they agree.
+    fn prologue_blocks(&self, mm: NodeId, b: &Bindings) -> Result<Option<(u64, u64)>, CudaError> {
+        let Some(buf) = self
+            .act_q
+            .as_ref()
+            .filter(|_| self.prologues.contains_key(&mm))
+        else {
+            return Ok(None);
+        };
+        let xd = self
+            .graph_ir
+            .node(self.graph_ir.node(mm).inputs[0])
+            .shape
+            .resolve(b)
+            .expect("bound");
+        let kin = *xd.last().expect("rank");
+        let m = xd.iter().product::<usize>() / kin.max(1);
+        let w = self.mm_weights(mm)?;
+        let ok = m <= MMV_ROWS
+            && kin.is_multiple_of(32)
+            && w.iter().all(|w| !is_float(w.3) && w.1 % 16 == 0);
+        Ok(ok.then(|| {
+            let base = self.device.ptr(buf);
+            (base, base + act_q_bytes(m, kin).0 as u64)
+        }))
+    }
+
+    /// The 8-bit blocks a folded node (see [`find_prologues`]) writes for
+    /// its product this step, if the product takes them.
+    fn folded_blocks(&self, id: NodeId, b: &Bindings) -> Result<Option<(u64, u64)>, CudaError> {
+        match self.folded.get(&id) {
+            Some(&mm) => self.prologue_blocks(mm, b),
+            None => Ok(None),
+        }
     }
 
     fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[Arg]) -> Result<(), CudaError> {
@@ -1151,46 +1299,37 @@ impl CudaPlan {
             Op::MatMul { norm } => {
                 let kin = *in_dims(0).last().expect("rank");
                 let m = in_dims(0).iter().product::<usize>() / kin;
-                let first = if norm.is_some_and(|s| s.has_gamma) {
-                    2
-                } else {
-                    1
-                };
                 let total = *dims.last().expect("rank");
-                let weights_of = n.inputs[first..]
-                    .iter()
-                    .map(|&w| {
-                        let (code, ptr) = weight_of(g, &self.weights, w)?;
-                        let rows = g.node(w).shape.0[0].fixed().expect("fixed");
-                        let DType::Ggml(ty) = g.node(w).dtype else {
-                            unreachable!("a weight")
-                        };
-                        Ok((code, ptr, rows, ty))
-                    })
-                    .collect::<Result<Vec<_>, CudaError>>()?;
-                let float =
-                    |ty: GgmlType| matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+                let weights_of = self.mm_weights(id)?;
+                let float = |ty: GgmlType| is_float(ty);
                 // Up to MMV_ROWS rows (decode): each weight read once for all
                 // of them, straight into registers. `q8` plans quantize the
-                // activations once for every weight of the node, in the norm
-                // kernel where the node has one and no float weights (those
-                // read the f32 activations).
-                let small = m <= MMV_ROWS
-                    && kin % 32 == 0
-                    && inp(0) % 16 == 0
-                    && weights_of.iter().all(|w| w.1 % 16 == 0);
-                let q8 = self
-                    .act_q
-                    .as_ref()
-                    .filter(|_| small && weights_of.iter().any(|w| !float(w.3)))
-                    .map(|buf| {
-                        let base = self.device.ptr(buf);
-                        (base, base + act_q_bytes(m, kin).0 as u64)
-                    });
-                let fused =
-                    q8.is_some() && norm.is_some() && weights_of.iter().all(|w| !float(w.3));
+                // activations once for every weight of the node: in the
+                // kernel before it where that has been folded in (a
+                // `Prologue`), in the norm kernel where the node has a norm
+                // and no float weights (those read the f32 activations),
+                // else on their own.
+                let pre = self.prologue_blocks(id, b)?;
+                let small = pre.is_some()
+                    || (m <= MMV_ROWS
+                        && kin % 32 == 0
+                        && inp(0) % 16 == 0
+                        && weights_of.iter().all(|w| w.1 % 16 == 0));
+                let q8 = pre.or_else(|| {
+                    self.act_q
+                        .as_ref()
+                        .filter(|_| small && weights_of.iter().any(|w| !float(w.3)))
+                        .map(|buf| {
+                            let base = self.device.ptr(buf);
+                            (base, base + act_q_bytes(m, kin).0 as u64)
+                        })
+                });
+                let fused = pre.is_none()
+                    && q8.is_some()
+                    && norm.is_some()
+                    && weights_of.iter().all(|w| !float(w.3));
                 let mut x = inp(0);
-                if let Some(spec) = norm {
+                if let Some(spec) = norm.filter(|_| pre.is_none()) {
                     let gamma = if spec.has_gamma { inp(1) } else { 0 };
                     let (kernel, y, yd) = match q8 {
                         Some((xq, xd)) if fused => (&k.rms_norm_q8, xq, xd),
@@ -1208,7 +1347,7 @@ impl CudaPlan {
                 }
                 if small {
                     let (xq, xd) = q8.unwrap_or((0, 0));
-                    if q8.is_some() && !fused {
+                    if q8.is_some() && !fused && pre.is_none() {
                         self.launch(
                             &k.quantize_q8,
                             linear(m * kin),
@@ -1221,25 +1360,40 @@ impl CudaPlan {
                         )?;
                     }
                     let variant = usize::from(q8.is_some()) * 2 + usize::from(m > 1);
+                    // Runs of up to three weights of one type, one launch each.
                     let mut off = 0;
-                    for &(code, ptr, rows, _) in &weights_of {
-                        self.launch(
-                            &k.mmv[code as usize][variant],
-                            grid(rows.div_ceil(MMV_WARPS), 1, 32 * MMV_WARPS as u32),
-                            &[
-                                Arg::Ptr(ptr),
-                                Arg::Ptr(x),
-                                Arg::Ptr(xq),
-                                Arg::Ptr(xd),
-                                Arg::Ptr(out),
-                                Arg::I32(m as i32),
-                                Arg::I32(rows as i32),
-                                Arg::I32(kin as i32),
-                                Arg::I32(total as i32),
-                                Arg::I32(off as i32),
-                            ],
-                        )?;
-                        off += rows;
+                    for run in weights_of.chunk_by(|a, b| a.0 == b.0) {
+                        for seg in run.chunks(3) {
+                            let at = |i: usize| seg[i.min(seg.len() - 1)].1;
+                            let mut ends = seg.iter().scan(0, |e, w| {
+                                *e += w.2;
+                                Some(*e)
+                            });
+                            let e0 = ends.next().unwrap_or(0);
+                            let e1 = ends.next().unwrap_or(e0);
+                            let rows: usize = seg.iter().map(|w| w.2).sum();
+                            self.launch(
+                                &k.mmv[seg[0].0 as usize][variant],
+                                grid(rows.div_ceil(MMV_WARPS), 1, 32 * MMV_WARPS as u32),
+                                &[
+                                    Arg::Ptr(at(0)),
+                                    Arg::Ptr(at(1)),
+                                    Arg::Ptr(at(2)),
+                                    Arg::I32(e0 as i32),
+                                    Arg::I32(e1 as i32),
+                                    Arg::Ptr(x),
+                                    Arg::Ptr(xq),
+                                    Arg::Ptr(xd),
+                                    Arg::Ptr(out),
+                                    Arg::I32(m as i32),
+                                    Arg::I32(rows as i32),
+                                    Arg::I32(kin as i32),
+                                    Arg::I32(total as i32),
+                                    Arg::I32(off as i32),
+                                ],
+                            )?;
+                            off += rows;
+                        }
                     }
                     return Ok(());
                 }
@@ -1327,6 +1481,61 @@ impl CudaPlan {
                     off += rows;
                 }
             }
+            Op::Add if self.folded_blocks(id, b)?.is_some() => {
+                let (xq, xd) = self.folded_blocks(id, b)?.expect("checked");
+                let mm = self.folded[&id];
+                let Some(Prologue::AddNorm { norm, .. }) = self.prologues.get(&mm).copied() else {
+                    unreachable!("an add folds only into an AddNorm")
+                };
+                let Op::MatMul { norm: Some(spec2) } = &g.node(mm).op else {
+                    unreachable!("an AddNorm's product has a norm")
+                };
+                let gamma2 = if spec2.has_gamma {
+                    self.addr(g.node(mm).inputs[1])
+                } else {
+                    0
+                };
+                // The sum of x and a, where a is the norm's input if one
+                // is folded in.
+                let (a, x, gamma1, eps1) = match norm {
+                    Some(r) => {
+                        let other = n.inputs.iter().copied().find(|&i| i != r).unwrap_or(r);
+                        let Op::RmsNorm(spec1) = &g.node(r).op else {
+                            unreachable!("a folded norm")
+                        };
+                        let gamma1 = if spec1.has_gamma {
+                            self.addr(g.node(r).inputs[1])
+                        } else {
+                            0
+                        };
+                        (
+                            self.addr(g.node(r).inputs[0]),
+                            self.addr(other),
+                            gamma1,
+                            spec1.eps,
+                        )
+                    }
+                    None => (inp(1), inp(0), 0, 0.0),
+                };
+                let d = *dims.last().expect("rank");
+                self.launch(
+                    &k.add_norm_q8,
+                    norm_rows(numel / d, d),
+                    &[
+                        Arg::Ptr(x),
+                        Arg::Ptr(a),
+                        Arg::Ptr(gamma1),
+                        Arg::F32(eps1),
+                        Arg::I32(i32::from(norm.is_some())),
+                        Arg::Ptr(out),
+                        Arg::Ptr(gamma2),
+                        Arg::F32(spec2.eps),
+                        Arg::Ptr(xq),
+                        Arg::Ptr(xd),
+                        Arg::I32(d as i32),
+                    ],
+                )?;
+            }
             Op::Add | Op::Mul => {
                 // Output and `a` as [d0, d1, d2, d3]; `b` aligned from the end.
                 let bd = in_dims(1);
@@ -1383,16 +1592,31 @@ impl CudaPlan {
                     ],
                 )?;
             }
-            Op::GeGlu => self.launch(
-                &k.geglu,
-                linear(numel),
-                &[
-                    Arg::Ptr(inp(0)),
-                    Arg::Ptr(inp(1)),
-                    Arg::Ptr(out),
-                    Arg::I64(numel as i64),
-                ],
-            )?,
+            Op::GeGlu => match self.folded_blocks(id, b)? {
+                Some((xq, xd)) => self.launch(
+                    &k.geglu_q8,
+                    linear(numel),
+                    &[
+                        Arg::Ptr(inp(0)),
+                        Arg::Ptr(inp(1)),
+                        Arg::Ptr(xq),
+                        Arg::Ptr(xd),
+                        Arg::I64(numel as i64),
+                    ],
+                )?,
+                None => self.launch(
+                    &k.geglu,
+                    linear(numel),
+                    &[
+                        Arg::Ptr(inp(0)),
+                        Arg::Ptr(inp(1)),
+                        Arg::Ptr(out),
+                        Arg::I64(numel as i64),
+                    ],
+                )?,
+            },
+            // Folded into the add after it (a prologue of the product after that).
+            Op::RmsNorm(_) if self.folded_blocks(id, b)?.is_some() => {}
             Op::RmsNorm(spec) => {
                 let d = *dims.last().expect("rank");
                 let gamma = if spec.has_gamma { inp(1) } else { 0 };

@@ -363,6 +363,65 @@ fn staged_metadata_gives_the_pools_keys_and_rows() {
     assert_eq!(steps, 46);
 }
 
+#[test]
+fn decode_products_take_their_blocks_from_the_kernel_before() {
+    // Post-norm, residual add, pre-norm folded into gate/up, GeGLU, down:
+    // the add (with the post-norm inside it) writes gate/up's 8-bit blocks
+    // and GeGLU writes down's. Needs no GPU: the plan's analysis alone.
+    use super::plan::{find_prologues, Prologue};
+    let s = store();
+    let build = |keep_norm: bool| {
+        let mut g = Graph::new();
+        let x = g.input("x", DType::F32, Shape::new([seq(), D.into()]));
+        let w = |g: &mut Graph, name: &str| s.node(g, &format!("blk.0.{name}.weight")).unwrap();
+        let wo = w(&mut g, "attn_output");
+        let o = g.matmul(x, wo).unwrap();
+        let pn = w(&mut g, "attn_norm");
+        let n = g.rms_norm(o, Some(pn), 1e-6).unwrap();
+        let sum = g.add(x, n).unwrap();
+        let fnorm = s.node(&mut g, "output_norm.weight").unwrap();
+        let h = g.rms_norm(sum, Some(fnorm), 1e-6).unwrap();
+        let (wg, wu, wd) = (
+            w(&mut g, "ffn_gate"),
+            w(&mut g, "ffn_up"),
+            w(&mut g, "ffn_down"),
+        );
+        let gate = g.matmul(h, wg).unwrap();
+        let up = g.matmul(h, wu).unwrap();
+        let act = g.geglu(gate, up).unwrap();
+        let down = g.matmul(act, wd).unwrap();
+        let y = g.add(sum, down).unwrap();
+        g.output("y", y);
+        if keep_norm {
+            // A value the caller reads is computed, not folded away.
+            g.output("n", n);
+        }
+        g
+    };
+    for keep_norm in [false, true] {
+        let max = Bindings::new().with(Sym::SEQ, 1).with(Sym::ROWS, 1);
+        let g = super::super::compile::prepare(
+            &build(keep_norm),
+            &s,
+            &CompileOptions::new(max.clone()),
+        )
+        .unwrap();
+        let sched = super::super::compile::schedule(&g, &max, &|_| None).unwrap();
+        let (prologues, folded) = find_prologues(&g, &sched.steps, &sched.locs);
+        let kinds: Vec<Prologue> = {
+            let mut v: Vec<_> = prologues.values().copied().collect();
+            v.sort_by_key(|p| matches!(p, Prologue::GeGlu));
+            v
+        };
+        let norm_folded = matches!(kinds.first(), Some(Prologue::AddNorm { norm: Some(_) }));
+        assert_eq!(kinds.len(), 2, "{keep_norm}: {kinds:?}");
+        assert_eq!(kinds[1], Prologue::GeGlu);
+        assert_eq!(norm_folded, !keep_norm, "{kinds:?}");
+        // The add and GeGLU fold, and the norm unless it is an output.
+        assert_eq!(folded.len(), if keep_norm { 2 } else { 3 });
+    }
+}
+
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
@@ -578,8 +637,9 @@ fn every_type_decodes_as_the_reference() {
 #[ignore = "needs a GPU"]
 fn decode_products_match_the_reference() {
     // The 8-bit activation blocks against ggml's reference quantizer (bit
-    // for bit), the norm that writes them against the norm then the
-    // quantizer (bit for bit), then each type's products of 1, 3 and 8 activation rows,
+    // for bit), the kernels that write them for a product (a norm, GeGLU, a
+    // residual add between norms) against the kernels they replace (bit for
+    // bit), then each type's products of 1, 3 and 8 activation rows,
     // both kernels of each (one row, up to eight) and both modes, against
     // f64 sums over the reference's dequantized weights: `exact` with the
     // f32 activations, `q8` with the activations its blocks decode to.
@@ -686,6 +746,100 @@ fn decode_products_match_the_reference() {
                 "m {m}: rms_norm_q8 differs from rms_norm then quantize_q8"
             ));
         }
+        // The folded prologues against the kernels they replace, bit for
+        // bit: GeGLU writing blocks, and a residual add between two norms.
+        let up = s
+            .clone_htod(&(0..m * k).map(|_| r.next()).collect::<Vec<f32>>())
+            .unwrap();
+        let gl = s.alloc_zeros::<f32>(m * k).unwrap();
+        let n64 = (m * k) as u64;
+        let lin = super::plan::linear(m * k);
+        launch(
+            &dev.kernels.geglu,
+            lin,
+            &[dev.ptr(&xg), dev.ptr(&up), dev.ptr(&gl), n64],
+        );
+        launch(
+            &dev.kernels.quantize_q8,
+            lin,
+            &[dev.ptr(&gl), dev.ptr(&nq), dev.ptr(&nd), n64 / 32],
+        );
+        launch(
+            &dev.kernels.geglu_q8,
+            lin,
+            &[dev.ptr(&xg), dev.ptr(&up), dev.ptr(&fq), dev.ptr(&fd), n64],
+        );
+        if s.clone_dtoh(&nq).unwrap() != s.clone_dtoh(&fq).unwrap()
+            || s.clone_dtoh(&nd).unwrap() != s.clone_dtoh(&fd).unwrap()
+        {
+            failures.push(format!(
+                "m {m}: geglu_q8 differs from geglu then quantize_q8"
+            ));
+        }
+        let rows_cfg = super::plan::norm_rows(m, k);
+        let gamma2 = s
+            .clone_htod(&(0..k).map(|_| r.next()).collect::<Vec<f32>>())
+            .unwrap();
+        for norm1 in [true, false] {
+            // Unfused: n = rms_norm(up, gamma) (or up), s = x + n on the
+            // host (one f32 addition, as the add kernel), rms_norm_q8(s).
+            let n = if norm1 {
+                launch(
+                    &dev.kernels.rms_norm,
+                    rows_cfg,
+                    &[dev.ptr(&up), dev.ptr(&gamma), dev.ptr(&normed), kk, eps],
+                );
+                s.clone_dtoh(&normed).unwrap()
+            } else {
+                s.clone_dtoh(&up).unwrap()
+            };
+            let sum: Vec<f32> = x.iter().zip(&n).map(|(a, b)| a + b).collect();
+            let sg = s.clone_htod(&sum).unwrap();
+            launch(
+                &dev.kernels.rms_norm_q8,
+                rows_cfg,
+                &[
+                    dev.ptr(&sg),
+                    dev.ptr(&gamma2),
+                    dev.ptr(&nq),
+                    dev.ptr(&nd),
+                    kk,
+                    eps,
+                ],
+            );
+            let fs = s.alloc_zeros::<f32>(m * k).unwrap();
+            launch(
+                &dev.kernels.add_norm_q8,
+                rows_cfg,
+                &[
+                    dev.ptr(&xg),
+                    dev.ptr(&up),
+                    dev.ptr(&gamma),
+                    eps,
+                    u64::from(norm1),
+                    dev.ptr(&fs),
+                    dev.ptr(&gamma2),
+                    eps,
+                    dev.ptr(&fq),
+                    dev.ptr(&fd),
+                    kk,
+                ],
+            );
+            let same_sum = s
+                .clone_dtoh(&fs)
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .eq(sum.iter().map(|v| v.to_bits()));
+            if !same_sum
+                || s.clone_dtoh(&nq).unwrap() != s.clone_dtoh(&fq).unwrap()
+                || s.clone_dtoh(&nd).unwrap() != s.clone_dtoh(&fd).unwrap()
+            {
+                failures.push(format!(
+                    "m {m} norm1 {norm1}: add_norm_q8 differs from norm, add, norm"
+                ));
+            }
+        }
         for (code, &(ty, name)) in super::TYPES.iter().enumerate() {
             let bytes = random_rows(ty, rows, k, &mut r);
             let wf = rlx_gguf::dequantize_to_vec(ty, &bytes).unwrap();
@@ -698,9 +852,11 @@ fn decode_products_match_the_reference() {
                 let q8 = variant >= 2 && !float;
                 let xs = if q8 { &xq } else { &x };
                 // Into columns 2 .. 2 + rows of rows + 3, as a fused
-                // product's later weights write.
+                // product's later weights write; the rows as three weights
+                // of 2, 3 and 2 rows, as a fused q/k/v launch reads them.
                 let ldy = rows + 3;
                 let y = s.alloc_zeros::<f32>(m * ldy).unwrap();
+                let row_bytes = (bytes.len() / rows) as u64;
                 launch(
                     kernel,
                     LaunchConfig {
@@ -710,6 +866,10 @@ fn decode_products_match_the_reference() {
                     },
                     &[
                         dev.ptr(&w),
+                        dev.ptr(&w) + 2 * row_bytes,
+                        dev.ptr(&w) + 5 * row_bytes,
+                        2,
+                        5,
                         dev.ptr(&xg),
                         dev.ptr(&codes),
                         dev.ptr(&scales),
