@@ -438,6 +438,20 @@ __device__ __forceinline__ u32 lut16(u32 v, const u32* t) {
     return __byte_perm(lo, hi, pick);
 }
 
+// 32 codes whose low bits are 32 bytes at lo (shifted right by ls, LO
+// masking each byte) and whose high bits are 32 bytes at hi (shifted right
+// by hs, HI masking, then up by HS), less CENTRE in each byte: the split
+// code layouts of Q6_K and Q3_K (2-byte-aligned addresses).
+template <u32 LO, u32 HI, int HS, u32 CENTRE>
+__device__ __forceinline__ void join_codes(const u8* lo, int ls, const u8* hi, int hs, int* q) {
+    u32 lw[8], hw[8];
+    ldw_2<8>(lo, lw);
+    ldw_2<8>(hi, hw);
+    #pragma unroll
+    for (int i = 0; i < 8; i++)
+        q[i] = (int)__vsub4(((lw[i] >> ls) & LO) | (((hw[i] >> hs) & HI) << HS), CENTRE);
+}
+
 // One 32-element unit of a block-type weight row: its codes as signed bytes
 // (element i in byte i % 4 of q[i / 4]) and, per half of 16 elements, a
 // scale and an offset: element i = s[i / 16] · code + m[i / 16].
@@ -528,16 +542,8 @@ __device__ __forceinline__ void wunit(const u8* __restrict__ row, int u, WUnit& 
         float d = h2f(*(const u16*)(b + 208));
         w.s[0] = d * (float)sc[2 * j];
         w.s[1] = d * (float)sc[2 * j + 1];
-        int shl = quad < 2 ? 0 : 4, shh = 2 * quad;
-        u32 lw[8], hw[8];
-        ldw_2<8>(ql, lw);
-        ldw_2<8>(qh, hw);
-        #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            u32 lo = (lw[i] >> shl) & 0x0F0F0F0F;
-            u32 hi = ((hw[i] >> shh) & 0x03030303) << 4;
-            w.q[i] = (int)__vsub4(lo | hi, 0x20202020);
-        }
+        join_codes<0x0F0F0F0F, 0x03030303, 4, 0x20202020>(ql, quad < 2 ? 0 : 4, qh, 2 * quad,
+                                                          w.q);
     } else if (T == T_Q2_K || T == T_Q3_K) {
         // Unit j's 2-bit codes: bytes 32 (j / 4) .. +32 of qs, shifted by
         // 2 (j % 4); its halves' scales are sub-blocks 2j and 2j + 1.
@@ -566,15 +572,7 @@ __device__ __forceinline__ void wunit(const u8* __restrict__ row, int u, WUnit& 
                 w.s[h] = d * (float)((low | (high << 4)) - 32);
             }
             // A code is its two bits less 4 where the high mask bit is clear.
-            u32 cw[8], hw[8];
-            ldw_2<8>(qs, cw);
-            ldw_2<8>(b, hw);
-            #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                u32 c = (cw[i] >> sh) & 0x03030303;
-                u32 hm = ((hw[i] >> j) & 0x01010101) << 2;
-                w.q[i] = (int)__vsub4(c | hm, 0x04040404);
-            }
+            join_codes<0x03030303, 0x01010101, 2, 0x04040404>(qs, sh, b, j, w.q);
         }
     } else {  // IQ4_NL, IQ4_XS, MXFP4: 4-bit indices into a codebook
         const u8* qs;
