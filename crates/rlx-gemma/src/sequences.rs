@@ -373,8 +373,9 @@ impl<'m> Sequences<'m> {
                 ),
             }
         };
-        let out = plan.run(&self.batch, Some(&mut self.pool))?;
-        let logits = rlx_runtime::take_output(out, "logits")?;
+        let logits = plan
+            .run(&self.batch, Some(&mut self.pool))?
+            .take_f32("logits")?;
         let mut feeds_at = Vec::with_capacity(feeds.len());
         let mut at = 0;
         for f in feeds {

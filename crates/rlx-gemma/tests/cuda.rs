@@ -163,10 +163,10 @@ fn every_tiny_model_matches_the_cpu() {
 /// GPU against the CPU for prompts of `n` tokens: the first that differs
 /// says where a kernel goes wrong. `None` where the GPU refuses the model.
 fn named_values(path: &Path, n: usize) -> Option<Vec<(String, f64)>> {
-    use rlx_runtime::{Batch, CompileOptions, HostTensor};
+    use rlx_runtime::{Batch, CompileOptions, HostTensor, StepOutputs};
     let cpu = load(path, Device::Cpu).unwrap();
     let gpu = load(path, Device::Cuda(0)).unwrap();
-    let run = |model: &Model| -> Option<Vec<(String, HostTensor)>> {
+    let run = |model: &Model| -> Option<StepOutputs> {
         let mut g = rlx_gemma::build_graph(model.config(), model.store()).unwrap();
         let named: Vec<(String, rlx_ir::NodeId)> = g
             .ids()
@@ -205,14 +205,14 @@ fn named_values(path: &Path, n: usize) -> Option<Vec<(String, f64)>> {
     let g = rlx_gemma::build_graph(cpu.config(), cpu.store()).unwrap();
     let order: Vec<String> = g.ids().filter_map(|id| g.node(id).name.clone()).collect();
     assert!(a.len() > 3, "named values: {:?}", order);
-    let mut a = a;
+    let mut a: Vec<(&str, &HostTensor)> = a.iter().collect();
     a.sort_by_key(|(name, _)| order.iter().position(|o| o == name));
     Some(
-        a.iter()
+        a.into_iter()
             .map(|(name, x)| {
-                let y = &b.iter().find(|(m, _)| m == name).expect("same outputs").1;
+                let y = b.get(name).expect("same outputs");
                 assert_eq!(x.shape(), y.shape(), "{name}");
-                (name.clone(), rel_l2(&f32s(y), &f32s(x)))
+                (name.to_string(), rel_l2(&f32s(y), &f32s(x)))
             })
             .collect(),
     )

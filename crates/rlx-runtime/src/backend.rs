@@ -13,7 +13,7 @@ use rlx_gguf::GgmlType;
 use rlx_ir::{Graph, Op};
 
 use crate::batch::Batch;
-use crate::compile::{CompileOptions, HostTensor, Precision, RunError, Tap};
+use crate::compile::{CompileOptions, HostTensor, Precision, RunError, StepOutputs, Tap};
 use crate::cpu::CpuBackend;
 use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet, StepLayout};
 use crate::weights::WeightStore;
@@ -174,15 +174,11 @@ pub trait Executable: Send {
         batch: &Batch,
         kv: Option<PreparedKv<'_>>,
         values: &[(String, HostTensor)],
-    ) -> Result<Vec<(String, HostTensor)>, RunError>;
+    ) -> Result<StepOutputs, RunError>;
     /// Runs one step of `batch`; a graph that uses the K/V pool writes and
     /// reads each row at its own sequence and position, and the pool
     /// advances its sequences afterwards.
-    fn run(
-        &mut self,
-        batch: &Batch,
-        kv: Option<&mut KvPool>,
-    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+    fn run(&mut self, batch: &Batch, kv: Option<&mut KvPool>) -> Result<StepOutputs, RunError> {
         self.check(batch, kv.as_deref())?;
         step(batch, kv, |kv| self.execute(batch, kv, &[]))
     }
@@ -193,7 +189,7 @@ pub trait Executable: Send {
         batch: &Batch,
         kv: Option<&mut KvPool>,
         tap: &mut Tap<'_>,
-    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+    ) -> Result<StepOutputs, RunError> {
         let _ = tap;
         self.run(batch, kv)
     }

@@ -96,12 +96,59 @@ impl HostTensor {
     }
 }
 
-/// The f32 output `name` of a step's outputs, or an error naming it.
-pub fn take_output(outs: Vec<(String, HostTensor)>, name: &str) -> Result<Vec<f32>, RunError> {
-    outs.into_iter()
-        .find(|(n, _)| n == name)
-        .and_then(|(_, t)| t.into_f32())
-        .ok_or_else(|| RunError::NoOutput(name.into()))
+/// A step's outputs by name, in the graph's order of outputs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepOutputs(Vec<(String, HostTensor)>);
+
+impl StepOutputs {
+    /// The output `name`, or an error naming it.
+    pub fn get(&self, name: &str) -> Result<&HostTensor, RunError> {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| RunError::NoOutput(name.into()))
+    }
+
+    /// Moves the f32 values of output `name` out (later reads of it fail),
+    /// or an error naming it when there is none or it is not f32.
+    pub fn take_f32(&mut self, name: &str) -> Result<Vec<f32>, RunError> {
+        let at = self
+            .0
+            .iter()
+            .position(|(n, _)| n == name)
+            .filter(|&i| self.0[i].1.as_f32().is_some())
+            .ok_or_else(|| RunError::NoOutput(name.into()))?;
+        Ok(self.0.remove(at).1.into_f32().expect("checked to be f32"))
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(n, _)| n.as_str())
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &HostTensor)> {
+        self.0.iter().map(|(n, t)| (n.as_str(), t))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The named tensors, for code that passes them on as values of a
+    /// later plan.
+    pub fn into_vec(self) -> Vec<(String, HostTensor)> {
+        self.0
+    }
+}
+
+impl From<Vec<(String, HostTensor)>> for StepOutputs {
+    fn from(outs: Vec<(String, HostTensor)>) -> Self {
+        StepOutputs(outs)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -593,5 +640,33 @@ pub(crate) fn dump_steps(s: &mut String, g: &Graph, steps: &[NodeId], locs: &[Lo
     }
     for (name, id) in g.outputs() {
         let _ = writeln!(s, "output {name:?} = {id}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_outputs_are_read_by_name() {
+        let mut outs = StepOutputs::from(vec![
+            (
+                "logits".to_string(),
+                HostTensor::f32(vec![1.0, 2.0], &[1, 2]),
+            ),
+            ("ids".to_string(), HostTensor::i32(vec![3], &[1])),
+        ]);
+        assert_eq!((outs.len(), outs.is_empty()), (2, false));
+        assert_eq!(outs.names().collect::<Vec<_>>(), ["logits", "ids"]);
+        assert_eq!(outs.get("ids").unwrap().shape(), &[1]);
+        let missing = |e: RunError, name: &str| matches!(e, RunError::NoOutput(n) if n == name);
+        assert!(missing(outs.get("x").unwrap_err(), "x"));
+        // An i32 output is not taken as f32, and stays.
+        assert!(missing(outs.take_f32("ids").unwrap_err(), "ids"));
+        assert_eq!(outs.take_f32("logits").unwrap(), [1.0, 2.0]);
+        assert!(missing(outs.take_f32("logits").unwrap_err(), "logits"));
+        let rest: Vec<(&str, &HostTensor)> = outs.iter().collect();
+        assert_eq!(rest, [("ids", &HostTensor::i32(vec![3], &[1]))]);
+        assert_eq!(outs.into_vec().len(), 1);
     }
 }

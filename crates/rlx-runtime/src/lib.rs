@@ -27,7 +27,7 @@ pub use backend::{
 };
 pub use batch::{Batch, BatchError, SeqId, SeqRun};
 pub use compile::{
-    take_output, CompileOptions, HostTensor, Precision, RunError, StepInput, StepInputs, Tap,
+    CompileOptions, HostTensor, Precision, RunError, StepInput, StepInputs, StepOutputs, Tap,
 };
 pub use kv::{
     KvChoice, KvDType, KvError, KvGroup, KvLayerSpec, KvPool, KvPoolConfig, KvStorage, KvTypes,

@@ -21,7 +21,7 @@ use rlx_ir::{DType, Dim, Graph, KvSource, NodeId, Op, Shape};
 
 use crate::backend::{Backend, Device, Executable, MemoryReport, PreparedKv};
 use crate::batch::Batch;
-use crate::compile::{CompileOptions, HostTensor, Precision, RunError};
+use crate::compile::{CompileOptions, HostTensor, Precision, RunError, StepOutputs};
 use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet};
 use crate::weights::WeightStore;
 
@@ -468,7 +468,7 @@ impl Executable for SplitPlan {
         batch: &Batch,
         mut kv: Option<PreparedKv<'_>>,
         values: &[(String, HostTensor)],
-    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+    ) -> Result<StepOutputs, RunError> {
         let mut vals: Vec<(String, HostTensor)> = values.to_vec();
         let mut outs = Vec::new();
         for part in &mut self.parts {
@@ -480,7 +480,7 @@ impl Executable for SplitPlan {
                 _ => None,
             };
             let res = part.exec.execute(batch, pk, &vals)?;
-            for (name, t) in res {
+            for (name, t) in res.into_vec() {
                 if self.finals.contains(&name) {
                     outs.push((name, t));
                 } else {
@@ -496,7 +496,7 @@ impl Executable for SplitPlan {
             .map(|(n, _)| n.as_str())
             .collect();
         outs.sort_by_key(|(n, _)| order.iter().position(|o| o == n));
-        Ok(outs)
+        Ok(outs.into())
     }
 
     fn graph(&self) -> &Graph {

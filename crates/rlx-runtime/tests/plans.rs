@@ -255,8 +255,7 @@ fn step(p: &mut Plan, (kv, seq): &mut (KvPool, SeqId), toks: &[i32]) -> Vec<f32>
     for (i, &t) in toks.iter().enumerate() {
         b.push(*seq, start + i, t as u32, true);
     }
-    let out = p.run(&b, Some(kv)).unwrap();
-    out[0].1.as_f32().unwrap().to_vec()
+    p.run(&b, Some(kv)).unwrap().take_f32("logits").unwrap()
 }
 
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
@@ -413,7 +412,7 @@ fn a_batch_of_sequences_matches_each_alone() {
         b.push_run(*s, 0, &t, |_| true);
     }
     let out = p.run(&b, Some(&mut kv)).unwrap();
-    let logits = out[0].1.as_f32().unwrap();
+    let logits = out.get("logits").unwrap().as_f32().unwrap();
     let mut row = 0;
     for (i, toks) in prompts.iter().enumerate() {
         let n = (toks.len() - 1) * VOCAB;
@@ -426,7 +425,8 @@ fn a_batch_of_sequences_matches_each_alone() {
         b.push(*s, toks.len() - 1, *toks.last().unwrap() as u32, true);
     }
     let out = p.run(&b, Some(&mut kv)).unwrap();
-    for (i, row) in out[0].1.as_f32().unwrap().chunks(VOCAB).enumerate() {
+    let logits = out.get("logits").unwrap().as_f32().unwrap();
+    for (i, row) in logits.chunks(VOCAB).enumerate() {
         got[i].extend_from_slice(row);
     }
     for i in 0..3 {
@@ -498,11 +498,10 @@ fn a_span_sees_itself_both_ways_and_nothing_else_changes() {
         for (i, &t) in toks.iter().enumerate() {
             b.push_in_span(seq, i, t as u32, true, span(i));
         }
-        plan.run(&b, Some(&mut kv)).unwrap()[0]
-            .1
-            .as_f32()
+        plan.run(&b, Some(&mut kv))
             .unwrap()
-            .to_vec()
+            .take_f32("logits")
+            .unwrap()
     };
     let plain = run(&mut plan, &|_| 0);
     let spanned = run(&mut plan, &|i| if (3..=8).contains(&i) { 5 } else { 0 });
@@ -520,11 +519,11 @@ fn a_span_sees_itself_both_ways_and_nothing_else_changes() {
     for (i, &t) in toks.iter().enumerate() {
         b.push(seq, i, t as u32, true);
     }
-    let base = unspanned.run(&b, Some(&mut kv)).unwrap()[0]
-        .1
-        .as_f32()
+    let base = unspanned
+        .run(&b, Some(&mut kv))
         .unwrap()
-        .to_vec();
+        .take_f32("logits")
+        .unwrap();
     assert_eq!(base, plain);
 }
 

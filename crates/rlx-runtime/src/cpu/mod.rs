@@ -23,7 +23,9 @@ use crate::backend::{
     host_memory, kv_dtype_for, Backend, Device, Executable, MemoryReport, PreparedKv,
 };
 use crate::batch::Batch;
-use crate::compile::{bind_early, CompileOptions, HostTensor, Precision, RunError, Tap};
+use crate::compile::{
+    bind_early, CompileOptions, HostTensor, Precision, RunError, StepOutputs, Tap,
+};
 use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet};
 use crate::weights::WeightStore;
 pub use kv::CpuKvStorage;
@@ -124,7 +126,7 @@ impl Executable for Plan {
         batch: &Batch,
         kv: Option<PreparedKv<'_>>,
         values: &[(String, HostTensor)],
-    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+    ) -> Result<StepOutputs, RunError> {
         self.run_inner(batch, kv, values, None)
     }
 
@@ -133,7 +135,7 @@ impl Executable for Plan {
         batch: &Batch,
         kv: Option<&mut KvPool>,
         tap: &mut Tap<'_>,
-    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+    ) -> Result<StepOutputs, RunError> {
         Plan::run_with_tap(self, batch, kv, tap)
     }
 

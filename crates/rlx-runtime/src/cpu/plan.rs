@@ -14,7 +14,7 @@ use crate::backend::{step, Executable, PreparedKv};
 use crate::batch::Batch;
 use crate::compile::{
     bind, dump_steps, narrow_from, node_err, prepare, schedule, value_copies, CompileOptions,
-    HostTensor, Loc, RunError, Schedule, StepInputs, Tap,
+    HostTensor, Loc, RunError, Schedule, StepInputs, StepOutputs, Tap,
 };
 use crate::cpu::kernels::{attention, elementwise, moe, norm, rope, shape as shape_k};
 use crate::cpu::kv::{CpuKvStorage, RowsView};
@@ -146,11 +146,7 @@ impl Plan {
     /// graph that uses the K/V pool writes each row at its sequence and
     /// position (the pool advances the sequences afterwards). Returns the
     /// graph's outputs (logits: one row per batch row that wants them).
-    pub fn run(
-        &mut self,
-        batch: &Batch,
-        kv: Option<&mut KvPool>,
-    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+    pub fn run(&mut self, batch: &Batch, kv: Option<&mut KvPool>) -> Result<StepOutputs, RunError> {
         Executable::run(self, batch, kv)
     }
 
@@ -161,7 +157,7 @@ impl Plan {
         batch: &Batch,
         kv: Option<&mut KvPool>,
         tap: &mut Tap<'_>,
-    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+    ) -> Result<StepOutputs, RunError> {
         step(batch, kv, |kv| self.run_inner(batch, kv, &[], Some(tap)))
     }
 
@@ -173,7 +169,7 @@ impl Plan {
         mut kv: Option<PreparedKv<'_>>,
         values: &[(String, HostTensor)],
         mut tap: Option<&mut Tap<'_>>,
-    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+    ) -> Result<StepOutputs, RunError> {
         let inputs = StepInputs::new(batch, values);
         let b = bind(&self.graph, &self.opts.max, &inputs)?;
         self.copy_in(&inputs);
@@ -207,7 +203,7 @@ impl Plan {
             };
             outs.push((name.clone(), t));
         }
-        Ok(outs)
+        Ok(outs.into())
     }
 
     /// Copies the f32 inputs into their arena buffers.

@@ -9,7 +9,7 @@ use rlx_ir::{Graph, Op};
 use super::{compile_cuda, supports, CudaDevice, CudaError, CudaKvStorage, CudaPlan, CudaWeights};
 use crate::backend::{kv_dtype_for, Backend, Device, Executable, MemoryReport, PreparedKv};
 use crate::batch::Batch;
-use crate::compile::{CompileOptions, HostTensor, Precision, RunError};
+use crate::compile::{CompileOptions, HostTensor, Precision, RunError, StepOutputs};
 use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet};
 use crate::weights::WeightStore;
 
@@ -149,7 +149,7 @@ impl Executable for CudaPlan {
         batch: &Batch,
         kv: Option<PreparedKv<'_>>,
         values: &[(String, HostTensor)],
-    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+    ) -> Result<StepOutputs, RunError> {
         let label = self.cuda_label();
         let mut kv = kv;
         if let Some(k) = kv.as_mut() {

@@ -19,7 +19,7 @@ use crate::batch::Batch;
 use crate::compile::Precision;
 use crate::compile::{
     bind, bind_early, dump_steps, narrow_from, node_err, prepare, schedule, value_copies,
-    CompileOptions, HostTensor, Loc, RunError, StepInput, StepInputs,
+    CompileOptions, HostTensor, Loc, RunError, StepInput, StepInputs, StepOutputs,
 };
 use crate::kv::{KvError, KvPool, StepLayout, BLOCK_TOKENS};
 use crate::weights::WeightStore;
@@ -906,11 +906,7 @@ impl CudaPlan {
     /// graph that uses the K/V pool writes each row at its sequence and
     /// position (the pool advances the sequences afterwards). Outputs come
     /// back to the host.
-    pub fn run(
-        &mut self,
-        batch: &Batch,
-        kv: Option<&mut KvPool>,
-    ) -> Result<Vec<(String, HostTensor)>, RunError> {
+    pub fn run(&mut self, batch: &Batch, kv: Option<&mut KvPool>) -> Result<StepOutputs, RunError> {
         crate::backend::Executable::run(self, batch, kv)
     }
 
@@ -963,7 +959,7 @@ impl CudaPlan {
         batch: &Batch,
         kv: Option<(&KvPool, &StepLayout)>,
         values: &[(String, HostTensor)],
-    ) -> Result<Vec<(String, HostTensor)>, CudaError> {
+    ) -> Result<StepOutputs, CudaError> {
         let inputs = StepInputs::new(batch, values);
         let b = bind(&self.graph_ir, &self.max, &inputs)?;
         self.check_indices(&b, &inputs)?;
@@ -1066,7 +1062,7 @@ impl CudaPlan {
             };
             outs.push((name.clone(), HostTensor::f32(data, &dims)));
         }
-        Ok(outs)
+        Ok(outs.into())
     }
 
     /// The label of this plan's GPU, for errors.

@@ -257,8 +257,9 @@ fn scenario(backend: &dyn Backend, dtype: KvDType) -> Vec<Vec<f32>> {
             &mut prefill
         };
         let o = p.run(b, Some(kv)).unwrap();
-        assert_eq!(o[0].1.shape(), &[b.logit_rows().len(), VOCAB]);
-        out.push(o[0].1.as_f32().unwrap().to_vec());
+        let logits = o.get("logits").unwrap();
+        assert_eq!(logits.shape(), &[b.logit_rows().len(), VOCAB]);
+        out.push(logits.as_f32().unwrap().to_vec());
         kv.check_invariants().unwrap();
     });
     out
@@ -1132,8 +1133,8 @@ fn attention_over_inputs_matches_the_cpu() {
                 for i in 0..n {
                     batch.push(SeqId(0), i, ((i * 37 + 5) % VOCAB) as u32, true);
                 }
-                let o = plan.run(&batch, None).unwrap();
-                outs.push(o[0].1.as_f32().unwrap().to_vec());
+                let mut o = plan.run(&batch, None).unwrap();
+                outs.push(o.take_f32("a").unwrap());
             }
             let err = rel_l2(&outs[1], &outs[0]);
             assert!(
@@ -1216,8 +1217,8 @@ fn span_attention_matches_the_cpu() {
                             batch.push_in_span(ids[sq as usize], p, t, true, span);
                         }
                     }
-                    let o = plan.run(&batch, Some(&mut pool)).unwrap();
-                    per_step.push(o[0].1.as_f32().unwrap().to_vec());
+                    let mut o = plan.run(&batch, Some(&mut pool)).unwrap();
+                    per_step.push(o.take_f32("a").unwrap());
                 }
                 outs.push(per_step);
             }
