@@ -500,6 +500,24 @@ fn kernels_compile_with_nvrtc() {
     }
 }
 
+/// Launches kernel `f` with `args` as u64 values, which the kernels read as
+/// pointers or (little-endian) integers and floats.
+fn launch_raw(
+    s: &Arc<cudarc::driver::CudaStream>,
+    f: &cudarc::driver::CudaFunction,
+    cfg: cudarc::driver::LaunchConfig,
+    args: &[u64],
+) {
+    use cudarc::driver::PushKernelArg;
+    let mut b = s.launch_builder(f);
+    for a in args {
+        b.arg(a);
+    }
+    // SAFETY: every caller passes its kernel's arguments in order, pointers
+    // to buffers it allocated of the sizes the kernel reads and writes.
+    unsafe { b.launch(cfg) }.unwrap();
+}
+
 /// Random blocks of `ty` for `rows × k` elements: every code bit random, the
 /// scales random but finite and modest (a NaN or infinite scale decodes the
 /// same nowhere), float types random finite values.
@@ -550,20 +568,13 @@ fn every_type_decodes_as_the_reference() {
     // the gather and dequantization kernels; single elements, read by the
     // products) against rlx_gguf::dequantize on random blocks. The product
     // reads them through one-hot activations, so each output is one weight.
-    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use cudarc::driver::LaunchConfig;
     let dev = super::CudaDevice::new(0).unwrap();
     let s = &dev.stream;
     let (rows, k) = (3usize, 512usize);
     let mut r = Rng(11);
     let launch = |f: &cudarc::driver::CudaFunction, cfg: LaunchConfig, args: &[u64]| {
-        let mut b = s.launch_builder(f);
-        for a in args {
-            b.arg(a);
-        }
-        // SAFETY: each call below passes its kernel's arguments, as u64
-        // values the kernels read as pointers or (little-endian) integers
-        // of the sizes this test allocates.
-        unsafe { b.launch(cfg) }.unwrap();
+        launch_raw(s, f, cfg, args)
     };
     let mut failures = Vec::new();
     for (code, &(ty, name)) in super::TYPES.iter().enumerate() {
@@ -644,20 +655,13 @@ fn decode_products_match_the_reference() {
     // both kernels of each (one row, up to eight) and both modes, against
     // f64 sums over the reference's dequantized weights: `exact` with the
     // f32 activations, `q8` with the activations its blocks decode to.
-    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use cudarc::driver::LaunchConfig;
     let dev = super::CudaDevice::new(0).unwrap();
     let s = &dev.stream;
     let (rows, k) = (7usize, 768usize);
     let mut r = Rng(5);
     let launch = |f: &cudarc::driver::CudaFunction, cfg: LaunchConfig, args: &[u64]| {
-        let mut b = s.launch_builder(f);
-        for a in args {
-            b.arg(a);
-        }
-        // SAFETY: each call below passes its kernel's arguments, as u64
-        // values the kernels read as pointers or (little-endian) integers
-        // of the sizes this test allocates.
-        unsafe { b.launch(cfg) }.unwrap();
+        launch_raw(s, f, cfg, args)
     };
     let mut failures = Vec::new();
     for m in [1usize, 3, 8] {
@@ -942,7 +946,7 @@ fn merged_attention(part: &[f32], splits: usize, hdv: usize) -> Vec<f32> {
 #[test]
 #[ignore = "needs a GPU"]
 fn split_attention_merges_as_the_reference() {
-    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use cudarc::driver::LaunchConfig;
     let dev = super::CudaDevice::new(0).unwrap();
     let s = &dev.stream;
     let (queries, splits, hdv) = (5usize, 7usize, 256usize);
@@ -962,17 +966,13 @@ fn split_attention_merges_as_the_reference() {
     }
     let pg = s.clone_htod(&part).unwrap();
     let out = s.alloc_zeros::<f32>(queries * hdv).unwrap();
-    let mut b = s.launch_builder(&dev.kernels.attention_merge);
-    let (sp, hd) = (splits as i32, hdv as i32);
-    b.arg(&pg).arg(&out).arg(&sp).arg(&hd);
     let cfg = LaunchConfig {
         grid_dim: (queries as u32, 1, 1),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: the kernel reads queries × splits partials of 514 floats and
-    // writes queries × hdv floats, as allocated above.
-    unsafe { b.launch(cfg) }.unwrap();
+    let args = [dev.ptr(&pg), dev.ptr(&out), splits as u64, hdv as u64];
+    launch_raw(s, &dev.kernels.attention_merge, cfg, &args);
     let got = s.clone_dtoh(&out).unwrap();
     let want = merged_attention(&part, splits, hdv);
     let worst = got
