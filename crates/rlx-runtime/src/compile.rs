@@ -173,7 +173,7 @@ pub enum RunError {
     Kv(#[from] KvError),
     #[error("the graph uses the KV cache but no cache was given")]
     NoCache,
-    #[error("the plan has no f32 output {0:?}")]
+    #[error("the step has no output {0:?} of the type asked for")]
     NoOutput(String),
     #[error(transparent)]
     Batch(#[from] BatchError),
