@@ -24,9 +24,10 @@ pub struct ModelArgs {
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
-    /// Matmul arithmetic: `q8` (the fast path: on a CPU, activations
-    /// quantized to 8 bits and integer dot products, as llama.cpp does; on a
-    /// GPU, products of many tokens in bf16 on the tensor cores) or `exact`
+    /// Matmul arithmetic: `q8` (the fast path: activations quantized to 8
+    /// bits and integer dot products, as llama.cpp does, on a CPU and for
+    /// decode on a GPU, where products of many tokens run in bf16 on the
+    /// tensor cores) or `exact`
     /// (f32 on the exactly dequantized weights: matches transformers to
     /// ~1e-6, for parity checks).
     #[arg(long, default_value = "q8", value_parser = ["exact", "q8"])]
