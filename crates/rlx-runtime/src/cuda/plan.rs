@@ -1253,6 +1253,9 @@ impl CudaPlan {
         let inp = |i: usize| self.addr(n.inputs[i]);
         let in_dims = |i: usize| g.node(n.inputs[i]).shape.resolve(b).expect("bound");
         let ml = self.meta_layout;
+        // Where this node is folded into a product's prologue this step: the
+        // 8-bit blocks it writes instead of its own output.
+        let folded = self.folded_blocks(id, b)?;
         match &n.op {
             Op::KvWrite { slot } => {
                 let kv = kv.ok_or(RunError::NoCache)?;
@@ -1297,7 +1300,6 @@ impl CudaPlan {
                 let m = in_dims(0).iter().product::<usize>() / kin;
                 let total = *dims.last().expect("rank");
                 let weights_of = self.mm_weights(id)?;
-                let float = |ty: GgmlType| is_float(ty);
                 // Up to MMV_ROWS rows (decode): each weight read once for all
                 // of them, straight into registers. `q8` plans quantize the
                 // activations once for every weight of the node: in the
@@ -1314,7 +1316,7 @@ impl CudaPlan {
                 let q8 = pre.or_else(|| {
                     self.act_q
                         .as_ref()
-                        .filter(|_| small && weights_of.iter().any(|w| !float(w.3)))
+                        .filter(|_| small && weights_of.iter().any(|w| !is_float(w.3)))
                         .map(|buf| {
                             let base = self.device.ptr(buf);
                             (base, base + act_q_bytes(m, kin).0 as u64)
@@ -1323,7 +1325,7 @@ impl CudaPlan {
                 let fused = pre.is_none()
                     && q8.is_some()
                     && norm.is_some()
-                    && weights_of.iter().all(|w| !float(w.3));
+                    && weights_of.iter().all(|w| !is_float(w.3));
                 let mut x = inp(0);
                 if let Some(spec) = norm.filter(|_| pre.is_none()) {
                     let gamma = if spec.has_gamma { inp(1) } else { 0 };
@@ -1477,8 +1479,8 @@ impl CudaPlan {
                     off += rows;
                 }
             }
-            Op::Add if self.folded_blocks(id, b)?.is_some() => {
-                let (xq, xd) = self.folded_blocks(id, b)?.expect("checked");
+            Op::Add if folded.is_some() => {
+                let (xq, xd) = folded.expect("checked");
                 let mm = self.folded[&id];
                 let Some(Prologue::AddNorm { norm, .. }) = self.prologues.get(&mm).copied() else {
                     unreachable!("an add folds only into an AddNorm")
@@ -1588,7 +1590,7 @@ impl CudaPlan {
                     ],
                 )?;
             }
-            Op::GeGlu => match self.folded_blocks(id, b)? {
+            Op::GeGlu => match folded {
                 Some((xq, xd)) => self.launch(
                     &k.geglu_q8,
                     linear(numel),
@@ -1612,7 +1614,7 @@ impl CudaPlan {
                 )?,
             },
             // Folded into the add after it (a prologue of the product after that).
-            Op::RmsNorm(_) if self.folded_blocks(id, b)?.is_some() => {}
+            Op::RmsNorm(_) if folded.is_some() => {}
             Op::RmsNorm(spec) => {
                 let d = *dims.last().expect("rank");
                 let gamma = if spec.has_gamma { inp(1) } else { 0 };
