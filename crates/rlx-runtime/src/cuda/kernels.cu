@@ -14,6 +14,19 @@ typedef unsigned int u32;
 
 #define NEG_INF __int_as_float(0xff800000)
 
+// Programmatic dependent launch (sm_90 on; the host asks for it there): a
+// kernel may be launched while the one before it still runs, so every
+// kernel first waits until its predecessor has finished and its writes are
+// visible, then lets its own successor launch, whose blocks get ready while
+// this one works. Every kernel calls this before touching memory. Without
+// the launch attribute both instructions do nothing.
+__device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Weight type codes; the Rust side passes the same numbers.
 #define T_F32 0
 #define T_F16 1
@@ -380,6 +393,7 @@ __device__ void matmul_body(const u8* __restrict__ w, const float* __restrict__ 
 #define MATMUL(SUF, T)                                                                    \
     extern "C" __global__ void matmul_##SUF(const u8* w, const float* x, float* y, int m, \
                                             int n, int k, int ldy, int y_off) {           \
+        pdl_begin();                                                                      \
         matmul_body<T>(w, x, y, m, n, k, ldy, y_off);                                     \
     }
 FOR_EACH_TYPE(MATMUL)
@@ -665,6 +679,7 @@ __device__ __forceinline__ void q8_store(float v, i8* q, u16* d) {
 // row) and the f16 scales in d (k / 32 a row). One warp per block.
 extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restrict__ qs,
                                        u16* __restrict__ d, long long blocks) {
+    pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if ((i >> 5) >= blocks) return;
     q8_store(x[i], qs + i, d + (i >> 5));
@@ -698,11 +713,16 @@ __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
     // arithmetic (past the row's end a lane reloads its last unit and
     // drops it): a warp waits for memory once per U units, not once per unit.
     constexpr int U = is_float(T) ? 2 : 4;
+    // No kernel writes weights: the first units' loads go out before the
+    // wait for the kernel before (pdl_begin), and overlap its end.
+    bool waited = false;
     for (int u0 = lane; u0 < units; u0 += 32 * U) {
         if (is_float(T)) {
             float v[U][32];
             #pragma unroll
             for (int j = 0; j < U; j++) funit<T>(row, min(u0 + 32 * j, units - 1), v[j]);
+            if (!waited) pdl_begin();
+            waited = true;
             #pragma unroll
             for (int j = 0; j < U; j++) {
                 int u = u0 + 32 * j;
@@ -716,6 +736,8 @@ __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
         WUnit q[U];
         #pragma unroll
         for (int j = 0; j < U; j++) wunit<T>(row, min(u0 + 32 * j, units - 1), q[j]);
+        if (!waited) pdl_begin();
+        waited = true;
         #pragma unroll
         for (int j = 0; j < U; j++) {
             int u = u0 + 32 * j;
@@ -760,6 +782,7 @@ __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
             }
         }
     }
+    if (!waited) pdl_begin();
     #pragma unroll
     for (int t = 0; t < NX; t++) {
         float s = warp_sum(acc[t]);
@@ -803,6 +826,7 @@ __device__ void gather_body(const u8* table, const int* ids, float* out, int n, 
 #define GATHER(SUF, T)                                                                   \
     extern "C" __global__ void gather_##SUF(const u8* table, const int* ids, float* out,  \
                                             int n, int k) {                              \
+        pdl_begin();                                                                     \
         gather_body<T>(table, ids, out, n, k);                                           \
     }
 FOR_EACH_TYPE(GATHER)
@@ -846,12 +870,14 @@ __device__ void dequant_body(const u8* w, void* out, long long n, int k, int bf1
 #define DEQUANT(SUF, T)                                                                   \
     extern "C" __global__ void dequant_##SUF(const u8* w, void* out, long long n, int k,  \
                                              int bf16) {                                  \
+        pdl_begin();                                                                      \
         dequant_body<T>(w, out, n, k, bf16);                                              \
     }
 FOR_EACH_TYPE(DEQUANT)
 
 // y = x as bf16 (the activations of a bf16 library product).
 extern "C" __global__ void to_bf16(const float* x, u16* y, long long n) {
+    pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = (u16)f2bf(x[i]);
 }
@@ -936,6 +962,7 @@ extern "C" __global__ void add_norm_q8(const float* __restrict__ x, const float*
                                        const float* __restrict__ g1, float eps1, int norm1,
                                        float* s, const float* __restrict__ g2, float eps2,
                                        i8* qs, u16* qd, int d) {
+    pdl_begin();
     __shared__ float part[32];
     size_t base = (size_t)blockIdx.x * d;
     const float *ar = a + base, *xr = x + base;
@@ -977,11 +1004,13 @@ extern "C" __global__ void add_norm_q8(const float* __restrict__ x, const float*
 
 extern "C" __global__ void rms_norm(const float* x, const float* gamma, float* y, int d,
                                     float eps) {
+    pdl_begin();
     rms_norm_body<false>(x, gamma, y, nullptr, nullptr, d, eps);
 }
 
 extern "C" __global__ void rms_norm_q8(const float* x, const float* gamma, i8* qs, u16* qd,
                                        int d, float eps) {
+    pdl_begin();
     rms_norm_body<true>(x, gamma, nullptr, qs, qd, d, eps);
 }
 
@@ -992,6 +1021,7 @@ extern "C" __global__ void rms_norm_q8(const float* x, const float* gamma, i8* q
 extern "C" __global__ void binary(const float* a, const float* b, float* y, long long n, int d1,
                                   int d2, int d3, long long s0, long long s1, long long s2,
                                   long long s3, int op) {
+    pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     long long r = i;
@@ -1013,6 +1043,7 @@ __device__ __forceinline__ float gelu(float x) {
 }
 
 extern "C" __global__ void unary(const float* x, float* y, long long n, int op, float c) {
+    pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = x[i];
@@ -1025,6 +1056,7 @@ extern "C" __global__ void unary(const float* x, float* y, long long n, int op, 
 }
 
 extern "C" __global__ void geglu(const float* gate, const float* up, float* y, long long n) {
+    pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = gelu(gate[i]) * up[i];
 }
@@ -1033,15 +1065,29 @@ extern "C" __global__ void geglu(const float* gate, const float* up, float* y, l
 // geglu then quantize_q8 write them). One warp per block.
 extern "C" __global__ void geglu_q8(const float* gate, const float* up, i8* qs, u16* qd,
                                     long long n) {
+    pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if ((i >> 5) >= (n >> 5)) return;
     q8_store(gelu(gate[i]) * up[i], qs + i, qd + (i >> 5));
+}
+
+// Element c of a head after NEOX rotary embedding, where pairs (i, i + half)
+// for i < half rotate by angle pos · inv[i] and a, b are the pair's values
+// (c's own and its partner, in pair order). Explicitly rounded, as the CPU
+// computes it (no contracted multiply-adds), so that every kernel that
+// rotates gives the same bits.
+__device__ __forceinline__ float rope_elem(float a, float b, int pos, float inv, bool first) {
+    float s, co;
+    sincosf((float)pos * inv, &s, &co);
+    return first ? __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, s))
+                 : __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, s));
 }
 
 // NEOX rotary embedding of x [n, heads, hd]: pairs (i, i + n_rot/2) for
 // i < n_rot/2 rotate by pos · inv[i] (the host's f32 table, as the CPU uses).
 extern "C" __global__ void rope(const float* x, const int* pos, const float* inv, float* y,
                                 int n, int heads, int hd, int n_rot) {
+    pdl_begin();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     int half = n_rot / 2;
     if (idx >= n * heads * hd) return;
@@ -1052,11 +1098,44 @@ extern "C" __global__ void rope(const float* x, const int* pos, const float* inv
         return;
     }
     int i = c < half ? c : c - half;
-    float s, co;
-    sincosf((float)pos[t] * inv[i], &s, &co);
     int head = idx - c;
-    float a = x[head + i], b = x[head + i + half];
-    y[idx] = c < half ? a * co - b * s : b * co + a * s;
+    y[idx] = rope_elem(x[head + i], x[head + i + half], pos[t], inv[i], c < half);
+}
+
+// rms_norm over each head of x [n, heads, hd] (one block per head, as
+// rms_norm runs), then rope of the normed head: bit for bit the two kernels
+// one after the other, in one launch. The normed head goes through shared
+// memory (hd ≤ 512), since a rotated pair's two elements belong to
+// different threads. y may be where x is: a block reads its head before
+// writing it, and blocks touch only their own head.
+extern "C" __global__ void rms_norm_rope(const float* x, const float* gamma, float* y, int hd,
+                                         float eps, const int* pos, const float* inv, int heads,
+                                         int n_rot) {
+    pdl_begin();
+    __shared__ float part[32];
+    __shared__ float normed[512];
+    const float* xr = x + (size_t)blockIdx.x * hd;
+    float v[NORM_HELD], g[NORM_HELD];
+    hold_row(xr, gamma, hd, v, g);
+    float inv_rms = row_inv_rms(v, xr, hd, eps, part);
+    #pragma unroll
+    for (int c = 0; c < NORM_HELD; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        if (i < hd) normed[i] = v[c] * inv_rms * g[c];
+    }
+    for (int i = threadIdx.x + NORM_HELD * blockDim.x; i < hd; i += blockDim.x)
+        normed[i] = xr[i] * inv_rms * (gamma ? gamma[i] : 1.0f);
+    __syncthreads();
+    int half = n_rot / 2, p = pos[blockIdx.x / heads];
+    float* yr = y + (size_t)blockIdx.x * hd;
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+        if (c >= n_rot) {
+            yr[c] = normed[c];
+            continue;
+        }
+        int i = c < half ? c : c - half;
+        yr[c] = rope_elem(normed[i], normed[i + half], p, inv[i], c < half);
+    }
 }
 
 // K/V buffers hold rows of f32, f16 or bf16 elements, or of ggml's Q8_0
@@ -1138,6 +1217,7 @@ __device__ void kv_store_unit(void* base, int t, size_t row, int w, int u, const
 // 32-element unit.
 extern "C" __global__ void kv_write(const float* k, const float* v, void* kc, void* vc,
                                     const int* rows, int n, int kd, int vd, int kt, int vt) {
+    pdl_begin();
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     int ku = (kd + 31) >> 5, vu = (vd + 31) >> 5;
     if (idx >= (long long)n * (ku + vu)) return;
@@ -1233,14 +1313,37 @@ struct DenseKeys {
 // block with an online softmax, and their partial results are merged at the
 // end. With one split the block writes out [n, hq, hdv] (a query that sees
 // no key gets zeros); with more it writes its unnormalized sum, maximum and
-// total into part (ATTN_PART floats a split, see attention_merge). hd, hdv ≤
-// 512; keys of type KT and values of type VT (`kv_load`).
+// total into part (ATTN_PART floats a split), and the last split of a
+// (row, head) to finish merges them (merge_splits). hd, hdv ≤ 512; keys of
+// type KT and values of type VT (`kv_load`).
 #define AW 4
 #define ATTN_PART (512 + 2)
+// The splits of one (query row, head) of attention_body merged, by one
+// block: each split's sum scaled from its own maximum to the largest, over
+// the scaled totals (zeros where no split saw a key). The partial results
+// come from other blocks: read through L2 (`__ldcg`), not a stale L1.
+__device__ void merge_splits(const float* p, float* orow, int splits, int hdv) {
+    float big = NEG_INF;
+    for (int s = 0; s < splits; s++) big = fmaxf(big, __ldcg(p + s * ATTN_PART + 512));
+    float total = 0.0f;
+    for (int s = 0; s < splits; s++) {
+        float m = __ldcg(p + s * ATTN_PART + 512);
+        if (m > NEG_INF) total += expf(m - big) * __ldcg(p + s * ATTN_PART + 513);
+    }
+    for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < splits; s++) {
+            float m = __ldcg(p + s * ATTN_PART + 512);
+            if (m > NEG_INF) o += expf(m - big) * __ldcg(p + s * ATTN_PART + c);
+        }
+        orow[c] = total > 0.0f ? o / total : 0.0f;
+    }
+}
+
 template <int KT, int VT, class Keys>
 __device__ void attention_body(const float* q, const void* kc, const void* vc, Keys keys,
-                               float* out, float* part, int hq, int hkv, int hd, int hdv,
-                               float scale, float softcap, int mask, int window) {
+                               float* out, float* part, int* done, int hq, int hkv, int hd,
+                               int hdv, float scale, float softcap, int mask, int window) {
     __shared__ float sm_m[AW], sm_l[AW];
     __shared__ float sm_o[AW][512];
     int qi = blockIdx.x / hq, h = blockIdx.x % hq;
@@ -1319,33 +1422,26 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
             if (sm_m[w] > NEG_INF) o += expf(sm_m[w] - big) * sm_o[w][c];
         orow[c] = split ? o : total > 0.0f ? o / total : 0.0f;
     }
-    if (split && threadIdx.x == 0) {
+    if (!split) return;
+    if (threadIdx.x == 0) {
         prow[512] = big;
         prow[513] = total;
     }
-}
-
-// The splits of attention_body merged per (query row, head), one block each:
-// each split's sum scaled from its own maximum to the largest, over the
-// scaled totals (zeros where no split saw a key).
-extern "C" __global__ void attention_merge(const float* part, float* out, int splits, int hdv) {
-    const float* p = part + (size_t)blockIdx.x * splits * ATTN_PART;
-    float big = NEG_INF;
-    for (int s = 0; s < splits; s++) big = fmaxf(big, p[s * ATTN_PART + 512]);
-    float total = 0.0f;
-    for (int s = 0; s < splits; s++) {
-        float m = p[s * ATTN_PART + 512];
-        if (m > NEG_INF) total += expf(m - big) * p[s * ATTN_PART + 513];
+    // The last of a (row, head)'s splits to finish merges them all (no
+    // second launch): each block's partial is made visible, then counted;
+    // the last one resets its counter for the next launch.
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(&done[blockIdx.x], 1) == (int)gridDim.y - 1;
+        if (last) done[blockIdx.x] = 0;
     }
-    float* orow = out + (size_t)blockIdx.x * hdv;
-    for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < splits; s++) {
-            float m = p[s * ATTN_PART + 512];
-            if (m > NEG_INF) o += expf(m - big) * p[s * ATTN_PART + c];
-        }
-        orow[c] = total > 0.0f ? o / total : 0.0f;
-    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    merge_splits(part + (size_t)blockIdx.x * gridDim.y * ATTN_PART,
+                 out + ((size_t)qi * hq + h) * hdv, gridDim.y, hdv);
 }
 
 // attention_<k>_<v>: the paged pool, one kernel per pair of key and value
@@ -1354,11 +1450,12 @@ extern "C" __global__ void attention_merge(const float* part, float* out, int sp
     extern "C" __global__ void attention_##KS##_##VS(                                            \
         const float* q, const void* kc, const void* vc, const int* qpos, const int* run_of_row, \
         const int* run_end, const int* block_start, const int* table, const int* qspan,         \
-        const int* tspan, float* out, float* part, int hq, int hkv, int hd, int hdv,            \
+        const int* tspan, float* out, float* part, int* done, int hq, int hkv, int hd, int hdv, \
         float scale, float softcap, int mask, int window) {                                     \
+        pdl_begin();                                                                            \
         PagedKeys keys = {qpos, run_of_row, run_end, block_start, table, qspan, tspan};        \
-        attention_body<KT, VT>(q, kc, vc, keys, out, part, hq, hkv, hd, hdv, scale, softcap,    \
-                               mask, window);                                                   \
+        attention_body<KT, VT>(q, kc, vc, keys, out, part, done, hq, hkv, hd, hdv, scale,       \
+                               softcap, mask, window);                                          \
     }
 #define ATTN_K(KS, KT)                  \
     ATTN_KV(KS, KT, f32, T_F32)         \
@@ -1377,9 +1474,10 @@ extern "C" __global__ void attention_inputs(const float* q, const float* k, cons
                                             int m, int n, float* out, int hq, int hkv, int hd,
                                             int hdv, float scale, float softcap, int mask,
                                             int window) {
+    pdl_begin();
     DenseKeys keys = {m, n};
-    attention_body<T_F32, T_F32>(q, k, v, keys, out, nullptr, hq, hkv, hd, hdv, scale, softcap,
-                                 mask, window);
+    attention_body<T_F32, T_F32>(q, k, v, keys, out, nullptr, nullptr, hq, hkv, hd, hdv, scale,
+                                 softcap, mask, window);
 }
 
 // Sum of v over the block (all threads get it), in f64 as the CPU sums
@@ -1398,6 +1496,7 @@ __device__ __forceinline__ double block_sum(double v, double* part) {
 // Per row of d (one block): x · rms(target) / sqrt(max(mean(x²), floor)).
 extern "C" __global__ void match_rms(const float* x, const float* target, float* y, int d,
                                      float floor) {
+    pdl_begin();
     __shared__ double part[32];
     const float* xr = x + (size_t)blockIdx.x * d;
     const float* tr = target + (size_t)blockIdx.x * d;
@@ -1416,6 +1515,7 @@ extern "C" __global__ void match_rms(const float* x, const float* target, float*
 
 // Per row of d (one block): relu(x − (mean + k · std)), population std.
 extern "C" __global__ void gaussian_topk(const float* x, float* y, int d, float k) {
+    pdl_begin();
     __shared__ double part[32];
     const float* xr = x + (size_t)blockIdx.x * d;
     double s = 0.0;
@@ -1435,6 +1535,7 @@ extern "C" __global__ void gaussian_topk(const float* x, float* y, int d, float 
 // out[t] = a[t] · b[t] for a [n, p, q], b [n, q, r]; one thread per output.
 extern "C" __global__ void batch_matmul(const float* a, const float* b, float* out, long long n,
                                         int p, int q, int r) {
+    pdl_begin();
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n * p * r) return;
     int j = (int)(idx % r);
@@ -1460,6 +1561,7 @@ extern "C" __global__ void batch_matmul(const float* a, const float* b, float* o
 // the chosen times scale[e].
 extern "C" __global__ void moe_route(const float* logits, const float* scale, int* sel,
                                      float* wts, int n, int E, int top_k) {
+    pdl_begin();
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
     const float* l = logits + (size_t)t * E;
@@ -1493,6 +1595,7 @@ extern "C" __global__ void moe_route(const float* logits, const float* scale, in
 // list[e·cap ..], and how many.
 extern "C" __global__ void moe_lists(const int* sel, int slots, int E, int cap, int* list,
                                      int* count) {
+    pdl_begin();
     int e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= E) return;
     int c = 0;
@@ -1533,12 +1636,14 @@ __device__ void moe_rows_body(const u8* __restrict__ w, const float* __restrict_
     extern "C" __global__ void moe_rows_##SUF(const u8* w, const float* x, float* y,      \
                                               const int* list, const int* count, int cap, \
                                               int n, int k, int x_div) {                  \
+        pdl_begin();                                                                      \
         moe_rows_body<T>(w, x, y, list, count, cap, n, k, x_div);                         \
     }
 FOR_EACH_TYPE(MOE_ROWS)
 
 // a[s, i] = gelu(h[s, i]) · h[s, ff + i] for the slots' gate/up rows h [slots, 2·ff].
 extern "C" __global__ void moe_geglu(const float* h, float* a, long long slots, int ff) {
+    pdl_begin();
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= slots * ff) return;
     long long s = idx / ff;
@@ -1550,6 +1655,7 @@ extern "C" __global__ void moe_geglu(const float* h, float* a, long long slots, 
 // ascending expert order (as the CPU adds them).
 extern "C" __global__ void moe_combine(const float* y, const int* sel, const float* wts,
                                        float* out, int n, int d, int top_k) {
+    pdl_begin();
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)n * d) return;
     int t = (int)(idx / d), c = (int)(idx % d);
@@ -1571,6 +1677,7 @@ extern "C" __global__ void moe_combine(const float* y, const int* sel, const flo
 // y [m, width] = rows rows[i] of x [n, width] (checked < n on the host).
 extern "C" __global__ void take_rows(const float* x, const int* rows, float* y, long long m,
                                      long long width) {
+    pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= m * width) return;
     long long r = i / width, c = i % width;
@@ -1580,6 +1687,7 @@ extern "C" __global__ void take_rows(const float* x, const int* rows, float* y, 
 // y [outer, len] = x [outer, x_len] columns start .. start+len.
 extern "C" __global__ void narrow(const float* x, float* y, long long outer, long long x_len,
                                   long long start, long long len, long long inner) {
+    pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= outer * len * inner) return;
     long long o = i / (len * inner), r = i % (len * inner);
@@ -1590,6 +1698,7 @@ extern "C" __global__ void narrow(const float* x, float* y, long long outer, lon
 // inner] at rows off .. off + len of its middle axis.
 extern "C" __global__ void concat_part(const float* x, float* y, long long outer, long long len,
                                        long long y_len, long long off, long long inner) {
+    pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= outer * len * inner) return;
     long long o = i / (len * inner), r = i % (len * inner);

@@ -184,6 +184,7 @@ struct Kernels {
     unary: CudaFunction,
     geglu: CudaFunction,
     rope: CudaFunction,
+    rms_norm_rope: CudaFunction,
     kv_write: CudaFunction,
     /// Per (key type, value type) of [`KvDType::ALL`]: `attention_<k>_<v>`,
     /// at [`attention_index`].
@@ -191,7 +192,6 @@ struct Kernels {
     /// Attention over K/V given as inputs (f32).
     attention_inputs: CudaFunction,
     /// The splits of a long-context attention merged per query and head.
-    attention_merge: CudaFunction,
     take_rows: CudaFunction,
     narrow: CudaFunction,
     concat_part: CudaFunction,
@@ -209,6 +209,9 @@ pub struct CudaDevice {
     name: String,
     /// Streaming multiprocessors: how many blocks fill the GPU.
     sms: usize,
+    /// Programmatic dependent launch (compute capability 9.0 on): plans
+    /// launch each kernel so that it may start before the one before it ends.
+    pdl: bool,
 }
 
 /// A cuBLAS handle on the device's stream, with a workspace of our own so
@@ -336,6 +339,7 @@ impl CudaDevice {
             unary: f("unary")?,
             geglu: f("geglu")?,
             rope: f("rope")?,
+            rms_norm_rope: f("rms_norm_rope")?,
             kv_write: f("kv_write")?,
             attention: KvDType::ALL
                 .iter()
@@ -343,7 +347,6 @@ impl CudaDevice {
                 .map(|(k, v)| f(&format!("attention_{}_{}", k.name(), v.name())))
                 .collect::<Result<_, _>>()?,
             attention_inputs: f("attention_inputs")?,
-            attention_merge: f("attention_merge")?,
             take_rows: f("take_rows")?,
             narrow: f("narrow")?,
             concat_part: f("concat_part")?,
@@ -382,6 +385,7 @@ impl CudaDevice {
             blas,
             name,
             sms: sms.max(1) as usize,
+            pdl: major >= 9,
         }))
     }
 

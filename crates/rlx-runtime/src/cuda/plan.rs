@@ -7,9 +7,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{
-    CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PinnedHostSlice, PushKernelArg,
-};
+use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PinnedHostSlice};
 use rlx_gguf::GgmlType;
 use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, Mask, NodeId, Op, WeightId};
 
@@ -234,6 +232,15 @@ fn attention_splits(blocks: usize, sms: usize) -> usize {
     }
 }
 
+/// What attention split over the context works in.
+struct SplitScratch {
+    /// Partial results, [`ATTN_PART`] floats a split.
+    part: CudaSlice<f32>,
+    /// Per (query row, head): how many of its splits have finished (zero
+    /// between launches: the last split to finish merges and resets it).
+    done: CudaSlice<i32>,
+}
+
 /// Float weights: decode products read them against f32 activations.
 fn is_float(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
@@ -356,14 +363,18 @@ pub struct CudaPlan {
     /// `q8` plans: the activations of a product of up to [`MMV_ROWS`] rows
     /// as 8-bit blocks (codes, then f16 scales); `exact` plans have none.
     act_q: Option<CudaSlice<u8>>,
-    /// Partial results of attention split over the context (see
+    /// Scratch of attention split over the context (see
     /// [`attention_splits`]), for plans that attend over the pool.
-    attn_part: Option<CudaSlice<f32>>,
+    attn_split: Option<SplitScratch>,
     /// Per product: the kernel before it that may write its 8-bit input
     /// blocks (see [`Prologue`]); and each node that then folds into one,
     /// with its product.
     prologues: HashMap<NodeId, Prologue>,
     folded: HashMap<NodeId, NodeId>,
+    /// Per-head norms that run with the rope after them in one launch
+    /// (see [`find_norm_ropes`]): norm → rope, and the ropes so covered.
+    norm_ropes: HashMap<NodeId, NodeId>,
+    roped: std::collections::HashSet<NodeId>,
     /// The mixture-of-experts steps' scratch, if the graph has any.
     moe: Option<MoeScratch>,
     /// Page-locked host memory that outputs are copied into (a copy into
@@ -473,6 +484,76 @@ pub(super) fn find_prologues(
     (prologues, folded)
 }
 
+/// Heads longer than this are not normed and rotated in one launch (the
+/// fused kernel keeps a head in shared memory).
+const NORM_ROPE_MAX_HEAD: usize = 512;
+
+/// Per-head `RmsNorm`s (q and k norms) whose only user is a `Rope` right
+/// after them in `steps`, which one kernel runs together (`rms_norm_rope`),
+/// writing the rope's output: norm → rope. The norm's output is never
+/// written. Only where that is safe for memory: the rope's output either
+/// does not overlap the norm's input or starts where it does (a kernel
+/// block reads its head before writing it, and touches no other).
+pub(super) fn find_norm_ropes(
+    g: &Graph,
+    steps: &[NodeId],
+    locs: &[Loc],
+    max: &Bindings,
+) -> HashMap<NodeId, NodeId> {
+    let mut users = vec![Vec::new(); g.len()];
+    for id in g.ids() {
+        for &i in &g.node(id).inputs {
+            users[i.index()].push(id);
+        }
+    }
+    let outputs: std::collections::HashSet<NodeId> =
+        g.outputs().iter().map(|(_, id)| *id).collect();
+    // Arena element range of a value, from where its data starts to the end
+    // of the buffer it lives in.
+    let range = |mut id: NodeId| {
+        let mut skip = 0;
+        loop {
+            match locs[id.index()] {
+                Loc::Alias { src, offset } => {
+                    id = src;
+                    skip += offset;
+                }
+                Loc::Arena { offset, cap } => return Some((offset + skip, offset + cap)),
+                _ => return None,
+            }
+        }
+    };
+    let order: Vec<NodeId> = steps
+        .iter()
+        .copied()
+        .filter(|id| !matches!(locs[id.index()], Loc::Alias { .. }))
+        .collect();
+    let mut found = HashMap::new();
+    for w in order.windows(2) {
+        let (norm, rope) = (w[0], w[1]);
+        let (Op::RmsNorm(_), Op::Rope(_)) = (&g.node(norm).op, &g.node(rope).op) else {
+            continue;
+        };
+        let Some(dims) = g.node(rope).shape.resolve(max) else {
+            continue;
+        };
+        let fits = g.node(rope).inputs[0] == norm
+            && users[norm.index()] == [rope]
+            && !outputs.contains(&norm)
+            && dims.len() == 3
+            && dims[2] <= NORM_ROPE_MAX_HEAD;
+        let x = g.node(norm).inputs[0];
+        let safe = match (range(x), range(rope)) {
+            (Some((a0, a1)), Some((b0, b1))) => a1 <= b0 || b1 <= a0 || a0 == b0,
+            _ => false,
+        };
+        if fits && safe {
+            found.insert(norm, rope);
+        }
+    }
+    found
+}
+
 /// Compiles `graph` for the GPU of `weights`, which holds `store`'s weights.
 pub fn compile_cuda(
     graph: &Graph,
@@ -511,6 +592,7 @@ pub fn compile_cuda(
     }
     let sched = schedule(&g, &opts.max, &view)?;
     let (prologues, folded) = find_prologues(&g, &sched.steps, &sched.locs);
+    let norm_ropes = find_norm_ropes(&g, &sched.steps, &sched.locs, &opts.max);
     let device = Arc::clone(weights.device());
     let s = &device.stream;
     let mut rope_tables = HashMap::new();
@@ -689,8 +771,13 @@ pub fn compile_cuda(
     let paged_attention = g
         .ids()
         .any(|id| matches!(&g.node(id).op, Op::Attention(a) if matches!(a.kv, KvSource::Cache(_))));
-    let attn_part = match paged_attention {
-        true => Some(s.alloc_zeros(4 * device.sms * ATTN_PART)?),
+    // A split step has fewer than 2 · sms (row, head) blocks, each split
+    // fewer than 2 · sms ways.
+    let attn_split = match paged_attention {
+        true => Some(SplitScratch {
+            part: s.alloc_zeros(4 * device.sms * ATTN_PART)?,
+            done: s.alloc_zeros(2 * device.sms)?,
+        }),
         false => None,
     };
     let act_q = match opts.precision {
@@ -724,9 +811,11 @@ pub fn compile_cuda(
         captured: Vec::new(),
         gemm,
         act_q,
-        attn_part,
+        attn_split,
         prologues,
         folded,
+        roped: norm_ropes.values().copied().collect(),
+        norm_ropes,
         host: None,
         max: opts.max.clone(),
     })
@@ -799,7 +888,10 @@ impl CudaPlan {
             g.weights.len() + 2 * g.x16.as_ref().map_or(0, |x| x.len())
         });
         let act_q = self.act_q.as_ref().map_or(0, |a| a.len());
-        let part = self.attn_part.as_ref().map_or(0, |a| a.len());
+        let part = self
+            .attn_split
+            .as_ref()
+            .map_or(0, |a| a.part.len() + a.done.len());
         (self.arena.len() + self.norm_buf.len() + self.meta.len() + part) * 4 + gemm + act_q
     }
 
@@ -867,22 +959,58 @@ impl CudaPlan {
         }
     }
 
+    /// Launches `f` on the plan's stream. Where the GPU has programmatic
+    /// dependent launch, each launch may start while the one before it
+    /// finishes (every kernel waits for its predecessor before touching
+    /// memory: `pdl_begin` in kernels.cu), which hides most of the gap
+    /// between two small kernels of a decode step.
     fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[Arg]) -> Result<(), CudaError> {
-        let mut b = self.device.stream.launch_builder(f);
-        for a in args {
-            match a {
-                Arg::Ptr(p) => b.arg(p),
-                Arg::I32(v) => b.arg(v),
-                Arg::I64(v) => b.arg(v),
-                Arg::F32(v) => b.arg(v),
-            };
-        }
+        use cudarc::driver::sys;
+        let mut params: Vec<*mut std::ffi::c_void> = args
+            .iter()
+            .map(|a| match a {
+                Arg::Ptr(p) => p as *const u64 as *mut _,
+                Arg::I32(v) => v as *const i32 as *mut _,
+                Arg::I64(v) => v as *const i64 as *mut _,
+                Arg::F32(v) => v as *const f32 as *mut _,
+            })
+            .collect();
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.device.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(self.device.pdl),
+        };
+        self.device.ctx.bind_to_thread()?;
         // SAFETY: every caller passes the argument list its kernel declares,
         // with addresses of buffers sized (by the schedule, for the maxima
         // that `bind` checked, or by the pool for K/V rows) for the elements
         // the launch covers; indices read from the metadata buffer were
-        // checked on the host or come from the pool's layout.
-        unsafe { b.launch(cfg) }?;
+        // checked on the host or come from the pool's layout. `params`
+        // points into `args`, and `attr` is live, for the whole call (the
+        // driver copies both before returning).
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+            .result()?
+        };
         Ok(())
     }
 
@@ -1615,6 +1743,32 @@ impl CudaPlan {
             },
             // Folded into the add after it (a prologue of the product after that).
             Op::RmsNorm(_) if folded.is_some() => {}
+            // Run by the norm before it.
+            Op::Rope(_) if self.roped.contains(&id) => {}
+            Op::RmsNorm(spec) if self.norm_ropes.contains_key(&id) => {
+                let rope = self.norm_ropes[&id];
+                let Op::Rope(rspec) = &g.node(rope).op else {
+                    unreachable!("found as a rope")
+                };
+                let rdims = g.node(rope).shape.resolve(b).expect("bound");
+                let d = rdims[2];
+                let gamma = if spec.has_gamma { inp(1) } else { 0 };
+                self.launch(
+                    &k.rms_norm_rope,
+                    norm_rows(numel / d, d),
+                    &[
+                        Arg::Ptr(inp(0)),
+                        Arg::Ptr(gamma),
+                        Arg::Ptr(self.addr(rope)),
+                        Arg::I32(d as i32),
+                        Arg::F32(spec.eps),
+                        Arg::Ptr(self.addr(g.node(rope).inputs[1])),
+                        Arg::Ptr(self.device.ptr(&self.rope_tables[&rope])),
+                        Arg::I32(rdims[1] as i32),
+                        Arg::I32(rspec.n_rot as i32),
+                    ],
+                )?;
+            }
             Op::RmsNorm(spec) => {
                 let d = *dims.last().expect("rank");
                 let gamma = if spec.has_gamma { inp(1) } else { 0 };
@@ -1651,12 +1805,13 @@ impl CudaPlan {
                 let qd = in_dims(0);
                 let (nq, hq) = (qd[0], qd[1]);
                 // Over the pool, a few queries split their context.
-                let (splits, part) = match (&spec.kv, &self.attn_part) {
-                    (KvSource::Cache(_), Some(p)) => (
+                let (splits, part, done) = match (&spec.kv, &self.attn_split) {
+                    (KvSource::Cache(_), Some(a)) => (
                         attention_splits(nq * hq, self.device.sms),
-                        self.device.ptr(p),
+                        self.device.ptr(&a.part),
+                        self.device.ptr(&a.done),
                     ),
-                    _ => (1, 0),
+                    _ => (1, 0, 0),
                 };
                 let (mask, window) = match spec.mask {
                     Mask::Causal => (0, 0),
@@ -1711,6 +1866,7 @@ impl CudaPlan {
                             }),
                             Arg::Ptr(out),
                             Arg::Ptr(part),
+                            Arg::Ptr(done),
                             Arg::I32(hq as i32),
                             Arg::I32(lspec.kv_heads as i32),
                             Arg::I32(lspec.head_dim as i32),
@@ -1722,18 +1878,6 @@ impl CudaPlan {
                 };
                 let args: Vec<Arg> = args.into_iter().chain(tail).collect();
                 self.launch(f, grid(nq * hq, splits, 128), &args)?;
-                if splits > 1 {
-                    self.launch(
-                        &k.attention_merge,
-                        grid(nq * hq, 1, 128),
-                        &[
-                            Arg::Ptr(part),
-                            Arg::Ptr(out),
-                            Arg::I32(splits as i32),
-                            Arg::I32(dims[2] as i32),
-                        ],
-                    )?;
-                }
             }
             Op::TakeRows => {
                 let width: usize = dims[1..].iter().product();
