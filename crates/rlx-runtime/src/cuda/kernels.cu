@@ -1313,36 +1313,18 @@ struct DenseKeys {
 // block with an online softmax, and their partial results are merged at the
 // end. With one split the block writes out [n, hq, hdv] (a query that sees
 // no key gets zeros); with more it writes its unnormalized sum, maximum and
-// total into part (ATTN_PART floats a split), and the last split of a
-// (row, head) to finish merges them (merge_splits). hd, hdv ≤ 512; keys of
-// type KT and values of type VT (`kv_load`).
+// total into part (ATTN_PART floats a split), which attention_merge
+// merges. hd, hdv ≤ 512; keys of type KT and values of type VT
+// (`kv_load`).
 #define AW 4
 #define ATTN_PART (512 + 2)
-// The splits of one (query row, head) of attention_body merged, by one
-// block: each split's sum scaled from its own maximum to the largest, over
-// the scaled totals (zeros where no split saw a key). The partial results
-// come from other blocks: read through L2 (`__ldcg`), not a stale L1.
-__device__ void merge_splits(const float* p, float* orow, int splits, int hdv) {
-    float big = NEG_INF;
-    for (int s = 0; s < splits; s++) big = fmaxf(big, __ldcg(p + s * ATTN_PART + 512));
-    float total = 0.0f;
-    for (int s = 0; s < splits; s++) {
-        float m = __ldcg(p + s * ATTN_PART + 512);
-        if (m > NEG_INF) total += expf(m - big) * __ldcg(p + s * ATTN_PART + 513);
-    }
-    for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < splits; s++) {
-            float m = __ldcg(p + s * ATTN_PART + 512);
-            if (m > NEG_INF) o += expf(m - big) * __ldcg(p + s * ATTN_PART + c);
-        }
-        orow[c] = total > 0.0f ? o / total : 0.0f;
-    }
-}
+// The most splits of one query's context (the Rust side's ATTN_MAX_SPLITS).
+#define ATTN_MAX_SPLITS 128
+
 
 template <int KT, int VT, class Keys>
 __device__ void attention_body(const float* q, const void* kc, const void* vc, Keys keys,
-                               float* out, float* part, int* done, int hq, int hkv, int hd,
+                               float* out, float* part, int hq, int hkv, int hd,
                                int hdv, float scale, float softcap, int mask, int window) {
     __shared__ float sm_m[AW], sm_l[AW];
     __shared__ float sm_o[AW][512];
@@ -1427,21 +1409,48 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
         prow[512] = big;
         prow[513] = total;
     }
-    // The last of a (row, head)'s splits to finish merges them all (no
-    // second launch): each block's partial is made visible, then counted;
-    // the last one resets its counter for the next launch.
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(&done[blockIdx.x], 1) == (int)gridDim.y - 1;
-        if (last) done[blockIdx.x] = 0;
+}
+
+// The splits of attention_body merged per (query row, head), one block each:
+// each split's sum scaled from its own maximum to the largest, over the
+// scaled totals (zeros where no split saw a key). Splits that saw no key
+// (most of them over a short context) are dropped before the columns are
+// summed, in split order.
+extern "C" __global__ void attention_merge(const float* part, float* out, int splits, int hdv) {
+    pdl_begin();
+    __shared__ float sm_w[ATTN_MAX_SPLITS], sm_l[ATTN_MAX_SPLITS];
+    __shared__ int sm_s[ATTN_MAX_SPLITS];
+    __shared__ int seen;
+    __shared__ float total;
+    const float* p = part + (size_t)blockIdx.x * splits * ATTN_PART;
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+        sm_w[s] = p[s * ATTN_PART + 512];
+        sm_l[s] = p[s * ATTN_PART + 513];
     }
     __syncthreads();
-    if (!last) return;
-    __threadfence();
-    merge_splits(part + (size_t)blockIdx.x * gridDim.y * ATTN_PART,
-                 out + ((size_t)qi * hq + h) * hdv, gridDim.y, hdv);
+    if (threadIdx.x == 0) {
+        float big = NEG_INF;
+        for (int s = 0; s < splits; s++) big = fmaxf(big, sm_w[s]);
+        float t = 0.0f;
+        int n = 0;
+        for (int s = 0; s < splits; s++) {
+            if (sm_w[s] > NEG_INF) {
+                float w = expf(sm_w[s] - big);
+                t += w * sm_l[s];
+                sm_w[n] = w;  // n ≤ s: compacted in place
+                sm_s[n++] = s;
+            }
+        }
+        seen = n;
+        total = t;
+    }
+    __syncthreads();
+    float* orow = out + (size_t)blockIdx.x * hdv;
+    for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
+        float o = 0.0f;
+        for (int j = 0; j < seen; j++) o += sm_w[j] * p[sm_s[j] * ATTN_PART + c];
+        orow[c] = total > 0.0f ? o / total : 0.0f;
+    }
 }
 
 // attention_<k>_<v>: the paged pool, one kernel per pair of key and value
@@ -1450,11 +1459,11 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
     extern "C" __global__ void attention_##KS##_##VS(                                            \
         const float* q, const void* kc, const void* vc, const int* qpos, const int* run_of_row, \
         const int* run_end, const int* block_start, const int* table, const int* qspan,         \
-        const int* tspan, float* out, float* part, int* done, int hq, int hkv, int hd, int hdv, \
+        const int* tspan, float* out, float* part, int hq, int hkv, int hd, int hdv,            \
         float scale, float softcap, int mask, int window) {                                     \
         pdl_begin();                                                                            \
         PagedKeys keys = {qpos, run_of_row, run_end, block_start, table, qspan, tspan};        \
-        attention_body<KT, VT>(q, kc, vc, keys, out, part, done, hq, hkv, hd, hdv, scale,       \
+        attention_body<KT, VT>(q, kc, vc, keys, out, part, hq, hkv, hd, hdv, scale,             \
                                softcap, mask, window);                                          \
     }
 #define ATTN_K(KS, KT)                  \
@@ -1476,7 +1485,7 @@ extern "C" __global__ void attention_inputs(const float* q, const float* k, cons
                                             int window) {
     pdl_begin();
     DenseKeys keys = {m, n};
-    attention_body<T_F32, T_F32>(q, k, v, keys, out, nullptr, nullptr, hq, hkv, hd, hdv, scale,
+    attention_body<T_F32, T_F32>(q, k, v, keys, out, nullptr, hq, hkv, hd, hdv, scale,
                                  softcap, mask, window);
 }
 

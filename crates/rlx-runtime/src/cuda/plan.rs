@@ -217,28 +217,26 @@ const MMV_WARPS: usize = 4;
 const ATTN_PART: usize = 512 + 2;
 
 /// The most splits of one query's context.
-const ATTN_MAX_SPLITS: usize = 32;
+const ATTN_MAX_SPLITS: usize = 128;
+
+/// Blocks per multiprocessor that attention over a long context aims for.
+const ATTN_BLOCKS_PER_SM: usize = 8;
 
 /// Into how many parts attention over the pool splits each query's listed
 /// blocks, for `blocks` (query rows × heads) on a GPU of `sms`
-/// multiprocessors: enough for about two blocks per multiprocessor, so one
-/// query over a long context runs on the whole GPU (and `blocks × splits`
-/// stays below `4 × sms`). Fixed per step shape, so captured graphs hold.
+/// multiprocessors: enough for about [`ATTN_BLOCKS_PER_SM`] blocks per
+/// multiprocessor, so one query over a long context runs on the whole GPU
+/// with enough warps to hide the latency of its key loads (and `blocks ×
+/// splits` stays below `(ATTN_BLOCKS_PER_SM + 2) × sms`). Fixed per step
+/// shape, so captured graphs hold.
 fn attention_splits(blocks: usize, sms: usize) -> usize {
     if blocks >= 2 * sms {
         1
     } else {
-        (2 * sms).div_ceil(blocks.max(1)).min(ATTN_MAX_SPLITS)
+        (ATTN_BLOCKS_PER_SM * sms)
+            .div_ceil(blocks.max(1))
+            .min(ATTN_MAX_SPLITS)
     }
-}
-
-/// What attention split over the context works in.
-struct SplitScratch {
-    /// Partial results, [`ATTN_PART`] floats a split.
-    part: CudaSlice<f32>,
-    /// Per (query row, head): how many of its splits have finished (zero
-    /// between launches: the last split to finish merges and resets it).
-    done: CudaSlice<i32>,
 }
 
 /// Float weights: decode products read them against f32 activations.
@@ -363,9 +361,9 @@ pub struct CudaPlan {
     /// `q8` plans: the activations of a product of up to [`MMV_ROWS`] rows
     /// as 8-bit blocks (codes, then f16 scales); `exact` plans have none.
     act_q: Option<CudaSlice<u8>>,
-    /// Scratch of attention split over the context (see
+    /// Partial results of attention split over the context (see
     /// [`attention_splits`]), for plans that attend over the pool.
-    attn_split: Option<SplitScratch>,
+    attn_part: Option<CudaSlice<f32>>,
     /// Per product: the kernel before it that may write its 8-bit input
     /// blocks (see [`Prologue`]); and each node that then folds into one,
     /// with its product.
@@ -771,13 +769,8 @@ pub fn compile_cuda(
     let paged_attention = g
         .ids()
         .any(|id| matches!(&g.node(id).op, Op::Attention(a) if matches!(a.kv, KvSource::Cache(_))));
-    // A split step has fewer than 2 · sms (row, head) blocks, each split
-    // fewer than 2 · sms ways.
-    let attn_split = match paged_attention {
-        true => Some(SplitScratch {
-            part: s.alloc_zeros(4 * device.sms * ATTN_PART)?,
-            done: s.alloc_zeros(2 * device.sms)?,
-        }),
+    let attn_part = match paged_attention {
+        true => Some(s.alloc_zeros((ATTN_BLOCKS_PER_SM + 2) * device.sms * ATTN_PART)?),
         false => None,
     };
     let act_q = match opts.precision {
@@ -811,7 +804,7 @@ pub fn compile_cuda(
         captured: Vec::new(),
         gemm,
         act_q,
-        attn_split,
+        attn_part,
         prologues,
         folded,
         roped: norm_ropes.values().copied().collect(),
@@ -888,10 +881,7 @@ impl CudaPlan {
             g.weights.len() + 2 * g.x16.as_ref().map_or(0, |x| x.len())
         });
         let act_q = self.act_q.as_ref().map_or(0, |a| a.len());
-        let part = self
-            .attn_split
-            .as_ref()
-            .map_or(0, |a| a.part.len() + a.done.len());
+        let part = self.attn_part.as_ref().map_or(0, |a| a.len());
         (self.arena.len() + self.norm_buf.len() + self.meta.len() + part) * 4 + gemm + act_q
     }
 
@@ -1805,13 +1795,12 @@ impl CudaPlan {
                 let qd = in_dims(0);
                 let (nq, hq) = (qd[0], qd[1]);
                 // Over the pool, a few queries split their context.
-                let (splits, part, done) = match (&spec.kv, &self.attn_split) {
-                    (KvSource::Cache(_), Some(a)) => (
+                let (splits, part) = match (&spec.kv, &self.attn_part) {
+                    (KvSource::Cache(_), Some(p)) => (
                         attention_splits(nq * hq, self.device.sms),
-                        self.device.ptr(&a.part),
-                        self.device.ptr(&a.done),
+                        self.device.ptr(p),
                     ),
-                    _ => (1, 0, 0),
+                    _ => (1, 0),
                 };
                 let (mask, window) = match spec.mask {
                     Mask::Causal => (0, 0),
@@ -1866,7 +1855,6 @@ impl CudaPlan {
                             }),
                             Arg::Ptr(out),
                             Arg::Ptr(part),
-                            Arg::Ptr(done),
                             Arg::I32(hq as i32),
                             Arg::I32(lspec.kv_heads as i32),
                             Arg::I32(lspec.head_dim as i32),
@@ -1878,6 +1866,18 @@ impl CudaPlan {
                 };
                 let args: Vec<Arg> = args.into_iter().chain(tail).collect();
                 self.launch(f, grid(nq * hq, splits, 128), &args)?;
+                if splits > 1 {
+                    self.launch(
+                        &k.attention_merge,
+                        grid(nq * hq, 1, 128),
+                        &[
+                            Arg::Ptr(part),
+                            Arg::Ptr(out),
+                            Arg::I32(splits as i32),
+                            Arg::I32(dims[2] as i32),
+                        ],
+                    )?;
+                }
             }
             Op::TakeRows => {
                 let width: usize = dims[1..].iter().product();

@@ -1062,6 +1062,85 @@ fn decode_products_match_the_reference() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// The merge of split attention: per split an unnormalized sum `o` scaled
+/// to the split's maximum `m`, and its total `l` (`m` = -inf: the split saw
+/// no key); the output is Σ e^(m_s − M) o_s / Σ e^(m_s − M) l_s, in f64.
+fn merged_attention(part: &[f32], splits: usize, hdv: usize) -> Vec<f32> {
+    const PART: usize = 514;
+    let mut out = Vec::new();
+    for q in part.chunks_exact(splits * PART) {
+        let ms: Vec<f64> = (0..splits).map(|s| q[s * PART + 512] as f64).collect();
+        let big = ms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = ms
+            .iter()
+            .map(|&m| {
+                if m > f64::NEG_INFINITY {
+                    (m - big).exp()
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let total: f64 = (0..splits).map(|s| w[s] * q[s * PART + 513] as f64).sum();
+        for c in 0..hdv {
+            let o: f64 = (0..splits).map(|s| w[s] * q[s * PART + c] as f64).sum();
+            out.push(if total > 0.0 { (o / total) as f32 } else { 0.0 });
+        }
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn split_attention_merges_as_the_reference() {
+    use cudarc::driver::LaunchConfig;
+    let dev = super::CudaDevice::new(0).unwrap();
+    let s = &dev.stream;
+    let (queries, hdv) = (5usize, 256usize);
+    let mut r = Rng(3);
+    // A few splits, and the most a query has (most of them empty, as over
+    // a short context).
+    for (splits, empty) in [(7usize, 5usize), (128, 9)] {
+        let mut part = vec![0f32; queries * splits * 514];
+        for (i, p) in part.chunks_exact_mut(514).enumerate() {
+            // Some splits saw no key: zeros and an infinite negative maximum.
+            if i % empty == 3 || i / splits == 4 {
+                p[512] = f32::NEG_INFINITY;
+                continue;
+            }
+            for v in &mut p[..hdv] {
+                *v = r.next() * 4.0;
+            }
+            p[512] = r.next() * 20.0;
+            p[513] = 1.0 + r.next().abs() * 30.0;
+        }
+        let pg = s.clone_htod(&part).unwrap();
+        let out = s.alloc_zeros::<f32>(queries * hdv).unwrap();
+        let cfg = LaunchConfig {
+            grid_dim: (queries as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [dev.ptr(&pg), dev.ptr(&out), splits as u64, hdv as u64];
+        launch_raw(s, &dev.kernels.attention_merge, cfg, &args);
+        let got = s.clone_dtoh(&out).unwrap();
+        let want = merged_attention(&part, splits, hdv);
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-3))
+            .fold(0f32, f32::max);
+        assert!(
+            worst < 1e-5,
+            "{splits} splits: worst relative difference {worst:e}"
+        );
+        assert!(
+            got[4 * hdv..].iter().all(|&v| v == 0.0),
+            "{splits} splits: a query that saw no key"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn a_weight_type_without_kernels_is_refused_by_name() {
