@@ -1,23 +1,33 @@
-//! The generation loop: sample (within a [`Constraint`], if any), stop on
-//! end-of-generation tokens.
+//! Generation: one state machine ([`Generation`]) takes a step's logits to
+//! the next tokens — masking within a [`Constraint`], sampling, tokens the
+//! constraint forces, stop tokens and stop strings, the token budget,
+//! streamed text and log-probabilities, and why it ended. `rlx run`, `rlx
+//! chat` and the server's engine all drive it; [`generate_constrained`] is
+//! the loop over one session that the command line uses.
 
 use std::time::Instant;
 
-use crate::model::Result;
+use rlx_tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::model::{ModelError, Result};
 use crate::sampling::Sampler;
 use crate::sequences::Session;
+use crate::stop::StopFilter;
 
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopReason {
-    /// A stop token was produced (it is included in the output).
+pub enum Finish {
+    /// A stop token was produced (it is among the tokens, not in the text).
     StopToken,
+    /// A stop string appeared (the text ends before it).
+    StopString,
     /// The token budget ran out.
     Length,
-    /// The caller's callback asked to stop (e.g. a stop string appeared).
-    Caller,
     /// The constraint's output is complete.
     Complete,
+    /// Whoever takes the output asked to stop (an interrupt, or a client
+    /// that went away).
+    Cancelled,
 }
 
 /// What generated text must match (structured output): it rules out the
@@ -36,6 +46,261 @@ pub trait Constraint {
     fn is_complete(&self) -> bool;
 }
 
+/// A token's log-probability under the model (before sampling's filters
+/// and any constraint) and the likeliest alternatives at its place.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// `(token, bytes, logprob)`, likeliest first.
+    pub top: Vec<(u32, Vec<u8>, f32)>,
+}
+
+/// Log-probability of `token` and the `k` likeliest tokens from `logits`.
+fn logprobs(logits: &[f32], token: u32, k: usize, tok: &Tokenizer) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let lse = max + sum.ln() as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if top.len() < k || l > top[top.len() - 1].1 {
+                let at = top.partition_point(|&(_, x)| x >= l);
+                top.insert(at, (i as u32, l));
+                top.truncate(k);
+            }
+        }
+    }
+    let bytes = |t: u32| tok.decode_bytes(&[t], false);
+    TokenLogprob {
+        token,
+        bytes: bytes(token),
+        logprob: logits[token as usize] - lse,
+        top: top
+            .into_iter()
+            .map(|(t, l)| (t, bytes(t), l - lse))
+            .collect(),
+    }
+}
+
+/// What a generation is asked for, besides its sampler and constraint.
+#[derive(Clone, Debug, Default)]
+pub struct GenerationOptions {
+    pub max_tokens: usize,
+    /// Tokens that end it (end-of-generation; empty to go on past them).
+    pub stop_tokens: Vec<u32>,
+    /// Strings that end it: the text stops before the first to appear.
+    /// They need a tokenizer (see [`Generation::next`]).
+    pub stop_strings: Vec<String>,
+    /// Send each sampled token with its log-probability and this many
+    /// likeliest alternatives. Forced tokens are then sampled too (a forced
+    /// token has no log-probability).
+    pub logprobs: Option<usize>,
+}
+
+/// A piece of output, as it becomes certain.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Piece {
+    /// Text (a stop string's possible start is held back until the next
+    /// token shows whether it is one).
+    Text(String),
+    /// A sampled token with its log-probability, and the text it released
+    /// (possibly none yet).
+    Token { text: String, logprob: TokenLogprob },
+}
+
+/// Why a generation could not go on.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerationError {
+    #[error("structured output: {0}")]
+    Constraint(String),
+    #[error("sampling: {0}")]
+    Sampling(String),
+}
+
+impl From<GenerationError> for ModelError {
+    fn from(e: GenerationError) -> ModelError {
+        ModelError::Sampling(e.to_string())
+    }
+}
+
+/// One generation's state between steps: each step's logits go in
+/// ([`next`](Self::next)), the tokens to run next come out
+/// ([`pending`](Self::pending)), and the text and the finish reason go to
+/// the caller.
+pub struct Generation {
+    sampler: Sampler,
+    opts: GenerationOptions,
+    decoder: StreamDecoder,
+    filter: StopFilter,
+    /// Every generated token, sampled or forced, the stop token included.
+    tokens: Vec<u32>,
+    /// Tokens to run in the next step: the last sampled one and any the
+    /// constraint forced after it.
+    pending: Vec<u32>,
+    forced: usize,
+    /// The logits masked by a constraint (a copy: log-probabilities are
+    /// the model's own).
+    masked: Vec<f32>,
+}
+
+impl Generation {
+    /// A generation after `prompt` (which repetition penalties see).
+    pub fn new(mut sampler: Sampler, prompt: &[u32], opts: GenerationOptions) -> Generation {
+        for &t in prompt {
+            sampler.accept(t);
+        }
+        Generation {
+            sampler,
+            decoder: StreamDecoder::new(false),
+            filter: StopFilter::new(opts.stop_strings.clone()),
+            opts,
+            tokens: Vec::new(),
+            pending: Vec::new(),
+            forced: 0,
+            masked: Vec::new(),
+        }
+    }
+
+    /// Every token generated so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Tokens taken without sampling, because the constraint forced them.
+    pub fn forced(&self) -> usize {
+        self.forced
+    }
+
+    /// The tokens to run before the next [`next`](Self::next).
+    pub fn pending(&self) -> &[u32] {
+        &self.pending
+    }
+
+    /// The first `n` pending tokens have run (a step may carry fewer than
+    /// all of them).
+    pub fn ran(&mut self, n: usize) {
+        self.pending.drain(..n.min(self.pending.len()));
+    }
+
+    /// Takes the logits after the pending tokens (or the prompt) ran:
+    /// samples the next token within `constraint`, appends any it forces,
+    /// and hands the text that became certain to `out` (which returns
+    /// `false` to stop). `Some` when the generation ended. Text needs
+    /// `tok`; without it only tokens come out (and stop strings never
+    /// match).
+    pub fn next(
+        &mut self,
+        logits: &[f32],
+        mut constraint: Option<&mut dyn Constraint>,
+        tok: Option<&Tokenizer>,
+        out: &mut dyn FnMut(Piece) -> bool,
+    ) -> std::result::Result<Option<Finish>, GenerationError> {
+        self.pending.clear();
+        if self.tokens.len() >= self.opts.max_tokens {
+            return Ok(Some(Finish::Length));
+        }
+        let sampled = match constraint.as_deref_mut() {
+            Some(c) => {
+                self.masked.clear();
+                self.masked.extend_from_slice(logits);
+                c.mask(&mut self.masked)
+                    .map_err(GenerationError::Constraint)?;
+                self.sampler.sample(&self.masked)
+            }
+            None => self.sampler.sample(logits),
+        }
+        .map_err(|e| GenerationError::Sampling(e.to_string()))?;
+        if let Some(finish) = self.emit(sampled, Some(logits), &mut constraint, tok, out)? {
+            return Ok(Some(finish));
+        }
+        self.pending.push(sampled);
+        if self.opts.logprobs.is_some() {
+            return Ok(None);
+        }
+        // Tokens the constraint forces next are taken without sampling, and
+        // run together in the next step.
+        while let Some(c) = constraint.as_deref_mut() {
+            let forced = c.forced();
+            if forced.is_empty() {
+                break;
+            }
+            for t in forced {
+                self.forced += 1;
+                if let Some(finish) = self.emit(t, None, &mut constraint, tok, out)? {
+                    return Ok(Some(finish));
+                }
+                self.pending.push(t);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Records a generated token (sampled from `logits`, or forced) and
+    /// hands out its text; `Some` when the generation ends with it.
+    fn emit(
+        &mut self,
+        t: u32,
+        logits: Option<&[f32]>,
+        constraint: &mut Option<&mut dyn Constraint>,
+        tok: Option<&Tokenizer>,
+        out: &mut dyn FnMut(Piece) -> bool,
+    ) -> std::result::Result<Option<Finish>, GenerationError> {
+        self.sampler.accept(t);
+        self.tokens.push(t);
+        if self.opts.stop_tokens.contains(&t) {
+            return Ok(Some(self.flush(tok, out).unwrap_or(Finish::StopToken)));
+        }
+        let mut complete = false;
+        if let Some(c) = constraint.as_deref_mut() {
+            c.accept(t).map_err(GenerationError::Constraint)?;
+            complete = c.is_complete();
+        }
+        let (text, stopped) = match tok {
+            Some(tok) => self.filter.push(&self.decoder.push(tok, t)),
+            None => (String::new(), false),
+        };
+        let piece = match (self.opts.logprobs, logits, tok) {
+            (Some(k), Some(logits), Some(tok)) => Some(Piece::Token {
+                text,
+                logprob: logprobs(logits, t, k, tok),
+            }),
+            _ => (!text.is_empty()).then_some(Piece::Text(text)),
+        };
+        if piece.is_some_and(|p| !out(p)) {
+            return Ok(Some(Finish::Cancelled));
+        }
+        if stopped {
+            return Ok(Some(Finish::StopString));
+        }
+        if complete {
+            return Ok(Some(self.flush(tok, out).unwrap_or(Finish::Complete)));
+        }
+        if self.tokens.len() >= self.opts.max_tokens {
+            return Ok(Some(self.flush(tok, out).unwrap_or(Finish::Length)));
+        }
+        Ok(None)
+    }
+
+    /// Hands out the bytes of an unfinished character and what the stop
+    /// filter held back, as the output ends; the reason it ends instead,
+    /// where that text holds a stop string or could not be handed out.
+    fn flush(
+        &mut self,
+        tok: Option<&Tokenizer>,
+        out: &mut dyn FnMut(Piece) -> bool,
+    ) -> Option<Finish> {
+        tok?;
+        let (mut rest, stopped) = self.filter.push(&self.decoder.finish());
+        rest.push_str(&self.filter.finish());
+        if !rest.is_empty() && !out(Piece::Text(rest)) {
+            return Some(Finish::Cancelled);
+        }
+        stopped.then_some(Finish::StopString)
+    }
+}
+
 /// What a generation cost.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct GenerateStats {
@@ -47,69 +312,45 @@ pub struct GenerateStats {
 }
 
 /// Feeds `prompt` (reusing any cached prefix) and generates up to
-/// `max_tokens`, calling `on_token` for each; it returns `false` to stop
-/// (stop strings live with the caller, who has the text). Prompt tokens are
-/// recorded in the sampler's history so repetition penalties see them.
+/// `max_tokens` tokens, ending at any of `stop_tokens` (tokens only: no
+/// text, no stop strings).
 pub fn generate(
     session: &mut Session<'_>,
     prompt: &[u32],
     max_tokens: usize,
-    sampler: &mut Sampler,
+    sampler: Sampler,
     stop_tokens: &[u32],
-    on_token: &mut dyn FnMut(u32) -> bool,
-) -> Result<(Vec<u32>, StopReason, GenerateStats)> {
-    generate_with_progress(
+) -> Result<(Vec<u32>, Finish, GenerateStats)> {
+    let opts = GenerationOptions {
+        max_tokens,
+        stop_tokens: stop_tokens.to_vec(),
+        ..GenerationOptions::default()
+    };
+    let mut generation = Generation::new(sampler, prompt, opts);
+    generate_constrained(
         session,
         prompt,
-        max_tokens,
-        sampler,
-        stop_tokens,
-        on_token,
+        &mut generation,
+        None,
+        None,
+        &mut |_| true,
         &mut |_, _| {},
     )
 }
 
-/// [`generate`], reporting prompt prefill progress as `(done, total)`.
-pub fn generate_with_progress(
-    session: &mut Session<'_>,
-    prompt: &[u32],
-    max_tokens: usize,
-    sampler: &mut Sampler,
-    stop_tokens: &[u32],
-    on_token: &mut dyn FnMut(u32) -> bool,
-    progress: &mut dyn FnMut(usize, usize),
-) -> Result<(Vec<u32>, StopReason, GenerateStats)> {
-    generate_constrained(
-        session,
-        prompt,
-        max_tokens,
-        sampler,
-        stop_tokens,
-        None,
-        on_token,
-        progress,
-    )
-}
-
-/// [`generate_with_progress`] within `constraint`: each token is sampled
-/// among those it allows, tokens it forces are taken without sampling (and
-/// run together in one step), and generation ends once its output is
-/// complete.
-#[allow(clippy::too_many_arguments)]
+/// Runs `generation` on `session`: feeds `prompt` (reusing any cached
+/// prefix; `progress` hears `(done, total)` of it), then each step's
+/// pending tokens, until it ends; text goes to `out` (given a tokenizer).
+/// Returns every generated token, why it ended, and what it cost.
 pub fn generate_constrained(
     session: &mut Session<'_>,
     prompt: &[u32],
-    max_tokens: usize,
-    sampler: &mut Sampler,
-    stop_tokens: &[u32],
+    generation: &mut Generation,
     mut constraint: Option<&mut dyn Constraint>,
-    on_token: &mut dyn FnMut(u32) -> bool,
+    tok: Option<&Tokenizer>,
+    out: &mut dyn FnMut(Piece) -> bool,
     progress: &mut dyn FnMut(usize, usize),
-) -> Result<(Vec<u32>, StopReason, GenerateStats)> {
-    let constraint_err = |e: String| crate::model::ModelError::Sampling(e);
-    for &t in prompt {
-        sampler.accept(t);
-    }
+) -> Result<(Vec<u32>, Finish, GenerateStats)> {
     let mut stats = GenerateStats::default();
     let before = session.computed_tokens();
     let t0 = Instant::now();
@@ -117,57 +358,152 @@ pub fn generate_constrained(
     stats.prefill_secs = t0.elapsed().as_secs_f64();
     stats.prefilled = session.computed_tokens() - before;
     let t1 = Instant::now();
-    let mut out = Vec::new();
-    if max_tokens == 0 {
-        return Ok((out, StopReason::Length, stats));
-    }
     loop {
-        if let Some(c) = constraint.as_deref_mut() {
-            c.mask(&mut logits).map_err(constraint_err)?;
-        }
-        let tok = sampler
-            .sample(&logits)
-            .map_err(|e| crate::model::ModelError::Sampling(e.to_string()))?;
-        // The sampled token, then any the constraint forces after it: all
-        // emitted, then run in one step.
-        let mut run = vec![tok];
-        let mut i = 0;
-        let mut stop = None;
-        while i < run.len() {
-            let t = run[i];
-            sampler.accept(t);
-            out.push(t);
-            let go_on = on_token(t);
-            stop = if stop_tokens.contains(&t) {
-                Some(StopReason::StopToken)
-            } else if !go_on {
-                Some(StopReason::Caller)
-            } else if out.len() >= max_tokens {
-                Some(StopReason::Length)
-            } else {
-                None
-            };
-            if let Some(c) = constraint.as_deref_mut() {
-                if stop != Some(StopReason::StopToken) {
-                    c.accept(t).map_err(constraint_err)?;
-                }
-                if stop.is_none() && c.is_complete() {
-                    stop = Some(StopReason::Complete);
-                }
-                if stop.is_none() && i + 1 == run.len() {
-                    run.extend(c.forced());
-                }
-            }
-            if stop.is_some() {
-                break;
-            }
-            i += 1;
-        }
-        if let Some(reason) = stop {
-            stats.generated = out.len();
+        let c = constraint.as_mut().map(|c| &mut **c as &mut dyn Constraint);
+        let step = generation.next(&logits, c, tok, out)?;
+        if let Some(finish) = step {
+            stats.generated = generation.tokens().len();
             stats.decode_secs = t1.elapsed().as_secs_f64();
-            return Ok((out, reason, stats));
+            return Ok((generation.tokens().to_vec(), finish, stats));
         }
-        logits = session.feed(&run)?;
+        logits = session.feed(generation.pending())?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::SamplerConfig;
+
+    fn greedy() -> Sampler {
+        Sampler::new(SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        })
+        .unwrap()
+    }
+
+    /// Logits whose greedy choice is `t`.
+    fn pick(t: u32) -> Vec<f32> {
+        let mut l = vec![0.0; 16];
+        l[t as usize] = 5.0;
+        l
+    }
+
+    /// Allows only token 3, then forces 4 and 5, then is complete.
+    struct Script {
+        seen: Vec<u32>,
+    }
+
+    impl Constraint for Script {
+        fn mask(&mut self, logits: &mut [f32]) -> std::result::Result<(), String> {
+            for (i, l) in logits.iter_mut().enumerate() {
+                if i != 3 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+            Ok(())
+        }
+        fn accept(&mut self, token: u32) -> std::result::Result<(), String> {
+            self.seen.push(token);
+            Ok(())
+        }
+        fn forced(&mut self) -> Vec<u32> {
+            if self.seen == [3] {
+                vec![4, 5]
+            } else {
+                Vec::new()
+            }
+        }
+        fn is_complete(&self) -> bool {
+            self.seen.len() == 3
+        }
+    }
+
+    fn run(
+        g: &mut Generation,
+        picks: &[u32],
+        mut c: Option<&mut dyn Constraint>,
+    ) -> (Vec<Vec<u32>>, Option<Finish>) {
+        let mut steps = Vec::new();
+        for &p in picks {
+            let cc = c.as_mut().map(|c| &mut **c as &mut dyn Constraint);
+            let f = g.next(&pick(p), cc, None, &mut |_| true).unwrap();
+            steps.push(g.pending().to_vec());
+            if f.is_some() {
+                return (steps, f);
+            }
+        }
+        (steps, None)
+    }
+
+    #[test]
+    fn stop_tokens_and_the_budget_end_it() {
+        let opts = |max_tokens| GenerationOptions {
+            max_tokens,
+            stop_tokens: vec![9],
+            ..GenerationOptions::default()
+        };
+        let mut g = Generation::new(greedy(), &[1, 2], opts(10));
+        let (_, f) = run(&mut g, &[7, 8, 9, 7], None);
+        assert_eq!((g.tokens(), f), (&[7, 8, 9][..], Some(Finish::StopToken)));
+        let mut g = Generation::new(greedy(), &[1], opts(2));
+        let (_, f) = run(&mut g, &[7, 8, 7], None);
+        assert_eq!((g.tokens(), f), (&[7, 8][..], Some(Finish::Length)));
+        let mut g = Generation::new(greedy(), &[1], opts(0));
+        let (_, f) = run(&mut g, &[7], None);
+        assert_eq!((g.tokens(), f), (&[][..], Some(Finish::Length)));
+    }
+
+    #[test]
+    fn a_constraint_masks_forces_and_completes() {
+        let mut c = Script { seen: Vec::new() };
+        let opts = GenerationOptions {
+            max_tokens: 10,
+            ..GenerationOptions::default()
+        };
+        let mut g = Generation::new(greedy(), &[1], opts);
+        // The model prefers 7; the constraint allows only 3, then forces
+        // 4 and 5, which complete the output in the same step.
+        let (steps, f) = run(&mut g, &[7, 7], Some(&mut c));
+        assert_eq!(f, Some(Finish::Complete));
+        assert_eq!(g.tokens(), [3, 4, 5]);
+        assert_eq!(g.forced(), 2);
+        assert_eq!(steps.len(), 1);
+        // With a budget of two, the forced run is cut at the budget.
+        let mut c = Script { seen: Vec::new() };
+        let opts = GenerationOptions {
+            max_tokens: 2,
+            ..GenerationOptions::default()
+        };
+        let mut g = Generation::new(greedy(), &[1], opts);
+        let (_, f) = run(&mut g, &[7], Some(&mut c));
+        assert_eq!((g.tokens(), f), (&[3, 4][..], Some(Finish::Length)));
+    }
+
+    #[test]
+    fn pending_tokens_run_in_parts() {
+        let opts = GenerationOptions {
+            max_tokens: 10,
+            ..GenerationOptions::default()
+        };
+        let mut g = Generation::new(greedy(), &[1], opts);
+        assert_eq!(g.next(&pick(7), None, None, &mut |_| true).unwrap(), None);
+        assert_eq!(g.pending(), [7]);
+        g.ran(1);
+        assert!(g.pending().is_empty());
+        // The receiver going away ends it.
+        let opts = GenerationOptions {
+            max_tokens: 10,
+            ..GenerationOptions::default()
+        };
+        let mut c = Script { seen: Vec::new() };
+        let mut g = Generation::new(greedy(), &[1], opts);
+        let f = g
+            .next(&pick(7), Some(&mut c), None, &mut |_| false)
+            .unwrap();
+        // Without a tokenizer there is no text to hand out, so nothing asks
+        // to stop: the constraint completes.
+        assert_eq!(f, Some(Finish::Complete));
     }
 }

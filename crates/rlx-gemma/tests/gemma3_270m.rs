@@ -142,9 +142,8 @@ fn greedy_continuations_follow_the_exact_reference() {
                 ..Default::default()
             })
             .unwrap();
-        let mut sampler = Sampler::new(SamplerConfig::default()).unwrap();
-        let (ours, _, _) =
-            generate(&mut s, &prompt, hf.len(), &mut sampler, &[], &mut |_| true).unwrap();
+        let sampler = Sampler::new(SamplerConfig::default()).unwrap();
+        let (ours, _, _) = generate(&mut s, &prompt, hf.len(), sampler, &[]).unwrap();
         let agree = ours.iter().zip(&hf).take_while(|(a, b)| a == b).count();
         eprintln!(
             "{name}: greedy agrees for {agree} steps (llama.cpp {llama_agree}; reference margin ≥ 0.05 for the first {clear})"

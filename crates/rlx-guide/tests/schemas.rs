@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use rlx_gemma::generate::{generate_constrained, Constraint};
+use rlx_gemma::generate::{generate_constrained, Constraint, Generation, GenerationOptions};
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 use rlx_gemma::{Model, ModelOptions, Precision, Session, SessionOptions};
 use rlx_guide::{Spec, Vocabulary};
@@ -59,19 +59,24 @@ fn sample(
     constraint: Option<&mut dyn Constraint>,
     max_tokens: usize,
 ) -> String {
-    let mut sampler = Sampler::new(SamplerConfig {
+    let sampler = Sampler::new(SamplerConfig {
         temperature: 1.0,
         seed,
         ..SamplerConfig::default()
     })
     .unwrap();
+    let opts = GenerationOptions {
+        max_tokens,
+        stop_tokens: tok.eog_ids().to_vec(),
+        ..GenerationOptions::default()
+    };
+    let mut generation = Generation::new(sampler, prompt, opts);
     let (out, _, _) = generate_constrained(
         session,
         prompt,
-        max_tokens,
-        &mut sampler,
-        tok.eog_ids(),
+        &mut generation,
         constraint,
+        None,
         &mut |_| true,
         &mut |_, _| {},
     )

@@ -15,14 +15,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use rlx_gemma::generate::Constraint;
+pub use rlx_gemma::generate::TokenLogprob;
+use rlx_gemma::generate::{Constraint, Finish as GenFinish, Generation, GenerationOptions, Piece};
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 use rlx_gemma::{Feed, Model, ModelError, SeqId, Sequences, SequencesOptions, Want};
 use rlx_runtime::KvTypes;
-use rlx_tokenizer::{StreamDecoder, Tokenizer};
+use rlx_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
-
-use crate::stop::StopFilter;
 
 /// One generation request, already tokenized.
 pub struct Job {
@@ -57,44 +56,6 @@ pub enum Event {
     },
     Done(Finish),
     Error(JobError),
-}
-
-/// A token's log-probability under the model (before sampling's filters)
-/// and the likeliest alternatives at its place.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TokenLogprob {
-    pub token: u32,
-    pub bytes: Vec<u8>,
-    pub logprob: f32,
-    /// `(token, bytes, logprob)`, likeliest first.
-    pub top: Vec<(u32, Vec<u8>, f32)>,
-}
-
-/// Log-probability of `token` and the `k` likeliest tokens from `logits`.
-fn logprobs(logits: &[f32], token: u32, k: usize, tok: &Tokenizer) -> TokenLogprob {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-    let lse = max + sum.ln() as f32;
-    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
-    if k > 0 {
-        for (i, &l) in logits.iter().enumerate() {
-            if top.len() < k || l > top[top.len() - 1].1 {
-                let at = top.partition_point(|&(_, x)| x >= l);
-                top.insert(at, (i as u32, l));
-                top.truncate(k);
-            }
-        }
-    }
-    let bytes = |t: u32| tok.decode_bytes(&[t], false);
-    TokenLogprob {
-        token,
-        bytes: bytes(token),
-        logprob: logits[token as usize] - lse,
-        top: top
-            .into_iter()
-            .map(|(t, l)| (t, bytes(t), l - lse))
-            .collect(),
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -320,14 +281,9 @@ struct Running {
     /// Prompt tokens in the sequence (the reused prefix included).
     fed: usize,
     cached: usize,
-    sampler: Sampler,
-    decoder: StreamDecoder,
-    filter: StopFilter,
-    stop_tokens: Vec<u32>,
-    generated: usize,
-    /// Generated tokens to run in the next step: the last sampled one and
-    /// any the constraint forced after it.
-    pending: Vec<u32>,
+    /// Sampling, stop tokens and strings, forced tokens, the text: what
+    /// `rlx run` drives too.
+    generation: Generation,
     started: Instant,
     first_token: Option<Instant>,
 }
@@ -474,17 +430,13 @@ impl<'m> Scheduler<'m> {
         let fail = |job: &Job, e: JobError| {
             let _ = job.events.send(Event::Error(e));
         };
-        let mut sampler = match Sampler::new(job.sampler.clone()) {
+        let sampler = match Sampler::new(job.sampler.clone()) {
             Ok(s) => s,
             Err(e) => {
                 fail(&job, JobError::Invalid(e.to_string()));
                 return None;
             }
         };
-        // Repetition penalties see the prompt.
-        for &t in &job.prompt {
-            sampler.accept(t);
-        }
         // At least the prompt's last token runs, for the logits.
         let limit = job.prompt.len().saturating_sub(1);
         let (seq, cached) = match self.seqs.add_cached(&job.prompt[..limit]) {
@@ -494,22 +446,22 @@ impl<'m> Scheduler<'m> {
                 return None;
             }
         };
-        let stop_tokens = if job.ignore_eos {
-            Vec::new()
-        } else {
-            self.tok.eog_ids().to_vec()
+        let opts = GenerationOptions {
+            max_tokens: job.max_tokens,
+            stop_tokens: if job.ignore_eos {
+                Vec::new()
+            } else {
+                self.tok.eog_ids().to_vec()
+            },
+            stop_strings: job.stop.clone(),
+            logprobs: job.logprobs,
         };
         Some(Running {
-            decoder: self.tok.stream_decoder(false),
-            filter: StopFilter::new(job.stop.clone()),
+            generation: Generation::new(sampler, &job.prompt, opts),
             job,
             seq,
             fed: cached,
             cached,
-            sampler,
-            stop_tokens,
-            generated: 0,
-            pending: Vec::new(),
             started: Instant::now(),
             first_token: None,
         })
@@ -534,7 +486,7 @@ impl<'m> Scheduler<'m> {
         let requests: Vec<(usize, usize)> = self
             .running
             .iter()
-            .map(|r| (r.pending.len(), r.job.prompt.len() - r.fed))
+            .map(|r| (r.generation.pending().len(), r.job.prompt.len() - r.fed))
             .collect();
         let plan = plan_step(self.seqs.max_step_tokens(), &requests);
         let running = &self.running;
@@ -546,8 +498,8 @@ impl<'m> Scheduler<'m> {
                     // Logits once every pending token has run.
                     Part::Generated { n } => Feed {
                         seq: r.seq,
-                        tokens: &r.pending[..*n],
-                        logits: if *n == r.pending.len() {
+                        tokens: &r.generation.pending()[..*n],
+                        logits: if *n == r.generation.pending().len() {
                             Want::Last
                         } else {
                             Want::None
@@ -589,8 +541,8 @@ impl<'m> Scheduler<'m> {
                     }
                 }
                 Part::Generated { n } => {
-                    r.pending.drain(..n);
-                    if !r.pending.is_empty() {
+                    r.generation.ran(n);
+                    if !r.generation.pending().is_empty() {
                         continue;
                     }
                 }
@@ -661,115 +613,41 @@ impl Running {
     fn next(&mut self, logits: &[f32], tok: &Tokenizer, load: &Load) -> Next {
         let now = Instant::now();
         self.first_token.get_or_insert(now);
-        if self.job.max_tokens == 0 {
-            return Next::Done(FinishReason::Length);
-        }
-        // Within a constraint, the tokens it rules out are masked on a copy
-        // (log-probabilities stay the model's).
-        let masked = match self.job.constraint.as_mut() {
-            Some(c) => {
-                let mut m = logits.to_vec();
-                if let Err(e) = c.mask(&mut m) {
-                    return self.fail(format!("structured output: {e}"));
-                }
-                Some(m)
+        let (before, forced) = (self.generation.tokens().len(), self.generation.forced());
+        let events = &self.job.events;
+        let constraint = self
+            .job
+            .constraint
+            .as_mut()
+            .map(|c| &mut **c as &mut dyn Constraint);
+        let step = self
+            .generation
+            .next(logits, constraint, Some(tok), &mut |piece| {
+                let event = match piece {
+                    Piece::Text(text) => Event::Text(text),
+                    Piece::Token { text, logprob } => Event::Token { text, logprob },
+                };
+                events.send(event).is_ok()
+            });
+        let generated = self.generation.tokens().len() - before;
+        load.generated_tokens
+            .fetch_add(generated as u64, Ordering::Relaxed);
+        load.forced_tokens.fetch_add(
+            (self.generation.forced() - forced) as u64,
+            Ordering::Relaxed,
+        );
+        match step {
+            Ok(None) => Next::Going,
+            Ok(Some(GenFinish::Length)) => Next::Done(FinishReason::Length),
+            Ok(Some(GenFinish::StopToken | GenFinish::StopString | GenFinish::Complete)) => {
+                Next::Done(FinishReason::Stop)
             }
-            None => None,
-        };
-        let t = match self.sampler.sample(masked.as_deref().unwrap_or(logits)) {
-            Ok(t) => t,
-            Err(e) => return self.fail(e.to_string()),
-        };
-        if let Some(done) = self.emit(t, Some(logits), tok, load) {
-            return done;
-        }
-        self.pending = vec![t];
-        // Tokens the constraint forces next are taken without sampling and
-        // run in the next step together (not when log-probabilities are
-        // asked for: a forced token has none).
-        if self.job.logprobs.is_none() {
-            let forced = match self.job.constraint.as_mut() {
-                Some(c) => c.forced(),
-                None => Vec::new(),
-            };
-            for f in forced {
-                if let Some(done) = self.emit(f, None, tok, load) {
-                    return done;
-                }
-                self.pending.push(f);
-                load.forced_tokens.fetch_add(1, Ordering::Relaxed);
+            Ok(Some(GenFinish::Cancelled)) => Next::Dropped,
+            Err(e) => {
+                let _ = events.send(Event::Error(JobError::Internal(e.to_string())));
+                Next::Dropped
             }
         }
-        Next::Going
-    }
-
-    /// Records a generated token (sampled from `logits`, or forced) and
-    /// streams its text; `Some` when the request ends with it.
-    fn emit(
-        &mut self,
-        t: u32,
-        logits: Option<&[f32]>,
-        tok: &Tokenizer,
-        load: &Load,
-    ) -> Option<Next> {
-        self.sampler.accept(t);
-        self.generated += 1;
-        load.generated_tokens.fetch_add(1, Ordering::Relaxed);
-        if self.stop_tokens.contains(&t) {
-            self.flush();
-            return Some(Next::Done(FinishReason::Stop));
-        }
-        let mut complete = false;
-        if let Some(c) = self.job.constraint.as_mut() {
-            if let Err(e) = c.accept(t) {
-                return Some(self.fail(format!("structured output: {e}")));
-            }
-            complete = c.is_complete();
-        }
-        let (text, stopped) = self.filter.push(&self.decoder.push(tok, t));
-        let event = match (self.job.logprobs, logits) {
-            (Some(k), Some(logits)) => Some(Event::Token {
-                text,
-                logprob: logprobs(logits, t, k, tok),
-            }),
-            _ => (!text.is_empty()).then_some(Event::Text(text)),
-        };
-        if event.is_some_and(|e| self.job.events.send(e).is_err()) {
-            return Some(Next::Dropped);
-        }
-        if stopped {
-            return Some(Next::Done(FinishReason::Stop));
-        }
-        if complete {
-            self.flush();
-            return Some(Next::Done(FinishReason::Stop));
-        }
-        if self.generated == self.job.max_tokens {
-            let stopped = self.flush();
-            return Some(Next::Done(if stopped {
-                FinishReason::Stop
-            } else {
-                FinishReason::Length
-            }));
-        }
-        None
-    }
-
-    /// Tells the client about an engine error; the request ends.
-    fn fail(&self, msg: String) -> Next {
-        let _ = self.job.events.send(Event::Error(JobError::Internal(msg)));
-        Next::Dropped
-    }
-
-    /// Sends the bytes of an unfinished character and what the stop filter
-    /// held; returns whether a stop string ended the text.
-    fn flush(&mut self) -> bool {
-        let (mut rest, stopped) = self.filter.push(&self.decoder.finish());
-        rest.push_str(&self.filter.finish());
-        if !rest.is_empty() {
-            let _ = self.job.events.send(Event::Text(rest));
-        }
-        stopped
     }
 
     fn send_done(&self, reason: FinishReason) {
@@ -778,7 +656,7 @@ impl Running {
             reason,
             prompt_tokens: self.job.prompt.len(),
             cached_tokens: self.cached,
-            completion_tokens: self.generated,
+            completion_tokens: self.generation.tokens().len(),
             prefill_secs: (first - self.started).as_secs_f64(),
             decode_secs: first.elapsed().as_secs_f64(),
         }));

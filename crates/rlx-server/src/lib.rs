@@ -19,7 +19,6 @@ mod prompt;
 mod reply;
 mod response;
 mod routes;
-mod stop;
 
 use std::future::Future;
 use std::sync::atomic::AtomicU64;

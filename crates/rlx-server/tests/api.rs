@@ -213,9 +213,8 @@ fn library_text(prompt: &[u32], n: usize) -> (String, usize) {
     let model = load();
     let tok = Tokenizer::from_gguf(model.file()).unwrap();
     let mut session = model.session(SessionOptions::default()).unwrap();
-    let mut sampler = Sampler::new(SamplerConfig::default()).unwrap();
-    let (tokens, _, _) =
-        generate(&mut session, prompt, n, &mut sampler, &[], &mut |_| true).unwrap();
+    let sampler = Sampler::new(SamplerConfig::default()).unwrap();
+    let (tokens, _, _) = generate(&mut session, prompt, n, sampler, &[]).unwrap();
     (tok.decode(&tokens, false), tokens.len())
 }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use rlx_gemma::generate::generate;
+use rlx_gemma::generate::{generate_constrained, Generation, GenerationOptions, Piece};
 use rlx_gemma::{ModelError, SessionOptions};
 use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, Tokenizer};
 
@@ -119,29 +119,31 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             },
         )?;
         let ids = tok.encode_chat(&rendered);
-        let mut sampler = args.sample.sampler()?;
-        let mut decoder = tok.stream_decoder(false);
+        let opts = GenerationOptions {
+            max_tokens: args.sample.n,
+            stop_tokens: tok.eog_ids().to_vec(),
+            stop_strings: args.sample.stop.clone(),
+            logprobs: None,
+        };
+        let mut generation = Generation::new(args.sample.sampler()?, &ids, opts);
         let mut reply = String::new();
         let mut out = std::io::stdout().lock();
         interrupted.store(false, Ordering::SeqCst);
         generating.store(true, Ordering::SeqCst);
-        let stops = tok.eog_ids().to_vec();
-        let result = generate(
+        let result = generate_constrained(
             &mut session,
             &ids,
-            args.sample.n,
-            &mut sampler,
-            &stops,
-            &mut |t| {
-                if !tok.is_eog(t) {
-                    let piece = decoder.push(&tok, t);
-                    reply.push_str(&piece);
-                    let _ = out.write_all(piece.as_bytes());
-                    let _ = out.flush();
-                }
+            &mut generation,
+            None,
+            Some(&tok),
+            &mut |piece| {
+                let (Piece::Text(piece) | Piece::Token { text: piece, .. }) = piece;
+                reply.push_str(&piece);
+                let _ = out.write_all(piece.as_bytes());
+                let _ = out.flush();
                 !interrupted.load(Ordering::SeqCst)
-                    && !args.sample.stop.iter().any(|s| reply.contains(s.as_str()))
             },
+            &mut |_, _| {},
         );
         generating.store(false, Ordering::SeqCst);
         writeln!(out)?;

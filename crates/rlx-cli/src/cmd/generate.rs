@@ -55,20 +55,13 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         seed: args.seed,
         ..SamplerConfig::default()
     };
-    let mut sampler = Sampler::new(cfg).context("bad sampling options")?;
+    let sampler = Sampler::new(cfg).context("bad sampling options")?;
     let stops = if args.ignore_eos {
         Vec::new()
     } else {
         eog_tokens(model.file())
     };
-    let (tokens, _, _) = generate(
-        &mut session,
-        &prompt,
-        args.n,
-        &mut sampler,
-        &stops,
-        &mut |_| true,
-    )?;
+    let (tokens, _, _) = generate(&mut session, &prompt, args.n, sampler, &stops)?;
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer(&mut out, &json!({ "tokens": tokens }))?;

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use rlx_gemma::generate::{generate_constrained, Constraint, StopReason};
+use rlx_gemma::generate::{
+    generate_constrained, Constraint, Finish, Generation, GenerationOptions, Piece,
+};
 use rlx_gemma::SessionOptions;
 use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Tokenizer};
 use serde_json::json;
@@ -145,13 +147,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
         kv_types: args.model.kv_types(&model),
         ..SessionOptions::default()
     })?;
-    let mut sampler = args.sample.sampler()?;
-    let stops: Vec<u32> = if args.sample.ignore_eos {
-        Vec::new()
-    } else {
-        tok.eog_ids().to_vec()
+    let opts = GenerationOptions {
+        max_tokens: args.sample.n,
+        stop_tokens: if args.sample.ignore_eos {
+            Vec::new()
+        } else {
+            tok.eog_ids().to_vec()
+        },
+        stop_strings: args.sample.stop.clone(),
+        logprobs: None,
     };
-    let mut decoder = tok.stream_decoder(false);
+    let mut generation = Generation::new(args.sample.sampler()?, &ids, opts);
     let mut text = String::new();
     let mut stdout = std::io::stdout().lock();
     let stream = !args.json;
@@ -159,24 +165,20 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let (tokens, reason, stats) = generate_constrained(
         &mut session,
         &ids,
-        args.sample.n,
-        &mut sampler,
-        &stops,
+        &mut generation,
         guide.as_mut().map(|g| g as &mut dyn Constraint),
-        &mut |t| {
+        Some(&tok),
+        &mut |piece| {
             if let Some(b) = &bar {
                 b.finish_and_clear();
             }
-            if tok.is_eog(t) && !args.sample.ignore_eos {
-                return false;
-            }
-            let piece = decoder.push(&tok, t);
+            let (Piece::Text(piece) | Piece::Token { text: piece, .. }) = piece;
             text.push_str(&piece);
             if stream {
                 let _ = stdout.write_all(piece.as_bytes());
                 let _ = stdout.flush();
             }
-            !args.sample.stop.iter().any(|s| text.contains(s.as_str()))
+            true
         },
         &mut |done, _| {
             if let Some(b) = &bar {
@@ -184,16 +186,6 @@ pub fn run(args: &RunArgs) -> Result<()> {
             }
         },
     )?;
-    // Cut the text at the first stop string.
-    if let Some(at) = args
-        .sample
-        .stop
-        .iter()
-        .filter_map(|s| text.find(s.as_str()))
-        .min()
-    {
-        text.truncate(at);
-    }
     let prefill_tps = stats.prefilled as f64 / stats.prefill_secs.max(1e-9);
     let decode_tps = stats.generated.saturating_sub(1) as f64 / stats.decode_secs.max(1e-9);
     if args.json {
@@ -201,7 +193,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "text": text,
             "tokens": tokens,
             "prompt_tokens": ids.len(),
-            "stop": match reason { StopReason::StopToken => "eog", StopReason::Length => "length", StopReason::Caller => "stop_string", StopReason::Complete => "complete" },
+            "stop": match reason { Finish::StopToken => "eog", Finish::Length => "length", Finish::StopString => "stop_string", Finish::Complete => "complete", Finish::Cancelled => "cancelled" },
             "timings": {"load_s": load_secs, "prefill_s": stats.prefill_secs, "decode_s": stats.decode_secs,
                         "prefill_tokens_per_s": prefill_tps, "decode_tokens_per_s": decode_tps},
         });
@@ -210,7 +202,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     writeln!(stdout)?;
     if let Some(g) = &guide {
         let (secs, n) = g.mask_seconds();
-        if reason == StopReason::Length {
+        if reason == Finish::Length {
             eprintln!(
                 "warning: the output is incomplete: -n {} tokens ran out",
                 args.sample.n
