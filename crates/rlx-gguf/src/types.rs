@@ -164,7 +164,7 @@ impl GgmlType {
     }
 
     /// Bytes per block.
-    pub fn block_bytes(self) -> usize {
+    pub const fn block_bytes(self) -> usize {
         use GgmlType::*;
         match self {
             F32 | I32 => 4,

@@ -136,7 +136,10 @@ unsafe fn q8_0_avx512(x: &[f32], out: &mut [u8]) {
     use std::arch::x86_64::*;
     let half = _mm512_set1_ps(JUST_BELOW_HALF);
     let sign = _mm512_set1_ps(-0.0);
-    for (xb, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
+    for (xb, b) in x
+        .chunks_exact(32)
+        .zip(out.chunks_exact_mut(GgmlType::Q8_0.block_bytes()))
+    {
         let v0 = _mm512_loadu_ps(xb.as_ptr());
         let v1 = _mm512_loadu_ps(xb.as_ptr().add(16));
         let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
@@ -160,7 +163,10 @@ unsafe fn q8_0_avx2(x: &[f32], out: &mut [u8]) {
     use std::arch::x86_64::*;
     let half = _mm256_set1_ps(JUST_BELOW_HALF);
     let sign = _mm256_set1_ps(-0.0);
-    for (xb, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
+    for (xb, b) in x
+        .chunks_exact(32)
+        .zip(out.chunks_exact_mut(GgmlType::Q8_0.block_bytes()))
+    {
         let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xb.as_ptr().add(8 * i)));
         let mut m = _mm256_setzero_ps();
         for &v in &v {

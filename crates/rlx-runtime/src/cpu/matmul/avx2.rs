@@ -11,6 +11,7 @@
 //! `Isa::Avx2` and up, which `matmul` checks against `Isa::detect()`. Memory is
 //! read through bounds-checked slices, so that is the only precondition.
 
+use rlx_gguf::GgmlType;
 use std::arch::x86_64::*;
 
 use super::scalar::{
@@ -170,7 +171,10 @@ pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn vec_dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(18).zip(a.chunks_exact(Q8_0_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q4_0.block_bytes())
+        .zip(a.chunks_exact(Q8_0_BYTES))
+    {
         let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
         let qx = _mm256_sub_epi8(nibbles(arr(&wb[2..])), _mm256_set1_epi8(8));
         let qy = load256(arr(&ab[2..]));
@@ -183,7 +187,10 @@ pub(super) unsafe fn vec_dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
 pub(super) unsafe fn vec_dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
-    for (wb, ab) in w.chunks_exact(20).zip(a.chunks_exact(Q8_1_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q4_1.block_bytes())
+        .zip(a.chunks_exact(Q8_1_BYTES))
+    {
         mins += f16_product(wb, 2, ab, 2);
         let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
         let qx = nibbles(arr(&wb[4..]));
@@ -196,7 +203,10 @@ pub(super) unsafe fn vec_dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn vec_dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(22).zip(a.chunks_exact(Q8_0_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q5_0.block_bytes())
+        .zip(a.chunks_exact(Q8_0_BYTES))
+    {
         let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
         let qh = u32::from_le_bytes(*arr(&wb[2..]));
         // A clear fifth bit means q − 16 < 0: set the byte's top nibble.
@@ -212,7 +222,10 @@ pub(super) unsafe fn vec_dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
 pub(super) unsafe fn vec_dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
-    for (wb, ab) in w.chunks_exact(24).zip(a.chunks_exact(Q8_1_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q5_1.block_bytes())
+        .zip(a.chunks_exact(Q8_1_BYTES))
+    {
         mins += f16_product(wb, 2, ab, 2);
         let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
         let qh = u32::from_le_bytes(*arr(&wb[4..]));
@@ -227,7 +240,10 @@ pub(super) unsafe fn vec_dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(34).zip(a.chunks_exact(Q8_0_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q8_0.block_bytes())
+        .zip(a.chunks_exact(Q8_0_BYTES))
+    {
         let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
         let qx = load256(arr(&wb[2..]));
         let qy = load256(arr(&ab[2..]));
@@ -257,7 +273,10 @@ pub(super) unsafe fn table(values: &[i8; 16]) -> __m128i {
 pub(super) unsafe fn vec_dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
     let values = table(&KVALUES_IQ4NL);
     let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(18).zip(a.chunks_exact(Q8_0_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::IQ4_NL.block_bytes())
+        .zip(a.chunks_exact(Q8_0_BYTES))
+    {
         let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
         let qx = lookup_nibbles(arr(&wb[2..]), values);
         let qy = load256(arr(&ab[2..]));
@@ -270,7 +289,10 @@ pub(super) unsafe fn vec_dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
 pub(super) unsafe fn vec_dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
     let values = table(&KVALUES_FP4);
     let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(17).zip(a.chunks_exact(Q8_0_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::MXFP4.block_bytes())
+        .zip(a.chunks_exact(Q8_0_BYTES))
+    {
         let d = _mm256_set1_ps(e8m0_half(wb[0]) * f16_at(ab, 0));
         let qx = lookup_nibbles(arr(&wb[1..]), values);
         let qy = load256(arr(&ab[2..]));
@@ -291,7 +313,10 @@ fn q8_k(ab: &[u8]) -> (f32, &[u8], &[u8; 32]) {
 pub(super) unsafe fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
     let m3 = _mm256_set1_epi8(3);
     let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(84).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q2_K.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         let (da, q8, bsums) = q8_k(ab);
         let sc = &wb[0..16];
         let qs = &wb[16..80];
@@ -331,7 +356,10 @@ pub(super) unsafe fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
     let m3 = _mm256_set1_epi8(3);
     let four = _mm256_set1_epi8(4);
     let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(110).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q3_K.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         let (da, q8, _) = q8_k(ab);
         let hbits = load256(arr(&wb[0..]));
         let qs = &wb[32..96];
@@ -376,7 +404,10 @@ pub(super) unsafe fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0xF);
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
-    for (wb, ab) in w.chunks_exact(144).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q4_K.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         let (da, q8, bsums) = q8_k(ab);
         let (sc, summ) = k4_scales(&wb[4..16], bsums);
         mins += (da * f16_at(wb, 2)) * summ as f32;
@@ -406,7 +437,10 @@ pub(super) unsafe fn vec_dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
     let sixteen = _mm256_set1_epi8(16);
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
-    for (wb, ab) in w.chunks_exact(176).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q5_K.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         let (da, q8, bsums) = q8_k(ab);
         let (sc, summ) = k4_scales(&wb[4..16], bsums);
         mins += (da * f16_at(wb, 2)) * summ as f32;
@@ -442,7 +476,10 @@ pub(super) unsafe fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
     let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q6_K.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         let (da, q8, bsums) = q8_k(ab);
         let ql = &wb[0..128];
         let qh = &wb[128..192];
@@ -488,7 +525,10 @@ pub(super) unsafe fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
 pub(super) unsafe fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
     let values = table(&KVALUES_IQ4NL);
     let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(136).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::IQ4_XS.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         let (da, q8, _) = q8_k(ab);
         let scales_h = u32::from(u16::from_le_bytes([wb[2], wb[3]]));
         let scales_l = &wb[4..8];

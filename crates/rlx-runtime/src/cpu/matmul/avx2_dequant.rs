@@ -8,6 +8,7 @@
 //! As in `avx2`: every function needs AVX2 + FMA + F16C, and memory is read
 //! through bounds-checked slices.
 
+use rlx_gguf::GgmlType;
 use std::arch::x86_64::*;
 
 use super::avx2::{
@@ -96,7 +97,10 @@ pub(super) unsafe fn dequant_bf16(src: &[u8], dst: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dequant_q8_0(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(34).zip(dst.chunks_exact_mut(32)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q8_0.block_bytes())
+        .zip(dst.chunks_exact_mut(32))
+    {
         let d = f16_at(b, 0);
         let q = load256(arr(&b[2..]));
         store_i8x16(lo128(q), d, &mut y[..16]);
@@ -106,7 +110,10 @@ pub(super) unsafe fn dequant_q8_0(src: &[u8], dst: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(32)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q4_0.block_bytes())
+        .zip(dst.chunks_exact_mut(32))
+    {
         let d = f16_at(b, 0);
         let q = _mm256_sub_epi8(nibbles(arr(&b[2..])), _mm256_set1_epi8(8));
         store_i8x16(lo128(q), d, &mut y[..16]);
@@ -116,7 +123,10 @@ pub(super) unsafe fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dequant_q4_1(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(20).zip(dst.chunks_exact_mut(32)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q4_1.block_bytes())
+        .zip(dst.chunks_exact_mut(32))
+    {
         let (d, m) = (f16_at(b, 0), f16_at(b, 2));
         let q = nibbles(arr(&b[4..]));
         store_u8x16(lo128(q), d, m, &mut y[..16]);
@@ -126,7 +136,10 @@ pub(super) unsafe fn dequant_q4_1(src: &[u8], dst: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dequant_q5_0(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(22).zip(dst.chunks_exact_mut(32)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q5_0.block_bytes())
+        .zip(dst.chunks_exact_mut(32))
+    {
         let d = f16_at(b, 0);
         let qh = u32::from_le_bytes(*arr(&b[2..]));
         // A clear fifth bit means q − 16 < 0: set the byte's top nibble.
@@ -139,7 +152,10 @@ pub(super) unsafe fn dequant_q5_0(src: &[u8], dst: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dequant_q5_1(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(24).zip(dst.chunks_exact_mut(32)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q5_1.block_bytes())
+        .zip(dst.chunks_exact_mut(32))
+    {
         let (d, m) = (f16_at(b, 0), f16_at(b, 2));
         let qh = u32::from_le_bytes(*arr(&b[4..]));
         let high = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
@@ -152,7 +168,10 @@ pub(super) unsafe fn dequant_q5_1(src: &[u8], dst: &mut [f32]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dequant_iq4_nl(src: &[u8], dst: &mut [f32]) {
     let values = table(&KVALUES_IQ4NL);
-    for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(32)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::IQ4_NL.block_bytes())
+        .zip(dst.chunks_exact_mut(32))
+    {
         let d = f16_at(b, 0);
         let q = lookup_nibbles(arr(&b[2..]), values);
         store_i8x16(lo128(q), d, &mut y[..16]);
@@ -163,7 +182,10 @@ pub(super) unsafe fn dequant_iq4_nl(src: &[u8], dst: &mut [f32]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dequant_iq4_xs(src: &[u8], dst: &mut [f32]) {
     let values = table(&KVALUES_IQ4NL);
-    for (b, y) in src.chunks_exact(136).zip(dst.chunks_exact_mut(256)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::IQ4_XS.block_bytes())
+        .zip(dst.chunks_exact_mut(256))
+    {
         let d = f16_at(b, 0);
         let scales_h = u32::from(u16::from_le_bytes([b[2], b[3]]));
         for (j, (qs, y)) in b[8..136]
@@ -184,7 +206,10 @@ pub(super) unsafe fn dequant_iq4_xs(src: &[u8], dst: &mut [f32]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dequant_q2_k(src: &[u8], dst: &mut [f32]) {
     let m3 = _mm256_set1_epi8(3);
-    for (b, y) in src.chunks_exact(84).zip(dst.chunks_exact_mut(256)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q2_K.block_bytes())
+        .zip(dst.chunks_exact_mut(256))
+    {
         let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
         let sc = &b[0..16];
         for (j, (q2, y)) in b[16..80]
@@ -209,7 +234,10 @@ pub(super) unsafe fn dequant_q2_k(src: &[u8], dst: &mut [f32]) {
 pub(super) unsafe fn dequant_q3_k(src: &[u8], dst: &mut [f32]) {
     let m3 = _mm256_set1_epi8(3);
     let four = _mm256_set1_epi8(4);
-    for (b, y) in src.chunks_exact(110).zip(dst.chunks_exact_mut(256)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q3_K.block_bytes())
+        .zip(dst.chunks_exact_mut(256))
+    {
         let d = f16_at(b, 108);
         let hbits = load256(arr(&b[0..]));
         let sc = q3_k_scales(&b[96..108]).map(i32::from);
@@ -265,14 +293,20 @@ unsafe fn dequant_k4<const FIVE_BITS: bool>(b: &[u8], y: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(144).zip(dst.chunks_exact_mut(256)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q4_K.block_bytes())
+        .zip(dst.chunks_exact_mut(256))
+    {
         dequant_k4::<false>(b, y);
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dequant_q5_k(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(176).zip(dst.chunks_exact_mut(256)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q5_K.block_bytes())
+        .zip(dst.chunks_exact_mut(256))
+    {
         dequant_k4::<true>(b, y);
     }
 }
@@ -281,7 +315,10 @@ pub(super) unsafe fn dequant_q5_k(src: &[u8], dst: &mut [f32]) {
 pub(super) unsafe fn dequant_q6_k(src: &[u8], dst: &mut [f32]) {
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
-    for (b, y) in src.chunks_exact(210).zip(dst.chunks_exact_mut(256)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q6_K.block_bytes())
+        .zip(dst.chunks_exact_mut(256))
+    {
         let d = f16_at(b, 208);
         let sc = &b[192..208];
         for (j, ((ql, qh), y)) in b[0..128]

@@ -8,6 +8,7 @@
 //! `has_avx512_vnni()`. Memory is read through bounds-checked slices or masked
 //! loads that stay inside them.
 
+use rlx_gguf::GgmlType;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -313,7 +314,10 @@ pub(super) unsafe fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
     let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     let mut acc = _mm512_setzero_ps();
     let mut acc_min = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(144).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q4_K.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         prefetch_ahead::<144>(wb);
         let da = f32_at(ab, 0);
         let (sc, mn) = unpack_scales_k4(wb[4..16].try_into().expect("12 bytes"));
@@ -353,7 +357,10 @@ pub(super) unsafe fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
     let m2 = _mm512_set1_epi8(3);
     let idx: [__m512i; 4] = std::array::from_fn(|c| scale_index(c, 4));
     let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q6_K.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         prefetch_ahead::<210>(wb);
         let da = f32_at(ab, 0);
         let sc16 = _mm256_cvtepi8_epi16(load128(arr(&wb[192..208])));

@@ -11,6 +11,7 @@
 //! otherwise — so a new weight type is one unpack function, and each block
 //! is scaled and summed in the reference's order.
 
+use rlx_gguf::GgmlType;
 use std::arch::aarch64::*;
 use std::sync::OnceLock;
 
@@ -23,7 +24,10 @@ use crate::cpu::arm::sdot;
 /// # Safety
 /// `out.len() == x.len() / 32 * 34`; `x.len()` a multiple of 32.
 pub(super) unsafe fn q8_0(x: &[f32], out: &mut [u8]) {
-    for (xb, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
+    for (xb, b) in x
+        .chunks_exact(32)
+        .zip(out.chunks_exact_mut(GgmlType::Q8_0.block_bytes()))
+    {
         // SAFETY: eight 4-lane loads of a 32-element block.
         let v: [float32x4_t; 8] = std::array::from_fn(|i| vld1q_f32(xb.as_ptr().add(4 * i)));
         let mut m = vabsq_f32(v[0]);
@@ -782,7 +786,10 @@ mod tests {
     /// the two that make subnormal scales.
     fn mxfp4_blocks(n: usize, seed: u64) -> Vec<u8> {
         let mut w = bytes(17 * n, seed);
-        for (i, blk) in w.chunks_exact_mut(17).enumerate() {
+        for (i, blk) in w
+            .chunks_exact_mut(GgmlType::MXFP4.block_bytes())
+            .enumerate()
+        {
             blk[0] = if i % 8 == 3 {
                 (i / 8 % 2) as u8
             } else {

@@ -8,6 +8,7 @@
 //! NEON is part of every AArch64 CPU; blocks are read through
 //! bounds-checked slices and each vector load stays inside its block.
 
+use rlx_gguf::GgmlType;
 use std::arch::aarch64::*;
 
 use super::neon::{
@@ -136,7 +137,10 @@ pub(super) unsafe fn dequant_bf16(src: &[u8], dst: &mut [f32]) {
 }
 
 pub(super) unsafe fn dequant_iq4_xs(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(136).zip(dst.chunks_exact_mut(256)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::IQ4_XS.block_bytes())
+        .zip(dst.chunks_exact_mut(256))
+    {
         let d = f16_at(b, 0);
         let scales_h = u32::from(u16::from_le_bytes([b[2], b[3]]));
         for (j, y) in y.chunks_exact_mut(32).enumerate() {
@@ -169,7 +173,10 @@ unsafe fn bits(v: [uint8x16_t; 2], shift: usize, mask: u8) -> [int8x16_t; 2] {
 }
 
 pub(super) unsafe fn dequant_q2_k(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(84).zip(dst.chunks_exact_mut(256)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q2_K.block_bytes())
+        .zip(dst.chunks_exact_mut(256))
+    {
         let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
         let sc = &b[0..16];
         let dl = |s: usize| d * f32::from(sc[s] & 0xF);
@@ -187,7 +194,10 @@ pub(super) unsafe fn dequant_q2_k(src: &[u8], dst: &mut [f32]) {
 }
 
 pub(super) unsafe fn dequant_q3_k(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(110).zip(dst.chunks_exact_mut(256)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q3_K.block_bytes())
+        .zip(dst.chunks_exact_mut(256))
+    {
         let d = f16_at(b, 108);
         let hmask = load32(&b[0..]);
         let sc = q3_k_scales(&b[96..108]).map(i32::from);
@@ -235,19 +245,28 @@ unsafe fn dequant_k4<const FIVE_BITS: bool>(b: &[u8], y: &mut [f32]) {
 }
 
 pub(super) unsafe fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(144).zip(dst.chunks_exact_mut(256)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q4_K.block_bytes())
+        .zip(dst.chunks_exact_mut(256))
+    {
         dequant_k4::<false>(b, y);
     }
 }
 
 pub(super) unsafe fn dequant_q5_k(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(176).zip(dst.chunks_exact_mut(256)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q5_K.block_bytes())
+        .zip(dst.chunks_exact_mut(256))
+    {
         dequant_k4::<true>(b, y);
     }
 }
 
 pub(super) unsafe fn dequant_q6_k(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(210).zip(dst.chunks_exact_mut(256)) {
+    for (b, y) in src
+        .chunks_exact(GgmlType::Q6_K.block_bytes())
+        .zip(dst.chunks_exact_mut(256))
+    {
         let d = f16_at(b, 208);
         let sc = &b[192..208];
         for (j, y) in y.chunks_exact_mut(128).enumerate() {

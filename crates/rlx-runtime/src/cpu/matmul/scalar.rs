@@ -10,11 +10,12 @@ use rlx_gguf::blocks::{crumb, i16_at, u32_at};
 pub(super) use rlx_gguf::blocks::{
     e8m0_half, f16_at, f32_at, q3_k_scales, scale_min_k4, KVALUES_FP4, KVALUES_IQ4NL,
 };
+use rlx_gguf::GgmlType;
 
 /// Bytes of an activation block.
-pub(super) const Q8_0_BYTES: usize = 34;
-pub(super) const Q8_1_BYTES: usize = 36;
-pub(super) const Q8_K_BYTES: usize = 292;
+pub(super) const Q8_0_BYTES: usize = GgmlType::Q8_0.block_bytes();
+pub(super) const Q8_1_BYTES: usize = GgmlType::Q8_1.block_bytes();
+pub(super) const Q8_K_BYTES: usize = GgmlType::Q8_K.block_bytes();
 
 /// `Σ v[e] · a[e]` with the activation bytes read as i8.
 #[inline]
@@ -71,7 +72,10 @@ fn q8_k(ab: &[u8]) -> (f32, &[u8], [i32; 16]) {
 
 pub(super) fn vec_dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(18).zip(a.chunks_exact(Q8_0_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q4_0.block_bytes())
+        .zip(a.chunks_exact(Q8_0_BYTES))
+    {
         let (da, qa) = q8_0(ab);
         let v = nibbles32(&wb[2..18]).map(|q| q as i8 - 8);
         sum += (f16_at(wb, 0) * da) * idot(&v, qa) as f32;
@@ -81,7 +85,10 @@ pub(super) fn vec_dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
 
 pub(super) fn vec_dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(20).zip(a.chunks_exact(Q8_1_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q4_1.block_bytes())
+        .zip(a.chunks_exact(Q8_1_BYTES))
+    {
         let (da, sa, qa) = q8_1(ab);
         let v = nibbles32(&wb[4..20]).map(|q| q as i8);
         sum += (f16_at(wb, 0) * da) * idot(&v, qa) as f32 + f16_at(wb, 2) * sa;
@@ -91,7 +98,10 @@ pub(super) fn vec_dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
 
 pub(super) fn vec_dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(22).zip(a.chunks_exact(Q8_0_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q5_0.block_bytes())
+        .zip(a.chunks_exact(Q8_0_BYTES))
+    {
         let (da, qa) = q8_0(ab);
         let v = with_high_bits(nibbles32(&wb[6..22]), u32_at(wb, 2)).map(|q| q as i8 - 16);
         sum += (f16_at(wb, 0) * da) * idot(&v, qa) as f32;
@@ -101,7 +111,10 @@ pub(super) fn vec_dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
 
 pub(super) fn vec_dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(24).zip(a.chunks_exact(Q8_1_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q5_1.block_bytes())
+        .zip(a.chunks_exact(Q8_1_BYTES))
+    {
         let (da, sa, qa) = q8_1(ab);
         let v = with_high_bits(nibbles32(&wb[8..24]), u32_at(wb, 4)).map(|q| q as i8);
         sum += (f16_at(wb, 0) * da) * idot(&v, qa) as f32 + f16_at(wb, 2) * sa;
@@ -111,7 +124,10 @@ pub(super) fn vec_dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
 
 pub(super) fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(34).zip(a.chunks_exact(Q8_0_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q8_0.block_bytes())
+        .zip(a.chunks_exact(Q8_0_BYTES))
+    {
         let (da, qa) = q8_0(ab);
         let sumi: i32 = wb[2..34]
             .iter()
@@ -125,7 +141,10 @@ pub(super) fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
 
 pub(super) fn vec_dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(18).zip(a.chunks_exact(Q8_0_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::IQ4_NL.block_bytes())
+        .zip(a.chunks_exact(Q8_0_BYTES))
+    {
         let (da, qa) = q8_0(ab);
         let v = nibbles32(&wb[2..18]).map(|q| KVALUES_IQ4NL[usize::from(q)]);
         sum += (f16_at(wb, 0) * da) * idot(&v, qa) as f32;
@@ -135,7 +154,10 @@ pub(super) fn vec_dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
 
 pub(super) fn vec_dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(17).zip(a.chunks_exact(Q8_0_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::MXFP4.block_bytes())
+        .zip(a.chunks_exact(Q8_0_BYTES))
+    {
         let (da, qa) = q8_0(ab);
         let v = nibbles32(&wb[1..17]).map(|q| KVALUES_FP4[usize::from(q)]);
         sum += (e8m0_half(wb[0]) * da) * idot(&v, qa) as f32;
@@ -167,7 +189,10 @@ fn scaled_idot(v: &[i8; 256], a: &[u8], scales: &[i32], len: usize) -> i32 {
 
 pub(super) fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(84).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q2_K.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         let (da, qa, bsums) = q8_k(ab);
         let sc = &wb[0..16];
         let qs = &wb[16..80];
@@ -186,7 +211,10 @@ pub(super) fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
 
 pub(super) fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(110).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q3_K.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         let (da, qa, _) = q8_k(ab);
         let hmask = &wb[0..32];
         let qs = &wb[32..96];
@@ -217,7 +245,10 @@ fn k4_block_sum(v: &[i8; 256], wb: &[u8], da: f32, qa: &[u8], bsums: &[i32; 16])
 
 pub(super) fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(144).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q4_K.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         let (da, qa, bsums) = q8_k(ab);
         let qs = &wb[16..144];
         let v: [i8; 256] = std::array::from_fn(|e| nibble256(qs, e) as i8);
@@ -228,7 +259,10 @@ pub(super) fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
 
 pub(super) fn vec_dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(176).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q5_K.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         let (da, qa, bsums) = q8_k(ab);
         let qh = &wb[16..48];
         let qs = &wb[48..176];
@@ -243,7 +277,10 @@ pub(super) fn vec_dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
 
 pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::Q6_K.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         let (da, qa, _) = q8_k(ab);
         let ql = &wb[0..128];
         let qh = &wb[128..192];
@@ -263,7 +300,10 @@ pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
 
 pub(super) fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(136).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (wb, ab) in w
+        .chunks_exact(GgmlType::IQ4_XS.block_bytes())
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         let (da, qa, _) = q8_k(ab);
         let scales_h = u32::from(u16::from_le_bytes([wb[2], wb[3]]));
         let scales_l = &wb[4..8];
