@@ -6,10 +6,13 @@
 //! `madd` with the sub-block scale into i32 lanes, then one f32 FMA per block.
 //!
 //! # Safety
-//! Every function is `#[target_feature(enable = "avx2,fma,f16c")]` and may only
-//! run on a CPU that has those features; `kernels` hands them out only for
-//! `Isa::Avx2` and up, which `matmul` checks against `Isa::detect()`. Memory is
-//! read through bounds-checked slices, so that is the only precondition.
+//! Every function is a safe `#[target_feature(enable = "avx2,fma,f16c")]`
+//! function: the compiler makes a caller without those features promise them
+//! in an `unsafe` call, and `kernels` hands them out only for `Isa::Avx2` and
+//! up, which `matmul` checks against `Isa::detect()`. Memory is read and
+//! written through bounds-checked slices and arrays; the only `unsafe` inside
+//! are the loads and stores of whole arrays (`load128`, `load256`,
+//! `store_ps`, …).
 
 use rlx_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -19,28 +22,52 @@ use super::scalar::{
     Q8_1_BYTES, Q8_K_BYTES,
 };
 
-/// The first `N` bytes of `s` as an array (panics if `s` is shorter).
+/// The first `N` elements of `s` as an array (panics if `s` is shorter).
 #[inline(always)]
-pub(super) fn arr<const N: usize>(s: &[u8]) -> &[u8; N] {
+pub(super) fn arr<T, const N: usize>(s: &[T]) -> &[T; N] {
     s[..N].try_into().expect("length checked by the slice")
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn load128(b: &[u8; 16]) -> __m128i {
-    _mm_loadu_si128(b.as_ptr().cast())
+pub(super) fn load128(b: &[u8; 16]) -> __m128i {
+    // SAFETY: the array holds the 16 bytes the unaligned load reads.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn load256(b: &[u8; 32]) -> __m256i {
-    _mm256_loadu_si256(b.as_ptr().cast())
+pub(super) fn load256(b: &[u8; 32]) -> __m256i {
+    // SAFETY: the array holds the 32 bytes the unaligned load reads.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+/// The first `N` elements of `s` as a mutable array (panics if shorter).
+#[inline(always)]
+pub(super) fn arr_mut<T, const N: usize>(s: &mut [T]) -> &mut [T; N] {
+    (&mut s[..N])
+        .try_into()
+        .expect("length checked by the slice")
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load_ps(x: &[f32; 8]) -> __m256 {
+    // SAFETY: the array holds the 8 floats the unaligned load reads.
+    unsafe { _mm256_loadu_ps(x.as_ptr()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn store_ps(out: &mut [f32; 8], v: __m256) {
+    // SAFETY: the array holds the 8 floats the unaligned store writes.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) }
 }
 
 /// The f16 at `b[off..off + 2]` as f32 (exact, like `half`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn f16_at(b: &[u8], off: usize) -> f32 {
+pub(super) fn f16_at(b: &[u8], off: usize) -> f32 {
     let bits = u32::from(u16::from_le_bytes([b[off], b[off + 1]]));
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
@@ -48,7 +75,7 @@ pub(super) unsafe fn f16_at(b: &[u8], off: usize) -> f32 {
 /// `f16(w[w_off..]) · f16(a[a_off..])`, the per-block scale product.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn f16_product(w: &[u8], w_off: usize, a: &[u8], a_off: usize) -> f32 {
+pub(super) fn f16_product(w: &[u8], w_off: usize, a: &[u8], a_off: usize) -> f32 {
     // Both halves in one 32-bit move: converting a lone u16 lets LLVM insert
     // it into an arbitrary register (often the loop's accumulator), which
     // chains every iteration behind the previous FMA.
@@ -60,7 +87,7 @@ pub(super) unsafe fn f16_product(w: &[u8], w_off: usize, a: &[u8], a_off: usize)
 /// `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
+pub(super) fn hsum_ps(v: __m256) -> f32 {
     let mut r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
@@ -71,7 +98,7 @@ pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
 /// 0..16), high nibbles in the high lane (16..32) — the legacy block order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+pub(super) fn nibbles(qs: &[u8; 16]) -> __m256i {
     let t = load128(qs);
     let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
     _mm256_and_si256(b, _mm256_set1_epi8(0xF))
@@ -80,7 +107,7 @@ pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
 /// 0xFF in byte `j` where bit `j` of `x` is set.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn bytes_from_bits(x: u32) -> __m256i {
+pub(super) fn bytes_from_bits(x: u32) -> __m256i {
     let shuf = _mm256_set_epi64x(
         0x0303_0303_0303_0303,
         0x0202_0202_0202_0202,
@@ -95,21 +122,21 @@ pub(super) unsafe fn bytes_from_bits(x: u32) -> __m256i {
 /// Pairwise i8 × i8 products summed to i16 (`|x| · sign(y, x)` through `maddubs`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn mul_add_i8(x: __m256i, y: __m256i) -> __m256i {
+fn mul_add_i8(x: __m256i, y: __m256i) -> __m256i {
     _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
 }
 
 /// Eight i32 sums of four i8 × i8 products each, as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_i8_ps(x: __m256i, y: __m256i) -> __m256 {
+fn dot_i8_ps(x: __m256i, y: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_madd_epi16(mul_add_i8(x, y), _mm256_set1_epi16(1)))
 }
 
 /// Eight i32 sums of four u8 × i8 products each, as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_u8_ps(ux: __m256i, y: __m256i) -> __m256 {
+fn dot_u8_ps(ux: __m256i, y: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_madd_epi16(
         _mm256_maddubs_epi16(ux, y),
         _mm256_set1_epi16(1),
@@ -119,14 +146,14 @@ unsafe fn dot_u8_ps(ux: __m256i, y: __m256i) -> __m256 {
 /// i16 `lo` in every slot of the low lane and `hi` in the high lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn i16_pair(lo: i32, hi: i32) -> __m256i {
+fn i16_pair(lo: i32, hi: i32) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
 }
 
 /// Shifts every 16-bit lane right by `n` (a run-time count).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn srl16(v: __m256i, n: i32) -> __m256i {
+pub(super) fn srl16(v: __m256i, n: i32) -> __m256i {
     _mm256_srl_epi16(v, _mm_cvtsi32_si128(n))
 }
 
@@ -134,7 +161,7 @@ pub(super) unsafe fn srl16(v: __m256i, n: i32) -> __m256i {
 /// `(i / 8) % 4`, lane `i % 8` (FMA); accumulators are added `(a0 + a1) +
 /// (a2 + a3)`, lanes as in [`hsum_ps`], and the last `n % 8` products in order.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
+pub(super) fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
     let n = x.len().min(w.len());
     let (x, w) = (&x[..n], &w[..n]);
     let mut acc = [_mm256_setzero_ps(); 4];
@@ -143,8 +170,8 @@ pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
     let (xr, wr) = (xs.remainder(), ws.remainder());
     for (xc, wc) in xs.zip(ws) {
         for (j, a) in acc.iter_mut().enumerate() {
-            let xv = _mm256_loadu_ps(xc[8 * j..8 * j + 8].as_ptr());
-            let wv = _mm256_loadu_ps(wc[8 * j..8 * j + 8].as_ptr());
+            let xv = load_ps(arr(&xc[8 * j..]));
+            let wv = load_ps(arr(&wc[8 * j..]));
             *a = _mm256_fmadd_ps(xv, wv, *a);
         }
     }
@@ -152,11 +179,7 @@ pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
     let w8 = wr.chunks_exact(8);
     let (xt, wt) = (x8.remainder(), w8.remainder());
     for ((xc, wc), a) in x8.zip(w8).zip(acc.iter_mut()) {
-        *a = _mm256_fmadd_ps(
-            _mm256_loadu_ps(xc.as_ptr()),
-            _mm256_loadu_ps(wc.as_ptr()),
-            *a,
-        );
+        *a = _mm256_fmadd_ps(load_ps(arr(xc)), load_ps(arr(wc)), *a);
     }
     let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
     let mut sum = hsum_ps(v);
@@ -169,7 +192,7 @@ pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
 // ---- Integer dot products against Q8_0 / Q8_1 activations ----
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w
         .chunks_exact(GgmlType::Q4_0.block_bytes())
@@ -184,7 +207,7 @@ pub(super) unsafe fn vec_dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
     for (wb, ab) in w
@@ -201,7 +224,7 @@ pub(super) unsafe fn vec_dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w
         .chunks_exact(GgmlType::Q5_0.block_bytes())
@@ -219,7 +242,7 @@ pub(super) unsafe fn vec_dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
     for (wb, ab) in w
@@ -238,7 +261,7 @@ pub(super) unsafe fn vec_dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w
         .chunks_exact(GgmlType::Q8_0.block_bytes())
@@ -255,7 +278,7 @@ pub(super) unsafe fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
 /// 16 packed bytes mapped through a 16-entry i8 table, in legacy block order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn lookup_nibbles(qs: &[u8; 16], table: __m128i) -> __m256i {
+pub(super) fn lookup_nibbles(qs: &[u8; 16], table: __m128i) -> __m256i {
     let bits = load128(qs);
     let m4 = _mm_set1_epi8(0xF);
     let lo = _mm_shuffle_epi8(table, _mm_and_si128(bits, m4));
@@ -265,12 +288,13 @@ pub(super) unsafe fn lookup_nibbles(qs: &[u8; 16], table: __m128i) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn table(values: &[i8; 16]) -> __m128i {
-    _mm_loadu_si128(values.as_ptr().cast())
+pub(super) fn table(values: &[i8; 16]) -> __m128i {
+    // SAFETY: the array holds the 16 bytes the unaligned load reads.
+    unsafe { _mm_loadu_si128(values.as_ptr().cast()) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
     let values = table(&KVALUES_IQ4NL);
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w
@@ -286,7 +310,7 @@ pub(super) unsafe fn vec_dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
     let values = table(&KVALUES_FP4);
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w
@@ -310,7 +334,7 @@ fn q8_k(ab: &[u8]) -> (f32, &[u8], &[u8; 32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
     let m3 = _mm256_set1_epi8(3);
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w
@@ -346,13 +370,13 @@ pub(super) unsafe fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
 /// `value` in each byte whose bit `bit` is set in `bits`, 0 elsewhere.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn bit_value(bits: __m256i, bit: usize, value: __m256i) -> __m256i {
+pub(super) fn bit_value(bits: __m256i, bit: usize, value: __m256i) -> __m256i {
     let mask = _mm256_set1_epi8(1 << bit);
     _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask), value)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
     let m3 = _mm256_set1_epi8(3);
     let four = _mm256_set1_epi8(4);
     let mut acc = _mm256_setzero_ps();
@@ -400,7 +424,7 @@ fn k4_scales(scales: &[u8], bsums: &[u8; 32]) -> ([i32; 8], i32) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0xF);
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
@@ -432,7 +456,7 @@ pub(super) unsafe fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0xF);
     let sixteen = _mm256_set1_epi8(16);
     let mut acc = _mm256_setzero_ps();
@@ -472,7 +496,7 @@ pub(super) unsafe fn vec_dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
     let mut acc = _mm256_setzero_ps();
@@ -522,7 +546,7 @@ pub(super) unsafe fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
     let values = table(&KVALUES_IQ4NL);
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w

@@ -5,66 +5,67 @@
 //! `d₁ · q − m₁`; no FMA), so only the element order of the loads differs.
 //!
 //! # Safety
-//! As in `avx2`: every function needs AVX2 + FMA + F16C, and memory is read
-//! through bounds-checked slices.
+//! As in `avx2`: every function is a safe `#[target_feature]` function that
+//! needs AVX2 + FMA + F16C, and memory goes through bounds-checked slices
+//! and `avx2`'s array loads and stores.
 
 use rlx_gguf::GgmlType;
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    arr, bit_value, bytes_from_bits, f16_at, load128, load256, lookup_nibbles, nibbles, srl16,
-    table,
+    arr, arr_mut, bit_value, bytes_from_bits, f16_at, load128, load256, lookup_nibbles, nibbles,
+    srl16, store_ps, table,
 };
 use super::scalar::{q3_k_scales, scale_min_k4, KVALUES_IQ4NL};
 
 /// `out[i] = q[i] · d` for the 16 signed codes in `q`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store_i8x16(q: __m128i, d: f32, out: &mut [f32]) {
+fn store_i8x16(q: __m128i, d: f32, out: &mut [f32]) {
     let out = &mut out[..16];
     let d = _mm256_set1_ps(d);
     let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
     let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
-    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(lo, d));
-    _mm256_storeu_ps(out[8..].as_mut_ptr(), _mm256_mul_ps(hi, d));
+    store_ps(arr_mut(out), _mm256_mul_ps(lo, d));
+    store_ps(arr_mut(&mut out[8..]), _mm256_mul_ps(hi, d));
 }
 
 /// `out[i] = q[i] · d + off` for the 16 unsigned codes in `q`. `d₁·q − m₁` is
 /// this with `off = −m₁` (IEEE `a − b` is `a + (−b)` exactly).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store_u8x16(q: __m128i, d: f32, off: f32, out: &mut [f32]) {
+fn store_u8x16(q: __m128i, d: f32, off: f32, out: &mut [f32]) {
     let out = &mut out[..16];
     let (d, off) = (_mm256_set1_ps(d), _mm256_set1_ps(off));
     let lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
     let hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)));
-    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(_mm256_mul_ps(lo, d), off));
-    _mm256_storeu_ps(
-        out[8..].as_mut_ptr(),
+    store_ps(arr_mut(out), _mm256_add_ps(_mm256_mul_ps(lo, d), off));
+    store_ps(
+        arr_mut(&mut out[8..]),
         _mm256_add_ps(_mm256_mul_ps(hi, d), off),
     );
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lo128(v: __m256i) -> __m128i {
+fn lo128(v: __m256i) -> __m128i {
     _mm256_castsi256_si128(v)
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hi128(v: __m256i) -> __m128i {
+fn hi128(v: __m256i) -> __m128i {
     _mm256_extracti128_si256(v, 1)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_f16(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_f16(src: &[u8], dst: &mut [f32]) {
     let src = &src[..2 * dst.len()];
     let s = src.chunks_exact(16);
     let tail = s.remainder();
     let mut d = dst.chunks_exact_mut(8);
     for (sc, dc) in s.zip(&mut d) {
-        _mm256_storeu_ps(dc.as_mut_ptr(), _mm256_cvtph_ps(load128(arr(sc))));
+        store_ps(arr_mut(dc), _mm256_cvtph_ps(load128(arr(sc))));
     }
     for (o, c) in d.into_remainder().iter_mut().zip(tail.chunks_exact(2)) {
         *o = f16_at(c, 0);
@@ -72,7 +73,7 @@ pub(super) unsafe fn dequant_f16(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_bf16(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_bf16(src: &[u8], dst: &mut [f32]) {
     let src = &src[..2 * dst.len()];
     let s = src.chunks_exact(16);
     let tail = s.remainder();
@@ -85,10 +86,7 @@ pub(super) unsafe fn dequant_bf16(src: &[u8], dst: &mut [f32]) {
             _mm256_set1_epi32(0x7F80),
         );
         let v = _mm256_or_si256(v, _mm256_and_si256(nan, _mm256_set1_epi32(0x40)));
-        _mm256_storeu_ps(
-            dc.as_mut_ptr(),
-            _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
-        );
+        store_ps(arr_mut(dc), _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
     }
     for (o, c) in d.into_remainder().iter_mut().zip(tail.chunks_exact(2)) {
         *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
@@ -96,7 +94,7 @@ pub(super) unsafe fn dequant_bf16(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q8_0(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_q8_0(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src
         .chunks_exact(GgmlType::Q8_0.block_bytes())
         .zip(dst.chunks_exact_mut(32))
@@ -109,7 +107,7 @@ pub(super) unsafe fn dequant_q8_0(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src
         .chunks_exact(GgmlType::Q4_0.block_bytes())
         .zip(dst.chunks_exact_mut(32))
@@ -122,7 +120,7 @@ pub(super) unsafe fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q4_1(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_q4_1(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src
         .chunks_exact(GgmlType::Q4_1.block_bytes())
         .zip(dst.chunks_exact_mut(32))
@@ -135,7 +133,7 @@ pub(super) unsafe fn dequant_q4_1(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q5_0(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_q5_0(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src
         .chunks_exact(GgmlType::Q5_0.block_bytes())
         .zip(dst.chunks_exact_mut(32))
@@ -151,7 +149,7 @@ pub(super) unsafe fn dequant_q5_0(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q5_1(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_q5_1(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src
         .chunks_exact(GgmlType::Q5_1.block_bytes())
         .zip(dst.chunks_exact_mut(32))
@@ -166,7 +164,7 @@ pub(super) unsafe fn dequant_q5_1(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_iq4_nl(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_iq4_nl(src: &[u8], dst: &mut [f32]) {
     let values = table(&KVALUES_IQ4NL);
     for (b, y) in src
         .chunks_exact(GgmlType::IQ4_NL.block_bytes())
@@ -180,7 +178,7 @@ pub(super) unsafe fn dequant_iq4_nl(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_iq4_xs(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_iq4_xs(src: &[u8], dst: &mut [f32]) {
     let values = table(&KVALUES_IQ4NL);
     for (b, y) in src
         .chunks_exact(GgmlType::IQ4_XS.block_bytes())
@@ -204,7 +202,7 @@ pub(super) unsafe fn dequant_iq4_xs(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q2_k(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_q2_k(src: &[u8], dst: &mut [f32]) {
     let m3 = _mm256_set1_epi8(3);
     for (b, y) in src
         .chunks_exact(GgmlType::Q2_K.block_bytes())
@@ -231,7 +229,7 @@ pub(super) unsafe fn dequant_q2_k(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q3_k(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_q3_k(src: &[u8], dst: &mut [f32]) {
     let m3 = _mm256_set1_epi8(3);
     let four = _mm256_set1_epi8(4);
     for (b, y) in src
@@ -263,7 +261,7 @@ pub(super) unsafe fn dequant_q3_k(src: &[u8], dst: &mut [f32]) {
 /// 32-element sub-block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dequant_k4<const FIVE_BITS: bool>(b: &[u8], y: &mut [f32]) {
+fn dequant_k4<const FIVE_BITS: bool>(b: &[u8], y: &mut [f32]) {
     let m4 = _mm256_set1_epi8(0xF);
     let sixteen = _mm256_set1_epi8(16);
     let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
@@ -292,7 +290,7 @@ unsafe fn dequant_k4<const FIVE_BITS: bool>(b: &[u8], y: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src
         .chunks_exact(GgmlType::Q4_K.block_bytes())
         .zip(dst.chunks_exact_mut(256))
@@ -302,7 +300,7 @@ pub(super) unsafe fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q5_k(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_q5_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src
         .chunks_exact(GgmlType::Q5_K.block_bytes())
         .zip(dst.chunks_exact_mut(256))
@@ -312,7 +310,7 @@ pub(super) unsafe fn dequant_q5_k(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q6_k(src: &[u8], dst: &mut [f32]) {
+pub(super) fn dequant_q6_k(src: &[u8], dst: &mut [f32]) {
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
     for (b, y) in src

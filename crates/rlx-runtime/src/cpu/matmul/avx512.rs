@@ -63,13 +63,7 @@ const SPAN_TILES: usize = 4;
 /// and needs ~0.4 loads per FMA. The order depends on neither the tile size
 /// nor the neighbours, so the thread split never shows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) unsafe fn dot_f32_tile(
-    x: &[f32],
-    w: &[f32],
-    k: usize,
-    out: &mut [&mut [f32]],
-    col: usize,
-) {
+pub(super) fn dot_f32_tile(x: &[f32], w: &[f32], k: usize, out: &mut [&mut [f32]], col: usize) {
     super::exact::act_groups(x, w, k, 16, out, col, |group, xs, n, out| {
         let (x, w) = (group.as_ptr(), w.as_ptr());
         // SAFETY: `group` holds `out.len()` rows `xs` apart and `w` holds
@@ -82,9 +76,10 @@ pub(super) unsafe fn dot_f32_tile(
 /// One row pair of [`dot_f32_tile`]'s layout, for tests.
 #[cfg(test)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) unsafe fn dot_f32_prefill(x: &[f32], w: &[f32]) -> f32 {
+pub(super) fn dot_f32_prefill(x: &[f32], w: &[f32]) -> f32 {
     let k = x.len().min(w.len());
-    tile::<1, 1>(x.as_ptr(), k, w.as_ptr(), k)[0][0]
+    // SAFETY: one row of `k` elements each of `x` and `w`, which hold them.
+    unsafe { tile::<1, 1>(x.as_ptr(), k, w.as_ptr(), k)[0][0] }
 }
 
 /// `M` activation rows at `x` (`xs` apart) against the `n` weight rows at
@@ -206,11 +201,12 @@ unsafe fn tile_span<const R: usize, const M: usize>(
 /// Each accumulator's [`hsum_ps`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn reduce<const R: usize, const M: usize>(acc: &[[__m512; R]; M]) -> [[f32; R]; M] {
+fn reduce<const R: usize, const M: usize>(acc: &[[__m512; R]; M]) -> [[f32; R]; M] {
     let mut out = [[0f32; R]; M];
     for (o, a) in out.iter_mut().zip(acc) {
         if R == 4 {
-            _mm_storeu_ps(o.as_mut_ptr(), hsum_ps_x4([a[0], a[1], a[2], a[3]]));
+            // SAFETY: with R = 4 the row holds the 4 floats the store writes.
+            unsafe { _mm_storeu_ps(o.as_mut_ptr(), hsum_ps_x4([a[0], a[1], a[2], a[3]])) };
         } else {
             for (o, &v) in o.iter_mut().zip(a) {
                 *o = hsum_ps(v);
@@ -225,7 +221,7 @@ unsafe fn reduce<const R: usize, const M: usize>(acc: &[[__m512; R]; M]) -> [[f3
 /// reductions side by side in one register.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn hsum_ps_x4(v: [__m512; 4]) -> __m128 {
+fn hsum_ps_x4(v: [__m512; 4]) -> __m128 {
     // [p0..8, q0..8] + [p8..16, q8..16]: lane l + lane l + 8.
     let pq = _mm512_add_ps(
         _mm512_shuffle_f32x4::<0b01_00_01_00>(v[0], v[1]),
@@ -255,14 +251,15 @@ unsafe fn hsum_ps_x4(v: [__m512; 4]) -> __m128 {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn load512(b: &[u8; 64]) -> __m512i {
-    _mm512_loadu_si512(b.as_ptr().cast())
+fn load512(b: &[u8; 64]) -> __m512i {
+    // SAFETY: the array holds the 64 bytes the unaligned load reads.
+    unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
 }
 
 /// Lane `l` plus lane `l + 8`, then [`hsum_ps256`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) unsafe fn hsum_ps(v: __m512) -> f32 {
+pub(super) fn hsum_ps(v: __m512) -> f32 {
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
     hsum_ps256(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
 }
@@ -287,7 +284,7 @@ fn unpack_scales_k4(s: &[u8; 12]) -> (u64, u64) {
 /// the bandwidth. Addresses past the end of the weights are harmless hints.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn prefetch_ahead<const BYTES: usize>(b: &[u8]) {
+fn prefetch_ahead<const BYTES: usize>(b: &[u8]) {
     const AHEAD: usize = 8192;
     for line in (0..BYTES).step_by(64) {
         _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(AHEAD + line).cast());
@@ -298,9 +295,10 @@ unsafe fn prefetch_ahead<const BYTES: usize>(b: &[u8]) {
 /// `c·per_chunk + w / (32 / per_chunk)`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scale_index(c: usize, per_chunk: usize) -> __m512i {
+fn scale_index(c: usize, per_chunk: usize) -> __m512i {
     let idx: [i16; 32] = std::array::from_fn(|w| (c * per_chunk + w / (32 / per_chunk)) as i16);
-    _mm512_loadu_si512(idx.as_ptr().cast())
+    // SAFETY: the array holds the 64 bytes the unaligned load reads.
+    unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
 }
 
 /// Q4_K · Q8_K. Per 64-element chunk: the 32 packed bytes give two
@@ -308,7 +306,7 @@ unsafe fn scale_index(c: usize, per_chunk: usize) -> __m512i {
 /// saturation), and `vpdpwssd` multiplies them by the sub-block scales and
 /// accumulates in i32. Mins use the activation block sums.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm512_set1_epi8(0xF);
     let idx: [__m512i; 4] = std::array::from_fn(|c| scale_index(c, 2));
     let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
@@ -352,7 +350,7 @@ pub(super) unsafe fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
 /// four 16-element sub-block scales of the chunk; `32 · Σ scale · bsum` is
 /// taken off per super-block.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm512_set1_epi8(0xF);
     let m2 = _mm512_set1_epi8(3);
     let idx: [__m512i; 4] = std::array::from_fn(|c| scale_index(c, 4));

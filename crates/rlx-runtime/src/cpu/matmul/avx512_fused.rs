@@ -51,14 +51,14 @@ unsafe fn fma16(acc: &mut __m512, x: *const f32, w: __m512) {
 /// 16 signed codes as f32.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn i8_ps(q: __m128i) -> __m512 {
+fn i8_ps(q: __m128i) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))
 }
 
 /// 16 unsigned codes as f32.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn u8_ps(q: __m128i) -> __m512 {
+fn u8_ps(q: __m128i) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q))
 }
 
