@@ -9,12 +9,14 @@ use std::arch::asm;
 pub(crate) unsafe fn f16x4_to_f32(h: uint16x4_t) -> float32x4_t {
     let w: float32x4_t;
     // SAFETY: `FCVTL Vd.4S, Vn.4H` reads and writes only registers.
-    asm!(
+    unsafe {
+        asm!(
         "fcvtl {w:v}.4s, {h:v}.4h",
         w = out(vreg) w,
         h = in(vreg) h,
         options(pure, nomem, nostack),
-    );
+        )
+    };
     w
 }
 
@@ -26,13 +28,15 @@ pub(crate) unsafe fn f16x4_to_f32(h: uint16x4_t) -> float32x4_t {
 #[target_feature(enable = "dotprod")]
 pub(crate) unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     // SAFETY: `SDOT Vd.4S, Vn.16B, Vm.16B` reads and writes only registers.
-    asm!(
+    unsafe {
+        asm!(
         "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
         acc = inout(vreg) acc,
         a = in(vreg) a,
         b = in(vreg) b,
         options(pure, nomem, nostack),
-    );
+        )
+    };
     acc
 }
 
@@ -50,14 +54,16 @@ pub(crate) unsafe fn sdot_lane<const LANE: usize>(
 ) -> int32x4_t {
     // SAFETY: `SDOT Vd.4S, Vn.16B, Vm.4B[i]` reads and writes only
     // registers.
-    asm!(
+    unsafe {
+        asm!(
         "sdot {acc:v}.4s, {w:v}.16b, {x:v}.4b[{lane}]",
         acc = inout(vreg) acc,
         w = in(vreg) w,
         x = in(vreg) x,
         lane = const LANE,
         options(pure, nomem, nostack),
-    );
+        )
+    };
     acc
 }
 
@@ -71,12 +77,14 @@ pub(crate) unsafe fn sdot_lane<const LANE: usize>(
 pub(crate) unsafe fn usmmla(mut acc: int32x4_t, w: uint8x16_t, x: int8x16_t) -> int32x4_t {
     // SAFETY: `USMMLA Vd.4S, Vn.16B, Vm.16B` reads and writes only
     // registers.
-    asm!(
+    unsafe {
+        asm!(
         "usmmla {acc:v}.4s, {w:v}.16b, {x:v}.16b",
         acc = inout(vreg) acc,
         w = in(vreg) w,
         x = in(vreg) x,
         options(pure, nomem, nostack),
-    );
+        )
+    };
     acc
 }

@@ -196,6 +196,7 @@ pub(crate) struct SharedMut<'a> {
 
 // SAFETY: tasks only write disjoint ranges (each caller documents why).
 unsafe impl Send for SharedMut<'_> {}
+// SAFETY: as for `Send`: shared between tasks that write disjoint ranges.
 unsafe impl Sync for SharedMut<'_> {}
 
 impl<'a> SharedMut<'a> {

@@ -133,24 +133,27 @@ pub(super) fn scale(amax: f32) -> (u16, f32) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn q8_0_avx512(x: &[f32], out: &mut [u8]) {
-    use std::arch::x86_64::*;
-    let half = _mm512_set1_ps(JUST_BELOW_HALF);
-    let sign = _mm512_set1_ps(-0.0);
-    for (xb, b) in x
-        .chunks_exact(32)
-        .zip(out.chunks_exact_mut(GgmlType::Q8_0.block_bytes()))
-    {
-        let v0 = _mm512_loadu_ps(xb.as_ptr());
-        let v1 = _mm512_loadu_ps(xb.as_ptr().add(16));
-        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        let (d, id) = scale(amax);
-        b[..2].copy_from_slice(&d.to_le_bytes());
-        let id = _mm512_set1_ps(id);
-        for (h, v) in [v0, v1].into_iter().enumerate() {
-            let s = _mm512_mul_ps(v, id);
-            let r = _mm512_add_ps(s, _mm512_or_ps(_mm512_and_ps(s, sign), half));
-            let q = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r));
-            _mm_storeu_si128(b.as_mut_ptr().add(2 + 16 * h).cast(), q);
+    // SAFETY: the CPU has this function's features (the caller's promise), and every load and store stays inside one 32-float chunk of `x` or one block of `out`.
+    unsafe {
+        use std::arch::x86_64::*;
+        let half = _mm512_set1_ps(JUST_BELOW_HALF);
+        let sign = _mm512_set1_ps(-0.0);
+        for (xb, b) in x
+            .chunks_exact(32)
+            .zip(out.chunks_exact_mut(GgmlType::Q8_0.block_bytes()))
+        {
+            let v0 = _mm512_loadu_ps(xb.as_ptr());
+            let v1 = _mm512_loadu_ps(xb.as_ptr().add(16));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            let (d, id) = scale(amax);
+            b[..2].copy_from_slice(&d.to_le_bytes());
+            let id = _mm512_set1_ps(id);
+            for (h, v) in [v0, v1].into_iter().enumerate() {
+                let s = _mm512_mul_ps(v, id);
+                let r = _mm512_add_ps(s, _mm512_or_ps(_mm512_and_ps(s, sign), half));
+                let q = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r));
+                _mm_storeu_si128(b.as_mut_ptr().add(2 + 16 * h).cast(), q);
+            }
         }
     }
 }
@@ -160,35 +163,38 @@ unsafe fn q8_0_avx512(x: &[f32], out: &mut [u8]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn q8_0_avx2(x: &[f32], out: &mut [u8]) {
-    use std::arch::x86_64::*;
-    let half = _mm256_set1_ps(JUST_BELOW_HALF);
-    let sign = _mm256_set1_ps(-0.0);
-    for (xb, b) in x
-        .chunks_exact(32)
-        .zip(out.chunks_exact_mut(GgmlType::Q8_0.block_bytes()))
-    {
-        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xb.as_ptr().add(8 * i)));
-        let mut m = _mm256_setzero_ps();
-        for &v in &v {
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+    // SAFETY: the CPU has this function's features (the caller's promise), and every load and store stays inside one 32-float chunk of `x` or one block of `out`.
+    unsafe {
+        use std::arch::x86_64::*;
+        let half = _mm256_set1_ps(JUST_BELOW_HALF);
+        let sign = _mm256_set1_ps(-0.0);
+        for (xb, b) in x
+            .chunks_exact(32)
+            .zip(out.chunks_exact_mut(GgmlType::Q8_0.block_bytes()))
+        {
+            let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xb.as_ptr().add(8 * i)));
+            let mut m = _mm256_setzero_ps();
+            for &v in &v {
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+            }
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let m1 = _mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1));
+            let (d, id) = scale(_mm_cvtss_f32(m1));
+            b[..2].copy_from_slice(&d.to_le_bytes());
+            let id = _mm256_set1_ps(id);
+            let q: [__m256i; 4] = v.map(|v| {
+                let s = _mm256_mul_ps(v, id);
+                _mm256_cvttps_epi32(_mm256_add_ps(s, _mm256_or_ps(_mm256_and_ps(s, sign), half)))
+            });
+            // i32 → i16 → i8 packs interleave 128-bit lanes; the permute restores
+            // element order.
+            let p01 = _mm256_packs_epi32(q[0], q[1]);
+            let p23 = _mm256_packs_epi32(q[2], q[3]);
+            let p = _mm256_packs_epi16(p01, p23);
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(b.as_mut_ptr().add(2).cast(), p);
         }
-        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        let m1 = _mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1));
-        let (d, id) = scale(_mm_cvtss_f32(m1));
-        b[..2].copy_from_slice(&d.to_le_bytes());
-        let id = _mm256_set1_ps(id);
-        let q: [__m256i; 4] = v.map(|v| {
-            let s = _mm256_mul_ps(v, id);
-            _mm256_cvttps_epi32(_mm256_add_ps(s, _mm256_or_ps(_mm256_and_ps(s, sign), half)))
-        });
-        // i32 → i16 → i8 packs interleave 128-bit lanes; the permute restores
-        // element order.
-        let p01 = _mm256_packs_epi32(q[0], q[1]);
-        let p23 = _mm256_packs_epi32(q[2], q[3]);
-        let p = _mm256_packs_epi16(p01, p23);
-        let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256(b.as_mut_ptr().add(2).cast(), p);
     }
 }
 

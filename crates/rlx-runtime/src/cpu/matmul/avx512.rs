@@ -21,28 +21,31 @@ use super::scalar::{f32_at, Q8_K_BYTES};
 /// the 8 lanes as a pairwise tree like the AVX2 kernel.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
-    let n = x.len().min(w.len());
-    let (x, w) = (&x[..n], &w[..n]);
-    let mut acc = [_mm512_setzero_ps(); 4];
-    let xs = x.chunks_exact(64);
-    let ws = w.chunks_exact(64);
-    let (xr, wr) = (xs.remainder(), ws.remainder());
-    for (xc, wc) in xs.zip(ws) {
-        for (j, a) in acc.iter_mut().enumerate() {
-            let xv = _mm512_loadu_ps(xc[16 * j..16 * j + 16].as_ptr());
-            let wv = _mm512_loadu_ps(wc[16 * j..16 * j + 16].as_ptr());
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the pointers cover the rows and lengths given.
+    unsafe {
+        let n = x.len().min(w.len());
+        let (x, w) = (&x[..n], &w[..n]);
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let xs = x.chunks_exact(64);
+        let ws = w.chunks_exact(64);
+        let (xr, wr) = (xs.remainder(), ws.remainder());
+        for (xc, wc) in xs.zip(ws) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_loadu_ps(xc[16 * j..16 * j + 16].as_ptr());
+                let wv = _mm512_loadu_ps(wc[16 * j..16 * j + 16].as_ptr());
+                *a = _mm512_fmadd_ps(xv, wv, *a);
+            }
+        }
+        for ((xc, wc), a) in xr.chunks(16).zip(wr.chunks(16)).zip(acc.iter_mut()) {
+            // Masked lanes are neither read nor faulted on.
+            let mask: __mmask16 = ((1u32 << xc.len()) - 1) as u16;
+            let xv = _mm512_maskz_loadu_ps(mask, xc.as_ptr());
+            let wv = _mm512_maskz_loadu_ps(mask, wc.as_ptr());
             *a = _mm512_fmadd_ps(xv, wv, *a);
         }
+        let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        hsum_ps(v)
     }
-    for ((xc, wc), a) in xr.chunks(16).zip(wr.chunks(16)).zip(acc.iter_mut()) {
-        // Masked lanes are neither read nor faulted on.
-        let mask: __mmask16 = ((1u32 << xc.len()) - 1) as u16;
-        let xv = _mm512_maskz_loadu_ps(mask, xc.as_ptr());
-        let wv = _mm512_maskz_loadu_ps(mask, wc.as_ptr());
-        *a = _mm512_fmadd_ps(xv, wv, *a);
-    }
-    let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-    hsum_ps(v)
 }
 
 /// Weight rows per prefill register tile: 4 weight rows × 6 activation rows
@@ -100,39 +103,42 @@ unsafe fn act_group<const M: usize>(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    let mut r = 0;
-    if k > LONG_ROW {
-        // Long rows: `M` rows of `x` no longer stay in L1 next to the weight
-        // stream, so take `SPAN` elements at a time for 4 weight tiles.
-        while r + SPAN_TILES * TILE_ROWS <= n {
-            let mut acc = [[[_mm512_setzero_ps(); TILE_ROWS]; M]; SPAN_TILES];
-            for c in (0..k).step_by(SPAN) {
-                for (t, a) in acc.iter_mut().enumerate() {
-                    let wt = w.add((r + t * TILE_ROWS) * k);
-                    tile_span(x, xs, wt, k, c..(c + SPAN).min(k), a);
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the pointers cover the rows and lengths given.
+    unsafe {
+        let mut r = 0;
+        if k > LONG_ROW {
+            // Long rows: `M` rows of `x` no longer stay in L1 next to the weight
+            // stream, so take `SPAN` elements at a time for 4 weight tiles.
+            while r + SPAN_TILES * TILE_ROWS <= n {
+                let mut acc = [[[_mm512_setzero_ps(); TILE_ROWS]; M]; SPAN_TILES];
+                for c in (0..k).step_by(SPAN) {
+                    for (t, a) in acc.iter_mut().enumerate() {
+                        let wt = w.add((r + t * TILE_ROWS) * k);
+                        tile_span(x, xs, wt, k, c..(c + SPAN).min(k), a);
+                    }
+                }
+                for a in &acc {
+                    for (o, y) in out.iter_mut().zip(reduce(a)) {
+                        o[col + r..col + r + TILE_ROWS].copy_from_slice(&y);
+                    }
+                    r += TILE_ROWS;
                 }
             }
-            for a in &acc {
-                for (o, y) in out.iter_mut().zip(reduce(a)) {
-                    o[col + r..col + r + TILE_ROWS].copy_from_slice(&y);
-                }
-                r += TILE_ROWS;
+        }
+        while r + TILE_ROWS <= n {
+            let y = tile::<TILE_ROWS, M>(x, xs, w.add(r * k), k);
+            for (o, y) in out.iter_mut().zip(y) {
+                o[col + r..col + r + TILE_ROWS].copy_from_slice(&y);
             }
+            r += TILE_ROWS;
         }
-    }
-    while r + TILE_ROWS <= n {
-        let y = tile::<TILE_ROWS, M>(x, xs, w.add(r * k), k);
-        for (o, y) in out.iter_mut().zip(y) {
-            o[col + r..col + r + TILE_ROWS].copy_from_slice(&y);
+        while r < n {
+            let y = tile::<1, M>(x, xs, w.add(r * k), k);
+            for (o, [y]) in out.iter_mut().zip(y) {
+                o[col + r] = y;
+            }
+            r += 1;
         }
-        r += TILE_ROWS;
-    }
-    while r < n {
-        let y = tile::<1, M>(x, xs, w.add(r * k), k);
-        for (o, [y]) in out.iter_mut().zip(y) {
-            o[col + r] = y;
-        }
-        r += 1;
     }
 }
 
@@ -149,9 +155,12 @@ unsafe fn tile<const R: usize, const M: usize>(
     w: *const f32,
     k: usize,
 ) -> [[f32; R]; M] {
-    let mut acc = [[_mm512_setzero_ps(); R]; M];
-    tile_span(x, xs, w, k, 0..k, &mut acc);
-    reduce(&acc)
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the pointers cover the rows and lengths given.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); R]; M];
+        tile_span(x, xs, w, k, 0..k, &mut acc);
+        reduce(&acc)
+    }
 }
 
 /// Adds elements `span` (16-aligned start; a partial last vector only when
@@ -169,30 +178,33 @@ unsafe fn tile_span<const R: usize, const M: usize>(
     span: Range<usize>,
     acc: &mut [[__m512; R]; M],
 ) {
-    let mut wv = [_mm512_setzero_ps(); R];
-    let mut c = span.start;
-    while c + 16 <= span.end {
-        for (r, v) in wv.iter_mut().enumerate() {
-            *v = _mm512_loadu_ps(w.add(r * k + c));
-        }
-        for (i, a) in acc.iter_mut().enumerate() {
-            let xv = _mm512_loadu_ps(x.add(i * xs + c));
-            for (a, &v) in a.iter_mut().zip(&wv) {
-                *a = _mm512_fmadd_ps(xv, v, *a);
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the pointers cover the rows and lengths given.
+    unsafe {
+        let mut wv = [_mm512_setzero_ps(); R];
+        let mut c = span.start;
+        while c + 16 <= span.end {
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(w.add(r * k + c));
             }
+            for (i, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_loadu_ps(x.add(i * xs + c));
+                for (a, &v) in a.iter_mut().zip(&wv) {
+                    *a = _mm512_fmadd_ps(xv, v, *a);
+                }
+            }
+            c += 16;
         }
-        c += 16;
-    }
-    if c < span.end {
-        // Masked lanes are neither read nor faulted on.
-        let mask: __mmask16 = ((1u32 << (span.end - c)) - 1) as u16;
-        for (r, v) in wv.iter_mut().enumerate() {
-            *v = _mm512_maskz_loadu_ps(mask, w.add(r * k + c));
-        }
-        for (i, a) in acc.iter_mut().enumerate() {
-            let xv = _mm512_maskz_loadu_ps(mask, x.add(i * xs + c));
-            for (a, &v) in a.iter_mut().zip(&wv) {
-                *a = _mm512_fmadd_ps(xv, v, *a);
+        if c < span.end {
+            // Masked lanes are neither read nor faulted on.
+            let mask: __mmask16 = ((1u32 << (span.end - c)) - 1) as u16;
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_maskz_loadu_ps(mask, w.add(r * k + c));
+            }
+            for (i, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_maskz_loadu_ps(mask, x.add(i * xs + c));
+                for (a, &v) in a.iter_mut().zip(&wv) {
+                    *a = _mm512_fmadd_ps(xv, v, *a);
+                }
             }
         }
     }

@@ -45,7 +45,10 @@ const fn layout(ty: u8) -> (usize, usize) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn fma16(acc: &mut __m512, x: *const f32, w: __m512) {
-    *acc = _mm512_fmadd_ps(_mm512_loadu_ps(x), w, *acc);
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        *acc = _mm512_fmadd_ps(_mm512_loadu_ps(x), w, *acc);
+    }
 }
 
 /// 16 signed codes as f32.
@@ -69,20 +72,23 @@ fn u8_ps(q: __m128i) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn legacy_codes<const TYPE: u8>(wb: *const u8) -> __m256i {
-    if TYPE == Q8_0 {
-        return _mm256_loadu_si256(wb.add(2).cast());
-    }
-    let qs = if TYPE == Q4_0 { wb.add(2) } else { wb.add(6) };
-    // Low nibbles in bytes 0..16, high nibbles in 16..32.
-    let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.cast()));
-    let shifts = _mm256_set_epi64x(0x0004_0004_0004_0004, 0x0004_0004_0004_0004, 0, 0);
-    let nib = _mm256_and_si256(_mm256_srlv_epi16(both, shifts), _mm256_set1_epi8(0xF));
-    if TYPE == Q4_0 {
-        _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
-    } else {
-        let qh = wb.add(2).cast::<u32>().read_unaligned();
-        let q = _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(0x10));
-        _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        if TYPE == Q8_0 {
+            return _mm256_loadu_si256(wb.add(2).cast());
+        }
+        let qs = if TYPE == Q4_0 { wb.add(2) } else { wb.add(6) };
+        // Low nibbles in bytes 0..16, high nibbles in 16..32.
+        let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.cast()));
+        let shifts = _mm256_set_epi64x(0x0004_0004_0004_0004, 0x0004_0004_0004_0004, 0, 0);
+        let nib = _mm256_and_si256(_mm256_srlv_epi16(both, shifts), _mm256_set1_epi8(0xF));
+        if TYPE == Q4_0 {
+            _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
+        } else {
+            let qh = wb.add(2).cast::<u32>().read_unaligned();
+            let q = _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(0x10));
+            _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+        }
     }
 }
 
@@ -98,12 +104,15 @@ unsafe fn legacy_block<const TYPE: u8>(
     table: &[f32; 65536],
     acc: &mut [__m512],
 ) {
-    let d = _mm512_set1_ps(table[usize::from(wb.cast::<u16>().read_unaligned())]);
-    let q = legacy_codes::<TYPE>(wb);
-    let lo = _mm512_mul_ps(i8_ps(_mm256_castsi256_si128(q)), d);
-    let hi = _mm512_mul_ps(i8_ps(_mm256_extracti128_si256(q, 1)), d);
-    fma16(&mut acc[0], x, lo);
-    fma16(&mut acc[1], x.add(16), hi);
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        let d = _mm512_set1_ps(table[usize::from(wb.cast::<u16>().read_unaligned())]);
+        let q = legacy_codes::<TYPE>(wb);
+        let lo = _mm512_mul_ps(i8_ps(_mm256_castsi256_si128(q)), d);
+        let hi = _mm512_mul_ps(i8_ps(_mm256_extracti128_si256(q, 1)), d);
+        fma16(&mut acc[0], x, lo);
+        fma16(&mut acc[1], x.add(16), hi);
+    }
 }
 
 /// One Q4_K super-block (256 elements at `x`).
@@ -113,35 +122,38 @@ unsafe fn legacy_block<const TYPE: u8>(
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn q4_k_block(wb: *const u8, x: *const f32, table: &[f32; 65536], acc: &mut [__m512; 4]) {
-    let d = table[usize::from(wb.cast::<u16>().read_unaligned())];
-    let dmin = table[usize::from(wb.add(2).cast::<u16>().read_unaligned())];
-    let scales: &[u8; 12] = &*wb.add(4).cast();
-    let mut d1 = [0f32; 8];
-    let mut m1 = [0f32; 8];
-    for (j, (d1, m1)) in d1.iter_mut().zip(&mut m1).enumerate() {
-        let (sc, mn) = scale_min_k4(j, scales);
-        *d1 = d * f32::from(sc);
-        *m1 = dmin * f32::from(mn);
-    }
-    let m4 = _mm_set1_epi8(0xF);
-    let value = |q: __m128i, s: usize| {
-        _mm512_sub_ps(
-            _mm512_mul_ps(u8_ps(q), _mm512_set1_ps(d1[s])),
-            _mm512_set1_ps(m1[s]),
-        )
-    };
-    for j in 0..4 {
-        // Sub-block 2j is the low nibbles of these 32 bytes (accumulators 0,
-        // 1), sub-block 2j + 1 the high ones (2, 3).
-        let b0 = _mm_loadu_si128(wb.add(16 + 32 * j).cast());
-        let b1 = _mm_loadu_si128(wb.add(32 + 32 * j).cast());
-        let x = x.add(64 * j);
-        fma16(&mut acc[0], x, value(_mm_and_si128(b0, m4), 2 * j));
-        fma16(&mut acc[1], x.add(16), value(_mm_and_si128(b1, m4), 2 * j));
-        let h0 = _mm_and_si128(_mm_srli_epi16(b0, 4), m4);
-        let h1 = _mm_and_si128(_mm_srli_epi16(b1, 4), m4);
-        fma16(&mut acc[2], x.add(32), value(h0, 2 * j + 1));
-        fma16(&mut acc[3], x.add(48), value(h1, 2 * j + 1));
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        let d = table[usize::from(wb.cast::<u16>().read_unaligned())];
+        let dmin = table[usize::from(wb.add(2).cast::<u16>().read_unaligned())];
+        let scales: &[u8; 12] = &*wb.add(4).cast();
+        let mut d1 = [0f32; 8];
+        let mut m1 = [0f32; 8];
+        for (j, (d1, m1)) in d1.iter_mut().zip(&mut m1).enumerate() {
+            let (sc, mn) = scale_min_k4(j, scales);
+            *d1 = d * f32::from(sc);
+            *m1 = dmin * f32::from(mn);
+        }
+        let m4 = _mm_set1_epi8(0xF);
+        let value = |q: __m128i, s: usize| {
+            _mm512_sub_ps(
+                _mm512_mul_ps(u8_ps(q), _mm512_set1_ps(d1[s])),
+                _mm512_set1_ps(m1[s]),
+            )
+        };
+        for j in 0..4 {
+            // Sub-block 2j is the low nibbles of these 32 bytes (accumulators 0,
+            // 1), sub-block 2j + 1 the high ones (2, 3).
+            let b0 = _mm_loadu_si128(wb.add(16 + 32 * j).cast());
+            let b1 = _mm_loadu_si128(wb.add(32 + 32 * j).cast());
+            let x = x.add(64 * j);
+            fma16(&mut acc[0], x, value(_mm_and_si128(b0, m4), 2 * j));
+            fma16(&mut acc[1], x.add(16), value(_mm_and_si128(b1, m4), 2 * j));
+            let h0 = _mm_and_si128(_mm_srli_epi16(b0, 4), m4);
+            let h1 = _mm_and_si128(_mm_srli_epi16(b1, 4), m4);
+            fma16(&mut acc[2], x.add(32), value(h0, 2 * j + 1));
+            fma16(&mut acc[3], x.add(48), value(h1, 2 * j + 1));
+        }
     }
 }
 
@@ -152,41 +164,44 @@ unsafe fn q4_k_block(wb: *const u8, x: *const f32, table: &[f32; 65536], acc: &m
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn q6_k_block(wb: *const u8, x: *const f32, table: &[f32; 65536], acc: &mut [__m512; 4]) {
-    let d = table[usize::from(wb.add(208).cast::<u16>().read_unaligned())];
-    let sc = wb.add(192).cast::<i8>();
-    let m4 = _mm256_set1_epi8(0xF);
-    let m2 = _mm256_set1_epi8(3);
-    for j in 0..2 {
-        let ql = wb.add(64 * j);
-        let l0 = _mm256_loadu_si256(ql.cast());
-        let l1 = _mm256_loadu_si256(ql.add(32).cast());
-        let h = _mm256_loadu_si256(wb.add(128 + 32 * j).cast());
-        let lows = [
-            _mm256_and_si256(l0, m4),
-            _mm256_and_si256(l1, m4),
-            _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-            _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-        ];
-        for (p, low) in lows.into_iter().enumerate() {
-            let hb = _mm256_srlv_epi16(h, _mm256_set1_epi16(2 * p as i16));
-            let high = _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4);
-            let q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
-            // Elements 128j + 32p ..: accumulators 2(p % 2), 2(p % 2) + 1.
-            let s = 8 * j + 2 * p;
-            let x = x.add(128 * j + 32 * p);
-            let d0 = _mm512_set1_ps(d * f32::from(*sc.add(s)));
-            let d1 = _mm512_set1_ps(d * f32::from(*sc.add(s + 1)));
-            let a = 2 * (p % 2);
-            fma16(
-                &mut acc[a],
-                x,
-                _mm512_mul_ps(i8_ps(_mm256_castsi256_si128(q)), d0),
-            );
-            fma16(
-                &mut acc[a + 1],
-                x.add(16),
-                _mm512_mul_ps(i8_ps(_mm256_extracti128_si256(q, 1)), d1),
-            );
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        let d = table[usize::from(wb.add(208).cast::<u16>().read_unaligned())];
+        let sc = wb.add(192).cast::<i8>();
+        let m4 = _mm256_set1_epi8(0xF);
+        let m2 = _mm256_set1_epi8(3);
+        for j in 0..2 {
+            let ql = wb.add(64 * j);
+            let l0 = _mm256_loadu_si256(ql.cast());
+            let l1 = _mm256_loadu_si256(ql.add(32).cast());
+            let h = _mm256_loadu_si256(wb.add(128 + 32 * j).cast());
+            let lows = [
+                _mm256_and_si256(l0, m4),
+                _mm256_and_si256(l1, m4),
+                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+            ];
+            for (p, low) in lows.into_iter().enumerate() {
+                let hb = _mm256_srlv_epi16(h, _mm256_set1_epi16(2 * p as i16));
+                let high = _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4);
+                let q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+                // Elements 128j + 32p ..: accumulators 2(p % 2), 2(p % 2) + 1.
+                let s = 8 * j + 2 * p;
+                let x = x.add(128 * j + 32 * p);
+                let d0 = _mm512_set1_ps(d * f32::from(*sc.add(s)));
+                let d1 = _mm512_set1_ps(d * f32::from(*sc.add(s + 1)));
+                let a = 2 * (p % 2);
+                fma16(
+                    &mut acc[a],
+                    x,
+                    _mm512_mul_ps(i8_ps(_mm256_castsi256_si128(q)), d0),
+                );
+                fma16(
+                    &mut acc[a + 1],
+                    x.add(16),
+                    _mm512_mul_ps(i8_ps(_mm256_extracti128_si256(q, 1)), d1),
+                );
+            }
         }
     }
 }
@@ -198,48 +213,54 @@ unsafe fn q6_k_block(wb: *const u8, x: *const f32, table: &[f32; 65536], acc: &m
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn row<const TYPE: u8>(w: *const u8, nb: usize, x: *const f32, table: &[f32; 65536]) -> f32 {
-    let (wbytes, elems) = layout(TYPE);
-    let mut acc = [_mm512_setzero_ps(); 4];
-    match TYPE {
-        Q4_K | Q6_K => {
-            for b in 0..nb {
-                let (wb, xb) = (w.add(b * wbytes), x.add(b * elems));
-                if TYPE == Q4_K {
-                    q4_k_block(wb, xb, table, &mut acc);
-                } else {
-                    q6_k_block(wb, xb, table, &mut acc);
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        let (wbytes, elems) = layout(TYPE);
+        let mut acc = [_mm512_setzero_ps(); 4];
+        match TYPE {
+            Q4_K | Q6_K => {
+                for b in 0..nb {
+                    let (wb, xb) = (w.add(b * wbytes), x.add(b * elems));
+                    if TYPE == Q4_K {
+                        q4_k_block(wb, xb, table, &mut acc);
+                    } else {
+                        q6_k_block(wb, xb, table, &mut acc);
+                    }
+                }
+            }
+            _ => {
+                // Even blocks fill accumulators 0, 1; odd ones 2, 3.
+                let (even, odd) = acc.split_at_mut(2);
+                for b in 0..nb / 2 {
+                    let (wb, xb) = (w.add(2 * b * wbytes), x.add(64 * b));
+                    legacy_block::<TYPE>(wb, xb, table, even);
+                    legacy_block::<TYPE>(wb.add(wbytes), xb.add(32), table, odd);
+                }
+                if nb % 2 == 1 {
+                    let b = nb - 1;
+                    legacy_block::<TYPE>(w.add(b * wbytes), x.add(32 * b), table, even);
                 }
             }
         }
-        _ => {
-            // Even blocks fill accumulators 0, 1; odd ones 2, 3.
-            let (even, odd) = acc.split_at_mut(2);
-            for b in 0..nb / 2 {
-                let (wb, xb) = (w.add(2 * b * wbytes), x.add(64 * b));
-                legacy_block::<TYPE>(wb, xb, table, even);
-                legacy_block::<TYPE>(wb.add(wbytes), xb.add(32), table, odd);
-            }
-            if nb % 2 == 1 {
-                let b = nb - 1;
-                legacy_block::<TYPE>(w.add(b * wbytes), x.add(32 * b), table, even);
-            }
-        }
+        let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        hsum_ps(v)
     }
-    let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-    hsum_ps(v)
 }
 
 /// `out[r]` = row `r` of `w` (rows of `row_bytes`) · `x`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn rows<const TYPE: u8>(w: &[u8], row_bytes: usize, x: &[f32], out: &mut [f32]) {
-    let (wbytes, elems) = layout(TYPE);
-    let nb = row_bytes / wbytes;
-    assert!(w.len() >= out.len() * row_bytes && x.len() >= nb * elems);
-    let table = f16_table();
-    for (r, o) in out.iter_mut().enumerate() {
-        // SAFETY: row `r` lies inside `w` and `x` holds the row's elements
-        // (asserted above).
-        *o = row::<TYPE>(w.as_ptr().add(r * row_bytes), nb, x.as_ptr(), table);
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        let (wbytes, elems) = layout(TYPE);
+        let nb = row_bytes / wbytes;
+        assert!(w.len() >= out.len() * row_bytes && x.len() >= nb * elems);
+        let table = f16_table();
+        for (r, o) in out.iter_mut().enumerate() {
+            // SAFETY: row `r` lies inside `w` and `x` holds the row's elements
+            // (asserted above).
+            *o = row::<TYPE>(w.as_ptr().add(r * row_bytes), nb, x.as_ptr(), table);
+        }
     }
 }
 

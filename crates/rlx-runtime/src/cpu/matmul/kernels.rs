@@ -83,7 +83,9 @@ impl Dequant {
             Dequant::Reference(ty) => {
                 rlx_gguf::dequantize(ty, src, dst).expect("weight shape was checked in matmul")
             }
-            Dequant::Fast(f) => f(src, dst),
+            // SAFETY: `f` comes from `row_kernel` for an ISA the CPU has
+            // (the caller's promise).
+            Dequant::Fast(f) => unsafe { f(src, dst) },
         }
     }
 }

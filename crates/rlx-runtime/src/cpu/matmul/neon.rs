@@ -24,28 +24,31 @@ use crate::cpu::arm::sdot;
 /// # Safety
 /// `out.len() == x.len() / 32 * 34`; `x.len()` a multiple of 32.
 pub(super) unsafe fn q8_0(x: &[f32], out: &mut [u8]) {
-    for (xb, b) in x
-        .chunks_exact(32)
-        .zip(out.chunks_exact_mut(GgmlType::Q8_0.block_bytes()))
-    {
-        // SAFETY: eight 4-lane loads of a 32-element block.
-        let v: [float32x4_t; 8] = std::array::from_fn(|i| vld1q_f32(xb.as_ptr().add(4 * i)));
-        let mut m = vabsq_f32(v[0]);
-        for r in &v[1..] {
-            m = vmaxq_f32(m, vabsq_f32(*r));
-        }
-        let (d, id) = super::act::scale(vmaxvq_f32(m));
-        b[..2].copy_from_slice(&d.to_le_bytes());
-        let idv = vdupq_n_f32(id);
-        for (i, pair) in v.chunks_exact(2).enumerate() {
-            // Rounding to nearest, ties away from zero: C's `roundf`, as
-            // the reference quantizer rounds.
-            let lo = vcvtaq_s32_f32(vmulq_f32(pair[0], idv));
-            let hi = vcvtaq_s32_f32(vmulq_f32(pair[1], idv));
-            let q16 = vcombine_s16(vmovn_s32(lo), vmovn_s32(hi));
-            let q8 = vmovn_s16(q16);
-            // SAFETY: 8 bytes at 2 + 8i, inside the 34-byte block.
-            vst1_s8(b.as_mut_ptr().add(2 + 8 * i) as *mut i8, q8);
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        for (xb, b) in x
+            .chunks_exact(32)
+            .zip(out.chunks_exact_mut(GgmlType::Q8_0.block_bytes()))
+        {
+            // SAFETY: eight 4-lane loads of a 32-element block.
+            let v: [float32x4_t; 8] = std::array::from_fn(|i| vld1q_f32(xb.as_ptr().add(4 * i)));
+            let mut m = vabsq_f32(v[0]);
+            for r in &v[1..] {
+                m = vmaxq_f32(m, vabsq_f32(*r));
+            }
+            let (d, id) = super::act::scale(vmaxvq_f32(m));
+            b[..2].copy_from_slice(&d.to_le_bytes());
+            let idv = vdupq_n_f32(id);
+            for (i, pair) in v.chunks_exact(2).enumerate() {
+                // Rounding to nearest, ties away from zero: C's `roundf`, as
+                // the reference quantizer rounds.
+                let lo = vcvtaq_s32_f32(vmulq_f32(pair[0], idv));
+                let hi = vcvtaq_s32_f32(vmulq_f32(pair[1], idv));
+                let q16 = vcombine_s16(vmovn_s32(lo), vmovn_s32(hi));
+                let q8 = vmovn_s16(q16);
+                // SAFETY: 8 bytes at 2 + 8i, inside the 34-byte block.
+                vst1_s8(b.as_mut_ptr().add(2 + 8 * i) as *mut i8, q8);
+            }
         }
     }
 }
@@ -56,74 +59,99 @@ pub(super) type Unpack = unsafe fn(block: &[u8]) -> (int8x16_t, int8x16_t);
 /// Q8_0: the bytes after the scale.
 #[inline(always)]
 pub(super) unsafe fn unpack_q8_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: a 34-byte block; 32 bytes from offset 2.
-    let p = b.as_ptr().add(2) as *const i8;
-    (vld1q_s8(p), vld1q_s8(p.add(16)))
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        // SAFETY: a 34-byte block; 32 bytes from offset 2.
+        let p = b.as_ptr().add(2) as *const i8;
+        (vld1q_s8(p), vld1q_s8(p.add(16)))
+    }
 }
 
 /// The 32 nibbles of 16 bytes at `q`: low ones are elements 0..16, high
 /// ones 16..32.
 #[inline(always)]
 pub(super) unsafe fn nibbles(q: *const u8) -> (uint8x16_t, uint8x16_t) {
-    // SAFETY: the caller's block has 16 bytes at `q`.
-    let q = vld1q_u8(q);
-    (vandq_u8(q, vdupq_n_u8(0x0f)), vshrq_n_u8::<4>(q))
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        // SAFETY: the caller's block has 16 bytes at `q`.
+        let q = vld1q_u8(q);
+        (vandq_u8(q, vdupq_n_u8(0x0f)), vshrq_n_u8::<4>(q))
+    }
 }
 
 /// The fifth bits of a Q5 block as 0x10 in the bytes of elements 0..16 and
 /// 16..32: bit `j` of `qh` belongs to element `j`.
 #[inline(always)]
 unsafe fn fifth_bits(qh: u32) -> (uint8x16_t, uint8x16_t) {
-    let bits = |shift: u32| -> uint8x16_t {
-        let v: [u8; 16] = std::array::from_fn(|j| (((qh >> (shift + j as u32)) & 1) << 4) as u8);
-        // SAFETY: a 16-byte array.
-        vld1q_u8(v.as_ptr())
-    };
-    (bits(0), bits(16))
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let bits = |shift: u32| -> uint8x16_t {
+            let v: [u8; 16] =
+                std::array::from_fn(|j| (((qh >> (shift + j as u32)) & 1) << 4) as u8);
+            // SAFETY: a 16-byte array.
+            vld1q_u8(v.as_ptr())
+        };
+        (bits(0), bits(16))
+    }
 }
 
 /// Unsigned codes as signed weights, less `bias`.
 #[inline(always)]
 unsafe fn biased(lo: uint8x16_t, hi: uint8x16_t, bias: i8) -> (int8x16_t, int8x16_t) {
-    let b = vdupq_n_s8(bias);
-    (
-        vsubq_s8(vreinterpretq_s8_u8(lo), b),
-        vsubq_s8(vreinterpretq_s8_u8(hi), b),
-    )
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let b = vdupq_n_s8(bias);
+        (
+            vsubq_s8(vreinterpretq_s8_u8(lo), b),
+            vsubq_s8(vreinterpretq_s8_u8(hi), b),
+        )
+    }
 }
 
 /// Q4_0: nibbles minus 8.
 #[inline(always)]
 pub(super) unsafe fn unpack_q4_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: an 18-byte block; 16 bytes from offset 2.
-    let (lo, hi) = nibbles(b.as_ptr().add(2));
-    biased(lo, hi, 8)
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        // SAFETY: an 18-byte block; 16 bytes from offset 2.
+        let (lo, hi) = nibbles(b.as_ptr().add(2));
+        biased(lo, hi, 8)
+    }
 }
 
 /// Q4_1: nibbles as they are (the block's minimum is added apart).
 #[inline(always)]
 pub(super) unsafe fn unpack_q4_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: a 20-byte block; 16 bytes from offset 4.
-    let (lo, hi) = nibbles(b.as_ptr().add(4));
-    biased(lo, hi, 0)
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        // SAFETY: a 20-byte block; 16 bytes from offset 4.
+        let (lo, hi) = nibbles(b.as_ptr().add(4));
+        biased(lo, hi, 0)
+    }
 }
 
 /// Q5_0: nibbles with a fifth bit from the 32-bit mask at offset 2, minus 16.
 #[inline(always)]
 pub(super) unsafe fn unpack_q5_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    let (h0, h1) = fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
-    // SAFETY: a 22-byte block; 16 bytes from offset 6.
-    let (lo, hi) = nibbles(b.as_ptr().add(6));
-    biased(vorrq_u8(lo, h0), vorrq_u8(hi, h1), 16)
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let (h0, h1) = fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
+        // SAFETY: a 22-byte block; 16 bytes from offset 6.
+        let (lo, hi) = nibbles(b.as_ptr().add(6));
+        biased(vorrq_u8(lo, h0), vorrq_u8(hi, h1), 16)
+    }
 }
 
 /// Q5_1: as Q5_0 with the mask at 4 and the nibbles at 8, unbiased.
 #[inline(always)]
 pub(super) unsafe fn unpack_q5_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    let (h0, h1) = fifth_bits(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
-    // SAFETY: a 24-byte block; 16 bytes from offset 8.
-    let (lo, hi) = nibbles(b.as_ptr().add(8));
-    biased(vorrq_u8(lo, h0), vorrq_u8(hi, h1), 0)
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let (h0, h1) = fifth_bits(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
+        // SAFETY: a 24-byte block; 16 bytes from offset 8.
+        let (lo, hi) = nibbles(b.as_ptr().add(8));
+        biased(vorrq_u8(lo, h0), vorrq_u8(hi, h1), 0)
+    }
 }
 
 /// A 16-entry code table's values, looked up by nibble.
@@ -133,25 +161,34 @@ pub(super) unsafe fn code_values(
     lo: uint8x16_t,
     hi: uint8x16_t,
 ) -> (int8x16_t, int8x16_t) {
-    // SAFETY: a 16-entry table.
-    let table = vld1q_s8(values.as_ptr());
-    (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi))
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        // SAFETY: a 16-entry table.
+        let table = vld1q_s8(values.as_ptr());
+        (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi))
+    }
 }
 
 /// IQ4_NL: nibbles through the code table.
 #[inline(always)]
 pub(super) unsafe fn unpack_iq4_nl(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: an 18-byte block; 16 bytes from offset 2.
-    let (lo, hi) = nibbles(b.as_ptr().add(2));
-    code_values(&KVALUES_IQ4NL, lo, hi)
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        // SAFETY: an 18-byte block; 16 bytes from offset 2.
+        let (lo, hi) = nibbles(b.as_ptr().add(2));
+        code_values(&KVALUES_IQ4NL, lo, hi)
+    }
 }
 
 /// MXFP4: nibbles through the E2M1 table (doubled; the scale is halved).
 #[inline(always)]
 unsafe fn unpack_mxfp4(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: a 17-byte block; 16 bytes from offset 1.
-    let (lo, hi) = nibbles(b.as_ptr().add(1));
-    code_values(&KVALUES_FP4, lo, hi)
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        // SAFETY: a 17-byte block; 16 bytes from offset 1.
+        let (lo, hi) = nibbles(b.as_ptr().add(1));
+        code_values(&KVALUES_FP4, lo, hi)
+    }
 }
 
 /// Σ a·b over 16 signed bytes, added to `acc`'s 32-bit lanes.
@@ -160,9 +197,12 @@ type Dot = unsafe fn(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t;
 /// Baseline NEON: widening multiplies, pairwise-added into 32-bit lanes.
 #[inline(always)]
 unsafe fn widening(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-    let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
-    let hi = vmull_high_s8(a, b);
-    vpadalq_s16(vpadalq_s16(acc, lo), hi)
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+        let hi = vmull_high_s8(a, b);
+        vpadalq_s16(vpadalq_s16(acc, lo), hi)
+    }
 }
 
 /// `R` activation rows' dots with one weight row: Σ over blocks of
@@ -177,25 +217,28 @@ unsafe fn q8_0_dots<const BLOCK: usize, const R: usize>(
     dot: Dot,
     scale: impl Fn(&[u8]) -> f32,
 ) -> [f32; R] {
-    let f16 = f16_table();
-    let blocks = w.len() / BLOCK;
-    assert!(a.iter().all(|a| a.len() >= blocks * Q8_0_BYTES));
-    let a = a.map(|a| a.as_ptr());
-    let mut sum = [0f32; R];
-    for (b, wb) in w.chunks_exact(BLOCK).enumerate() {
-        let (w0, w1) = unpack(wb);
-        let dw = scale(wb);
-        for (s, &a) in sum.iter_mut().zip(&a) {
-            // SAFETY: block `b < blocks` of a row that holds `blocks`
-            // (asserted above).
-            let ab = std::slice::from_raw_parts(a.add(b * Q8_0_BYTES), Q8_0_BYTES);
-            let (a0, a1) = unpack_q8_0(ab);
-            let sumi = vaddvq_s32(dot(dot(vdupq_n_s32(0), w0, a0), w1, a1));
-            let da = f16[usize::from(u16::from_le_bytes([ab[0], ab[1]]))];
-            *s += (dw * da) * sumi as f32;
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let f16 = f16_table();
+        let blocks = w.len() / BLOCK;
+        assert!(a.iter().all(|a| a.len() >= blocks * Q8_0_BYTES));
+        let a = a.map(|a| a.as_ptr());
+        let mut sum = [0f32; R];
+        for (b, wb) in w.chunks_exact(BLOCK).enumerate() {
+            let (w0, w1) = unpack(wb);
+            let dw = scale(wb);
+            for (s, &a) in sum.iter_mut().zip(&a) {
+                // SAFETY: block `b < blocks` of a row that holds `blocks`
+                // (asserted above).
+                let ab = std::slice::from_raw_parts(a.add(b * Q8_0_BYTES), Q8_0_BYTES);
+                let (a0, a1) = unpack_q8_0(ab);
+                let sumi = vaddvq_s32(dot(dot(vdupq_n_s32(0), w0, a0), w1, a1));
+                let da = f16[usize::from(u16::from_le_bytes([ab[0], ab[1]]))];
+                *s += (dw * da) * sumi as f32;
+            }
         }
+        sum
     }
-    sum
 }
 
 /// [`q8_0_dots`] for weight blocks led by an f16 scale.
@@ -206,10 +249,13 @@ unsafe fn vec_dots<const BLOCK: usize, const R: usize>(
     unpack: Unpack,
     dot: Dot,
 ) -> [f32; R] {
-    let f16 = f16_table();
-    q8_0_dots::<BLOCK, R>(w, a, unpack, dot, |wb| {
-        f16[usize::from(u16::from_le_bytes([wb[0], wb[1]]))]
-    })
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let f16 = f16_table();
+        q8_0_dots::<BLOCK, R>(w, a, unpack, dot, |wb| {
+            f16[usize::from(u16::from_le_bytes([wb[0], wb[1]]))]
+        })
+    }
 }
 
 /// [`e8m0_half`] of every exponent: one load per block where the function
@@ -227,8 +273,11 @@ unsafe fn vec_dots_e8m0<const BLOCK: usize, const R: usize>(
     unpack: Unpack,
     dot: Dot,
 ) -> [f32; R] {
-    let e8m0 = e8m0_table();
-    q8_0_dots::<BLOCK, R>(w, a, unpack, dot, |wb| e8m0[usize::from(wb[0])])
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let e8m0 = e8m0_table();
+        q8_0_dots::<BLOCK, R>(w, a, unpack, dot, |wb| e8m0[usize::from(wb[0])])
+    }
 }
 
 /// A multi-row driver of [`q8_0_dots`]' shape.
@@ -250,24 +299,27 @@ unsafe fn rows_of(
     unpack: Unpack,
     dot: Dot,
 ) {
-    let m = out.len();
-    let act = |i: usize| &acts[i * act_row_bytes..(i + 1) * act_row_bytes];
-    for (r, wr) in w.chunks_exact(row_bytes).enumerate() {
-        let mut i = 0;
-        while i + 4 <= m {
-            let s = four(
-                wr,
-                [act(i), act(i + 1), act(i + 2), act(i + 3)],
-                unpack,
-                dot,
-            );
-            for (j, v) in s.into_iter().enumerate() {
-                out[i + j][col + r] = v;
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let m = out.len();
+        let act = |i: usize| &acts[i * act_row_bytes..(i + 1) * act_row_bytes];
+        for (r, wr) in w.chunks_exact(row_bytes).enumerate() {
+            let mut i = 0;
+            while i + 4 <= m {
+                let s = four(
+                    wr,
+                    [act(i), act(i + 1), act(i + 2), act(i + 3)],
+                    unpack,
+                    dot,
+                );
+                for (j, v) in s.into_iter().enumerate() {
+                    out[i + j][col + r] = v;
+                }
+                i += 4;
             }
-            i += 4;
-        }
-        for (i, o) in out.iter_mut().enumerate().skip(i) {
-            o[col + r] = one(wr, [act(i)], unpack, dot)[0];
+            for (i, o) in out.iter_mut().enumerate().skip(i) {
+                o[col + r] = one(wr, [act(i)], unpack, dot)[0];
+            }
         }
     }
 }
@@ -288,21 +340,24 @@ macro_rules! rows_dots {
             out: &mut [&mut [f32]],
             col: usize,
         ) {
-            let drivers = (
-                $driver::<{ $block }, 1> as Dots<1>,
-                $driver::<{ $block }, 4> as Dots<4>,
-            );
-            rows_of(
-                w,
-                row_bytes,
-                acts,
-                act_row_bytes,
-                out,
-                col,
-                drivers,
-                $part,
-                widening,
-            )
+            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+            unsafe {
+                let drivers = (
+                    $driver::<{ $block }, 1> as Dots<1>,
+                    $driver::<{ $block }, 4> as Dots<4>,
+                );
+                rows_of(
+                    w,
+                    row_bytes,
+                    acts,
+                    act_row_bytes,
+                    out,
+                    col,
+                    drivers,
+                    $part,
+                    widening,
+                )
+            }
         }
 
         /// # Safety
@@ -316,21 +371,24 @@ macro_rules! rows_dots {
             out: &mut [&mut [f32]],
             col: usize,
         ) {
-            let drivers = (
-                $driver::<{ $block }, 1> as Dots<1>,
-                $driver::<{ $block }, 4> as Dots<4>,
-            );
-            rows_of(
-                w,
-                row_bytes,
-                acts,
-                act_row_bytes,
-                out,
-                col,
-                drivers,
-                $part,
-                sdot,
-            )
+            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+            unsafe {
+                let drivers = (
+                    $driver::<{ $block }, 1> as Dots<1>,
+                    $driver::<{ $block }, 4> as Dots<4>,
+                );
+                rows_of(
+                    w,
+                    row_bytes,
+                    acts,
+                    act_row_bytes,
+                    out,
+                    col,
+                    drivers,
+                    $part,
+                    sdot,
+                )
+            }
         }
     };
 }
@@ -350,18 +408,21 @@ rows_dots!(
 /// weight block's minimum (its second f16).
 #[inline(always)]
 unsafe fn vec_dot_1<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot: Dot) -> f32 {
-    let f16 = f16_table();
-    let half = |b: &[u8], at: usize| f16[usize::from(u16::from_le_bytes([b[at], b[at + 1]]))];
-    let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(BLOCK).zip(a.chunks_exact(Q8_1_BYTES)) {
-        let (w0, w1) = unpack(wb);
-        // SAFETY: a 36-byte Q8_1 block: 32 values from offset 4.
-        let p = ab.as_ptr().add(4) as *const i8;
-        let (a0, a1) = (vld1q_s8(p), vld1q_s8(p.add(16)));
-        let sumi = vaddvq_s32(dot(dot(vdupq_n_s32(0), w0, a0), w1, a1));
-        sum += (half(wb, 0) * half(ab, 0)) * sumi as f32 + half(wb, 2) * half(ab, 2);
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let f16 = f16_table();
+        let half = |b: &[u8], at: usize| f16[usize::from(u16::from_le_bytes([b[at], b[at + 1]]))];
+        let mut sum = 0f32;
+        for (wb, ab) in w.chunks_exact(BLOCK).zip(a.chunks_exact(Q8_1_BYTES)) {
+            let (w0, w1) = unpack(wb);
+            // SAFETY: a 36-byte Q8_1 block: 32 values from offset 4.
+            let p = ab.as_ptr().add(4) as *const i8;
+            let (a0, a1) = (vld1q_s8(p), vld1q_s8(p.add(16)));
+            let sumi = vaddvq_s32(dot(dot(vdupq_n_s32(0), w0, a0), w1, a1));
+            sum += (half(wb, 0) * half(ab, 0)) * sumi as f32 + half(wb, 2) * half(ab, 2);
+        }
+        sum
     }
-    sum
 }
 
 /// Defines `name` (baseline NEON) and `name_dot` (`SDOT`) from a block
@@ -372,14 +433,16 @@ macro_rules! dots {
         /// # Safety
         /// Whole blocks of the weight type and of its activation format.
         pub(super) unsafe fn $name(w: &[u8], a: &[u8]) -> f32 {
-            $driver::<{ $block }>(w, a, $part, widening)
+            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+            unsafe { $driver::<{ $block }>(w, a, $part, widening) }
         }
 
         /// # Safety
         /// As above, on a CPU with the dot-product extension.
         #[target_feature(enable = "dotprod")]
         pub(super) unsafe fn $name_dot(w: &[u8], a: &[u8]) -> f32 {
-            $driver::<{ $block }>(w, a, $part, sdot)
+            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+            unsafe { $driver::<{ $block }>(w, a, $part, sdot) }
         }
     };
 }
@@ -400,7 +463,8 @@ dots!(
 /// Σ over the 16 lanes of `v·a`.
 #[inline(always)]
 unsafe fn dot16(dot: Dot, v: int8x16_t, a: int8x16_t) -> i32 {
-    vaddvq_s32(dot(vdupq_n_s32(0), v, a))
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe { vaddvq_s32(dot(vdupq_n_s32(0), v, a)) }
 }
 
 /// One 256-element K-quant block against its Q8_K activation block.
@@ -409,11 +473,14 @@ type KBlock = unsafe fn(wb: &[u8], ab: &[u8], dot: Dot) -> f32;
 /// Σ over blocks, in the reference's order.
 #[inline(always)]
 unsafe fn vec_dot_k<const BLOCK: usize>(w: &[u8], a: &[u8], block: KBlock, dot: Dot) -> f32 {
-    let mut sum = 0f32;
-    for (wb, ab) in w.chunks_exact(BLOCK).zip(a.chunks_exact(Q8_K_BYTES)) {
-        sum += block(wb, ab, dot);
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let mut sum = 0f32;
+        for (wb, ab) in w.chunks_exact(BLOCK).zip(a.chunks_exact(Q8_K_BYTES)) {
+            sum += block(wb, ab, dot);
+        }
+        sum
     }
-    sum
 }
 
 /// Σ over a K-quant block's eight sub-blocks of 32 of `scale_j · Σ v·a`,
@@ -426,17 +493,20 @@ unsafe fn sub32_sum(
     scale: impl Fn(usize) -> i32,
     pair: impl Fn(usize) -> [int8x16_t; 4],
 ) -> i32 {
-    let mut sumi = 0i32;
-    for p in 0..4 {
-        let v = pair(p);
-        // SAFETY: a 292-byte Q8_K block holds 256 values from offset 4.
-        let a = ab.as_ptr().add(4 + 64 * p) as *const i8;
-        let a: [int8x16_t; 4] = std::array::from_fn(|i| vld1q_s8(a.add(16 * i)));
-        let low = dot16(dot, v[0], a[0]) + dot16(dot, v[1], a[1]);
-        let high = dot16(dot, v[2], a[2]) + dot16(dot, v[3], a[3]);
-        sumi += scale(2 * p) * low + scale(2 * p + 1) * high;
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let mut sumi = 0i32;
+        for p in 0..4 {
+            let v = pair(p);
+            // SAFETY: a 292-byte Q8_K block holds 256 values from offset 4.
+            let a = ab.as_ptr().add(4 + 64 * p) as *const i8;
+            let a: [int8x16_t; 4] = std::array::from_fn(|i| vld1q_s8(a.add(16 * i)));
+            let low = dot16(dot, v[0], a[0]) + dot16(dot, v[1], a[1]);
+            let high = dot16(dot, v[2], a[2]) + dot16(dot, v[3], a[3]);
+            sumi += scale(2 * p) * low + scale(2 * p + 1) * high;
+        }
+        sumi
     }
-    sumi
 }
 
 /// Q4_K and Q5_K (`QH` true: a fifth bit per element from 32 bytes at 16):
@@ -444,120 +514,135 @@ unsafe fn sub32_sum(
 /// bytes are two sub-blocks (low, then high).
 #[inline(always)]
 unsafe fn k4_block<const QH: bool>(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
-    let f16 = f16_table();
-    let d = f16[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
-    let dmin = f16[usize::from(u16::from_le_bytes([wb[2], wb[3]]))];
-    let scales = &wb[4..16];
-    let qs = if QH { 48 } else { 16 };
-    // SAFETY: Q5_K's 32 high-bit bytes at 16.
-    let qh = QH.then(|| [vld1q_u8(wb.as_ptr().add(16)), vld1q_u8(wb.as_ptr().add(32))]);
-    let one = vdupq_n_u8(1);
-    let pair = |p: usize| {
-        // SAFETY: 128 bytes of nibbles from `qs` in a 144/176-byte block.
-        let (l0, h0) = nibbles(wb.as_ptr().add(qs + 32 * p));
-        let (l1, h1) = nibbles(wb.as_ptr().add(qs + 32 * p + 16));
-        let mut v = [l0, l1, h0, h1];
-        if let Some(qh) = qh {
-            for (i, x) in v.iter_mut().enumerate() {
-                // Element e's bit is bit e / 32 of qh[e % 32].
-                let shift = vdupq_n_s8(-((2 * p + i / 2) as i8));
-                let bit = vandq_u8(vshlq_u8(qh[i % 2], shift), one);
-                *x = vorrq_u8(*x, vshlq_n_u8::<4>(bit));
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+        let f16 = f16_table();
+        let d = f16[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
+        let dmin = f16[usize::from(u16::from_le_bytes([wb[2], wb[3]]))];
+        let scales = &wb[4..16];
+        let qs = if QH { 48 } else { 16 };
+        // SAFETY: Q5_K's 32 high-bit bytes at 16.
+        let qh = QH.then(|| [vld1q_u8(wb.as_ptr().add(16)), vld1q_u8(wb.as_ptr().add(32))]);
+        let one = vdupq_n_u8(1);
+        let pair = |p: usize| {
+            // SAFETY: 128 bytes of nibbles from `qs` in a 144/176-byte block.
+            let (l0, h0) = nibbles(wb.as_ptr().add(qs + 32 * p));
+            let (l1, h1) = nibbles(wb.as_ptr().add(qs + 32 * p + 16));
+            let mut v = [l0, l1, h0, h1];
+            if let Some(qh) = qh {
+                for (i, x) in v.iter_mut().enumerate() {
+                    // Element e's bit is bit e / 32 of qh[e % 32].
+                    let shift = vdupq_n_s8(-((2 * p + i / 2) as i8));
+                    let bit = vandq_u8(vshlq_u8(qh[i % 2], shift), one);
+                    *x = vorrq_u8(*x, vshlq_n_u8::<4>(bit));
+                }
             }
-        }
-        v.map(|x| vreinterpretq_s8_u8(x))
-    };
-    let sumi = sub32_sum(ab, dot, |j| i32::from(scale_min_k4(j, scales).0), pair);
-    let bsum = |i: usize| i32::from(i16::from_le_bytes([ab[260 + 2 * i], ab[261 + 2 * i]]));
-    let summ: i32 = (0..8)
-        .map(|j| i32::from(scale_min_k4(j, scales).1) * (bsum(2 * j) + bsum(2 * j + 1)))
-        .sum();
-    (da * d) * sumi as f32 - (da * dmin) * summ as f32
+            v.map(|x| vreinterpretq_s8_u8(x))
+        };
+        let sumi = sub32_sum(ab, dot, |j| i32::from(scale_min_k4(j, scales).0), pair);
+        let bsum = |i: usize| i32::from(i16::from_le_bytes([ab[260 + 2 * i], ab[261 + 2 * i]]));
+        let summ: i32 = (0..8)
+            .map(|j| i32::from(scale_min_k4(j, scales).1) * (bsum(2 * j) + bsum(2 * j + 1)))
+            .sum();
+        (da * d) * sumi as f32 - (da * dmin) * summ as f32
+    }
 }
 
 #[inline(always)]
 unsafe fn q4_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    k4_block::<false>(wb, ab, dot)
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe { k4_block::<false>(wb, ab, dot) }
 }
 
 #[inline(always)]
 unsafe fn q5_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    k4_block::<true>(wb, ab, dot)
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe { k4_block::<true>(wb, ab, dot) }
 }
 
 /// IQ4_XS: eight sub-blocks of 32 code-table values with 6-bit scales less
 /// 32; each sub-block's 16 bytes hold its first half in low nibbles.
 #[inline(always)]
 unsafe fn iq4_xs_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
-    let d = f16_table()[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
-    let scales_h = u32::from(u16::from_le_bytes([wb[2], wb[3]]));
-    let scale = |j: usize| {
-        let low = u32::from((wb[4 + j / 2] >> (4 * (j % 2))) & 0xF);
-        let high = (scales_h >> (2 * j)) & 3;
-        (low | (high << 4)) as i32 - 32
-    };
-    let pair = |p: usize| {
-        // SAFETY: 128 bytes of codes from 8 in a 136-byte block.
-        let (l0, h0) = nibbles(wb.as_ptr().add(8 + 32 * p));
-        let (l1, h1) = nibbles(wb.as_ptr().add(8 + 32 * p + 16));
-        let (a, b) = code_values(&KVALUES_IQ4NL, l0, h0);
-        let (c, e) = code_values(&KVALUES_IQ4NL, l1, h1);
-        [a, b, c, e]
-    };
-    (da * d) * sub32_sum(ab, dot, scale, pair) as f32
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+        let d = f16_table()[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
+        let scales_h = u32::from(u16::from_le_bytes([wb[2], wb[3]]));
+        let scale = |j: usize| {
+            let low = u32::from((wb[4 + j / 2] >> (4 * (j % 2))) & 0xF);
+            let high = (scales_h >> (2 * j)) & 3;
+            (low | (high << 4)) as i32 - 32
+        };
+        let pair = |p: usize| {
+            // SAFETY: 128 bytes of codes from 8 in a 136-byte block.
+            let (l0, h0) = nibbles(wb.as_ptr().add(8 + 32 * p));
+            let (l1, h1) = nibbles(wb.as_ptr().add(8 + 32 * p + 16));
+            let (a, b) = code_values(&KVALUES_IQ4NL, l0, h0);
+            let (c, e) = code_values(&KVALUES_IQ4NL, l1, h1);
+            [a, b, c, e]
+        };
+        (da * d) * sub32_sum(ab, dot, scale, pair) as f32
+    }
 }
 
 /// Q6_K: sixteen sub-blocks of 16 with 8-bit scales; four bits from `ql`,
 /// two from `qh`, minus 32.
 #[inline(always)]
 unsafe fn q6_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
-    let d = f16_table()[usize::from(u16::from_le_bytes([wb[208], wb[209]]))];
-    let mask = vdupq_n_u8(0x0f);
-    let three = vdupq_n_u8(3);
-    let mut sumi = 0i32;
-    for h in 0..2 {
-        // SAFETY: a 210-byte block: `ql` 128 bytes from 0, `qh` 64 from 128.
-        let ql = wb.as_ptr().add(64 * h);
-        let qh = wb.as_ptr().add(128 + 32 * h);
-        let lo: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(ql.add(16 * i)));
-        let hb: [uint8x16_t; 2] = std::array::from_fn(|i| vld1q_u8(qh.add(16 * i)));
-        for quad in 0..4 {
-            for k in 0..2 {
-                let byte = lo[2 * (quad % 2) + k];
-                let low = if quad < 2 {
-                    vandq_u8(byte, mask)
-                } else {
-                    vshrq_n_u8::<4>(byte)
-                };
-                let shift = vdupq_n_s8(-2 * quad as i8);
-                let high = vandq_u8(vshlq_u8(hb[k], shift), three);
-                let v = vsubq_s8(
-                    vreinterpretq_s8_u8(vorrq_u8(low, vshlq_n_u8::<4>(high))),
-                    vdupq_n_s8(32),
-                );
-                // SAFETY: element 128h + 32·quad + 16k of the 256 from 4.
-                let a = vld1q_s8(ab.as_ptr().add(4 + 128 * h + 32 * quad + 16 * k) as *const i8);
-                let j = 8 * h + 2 * quad + k;
-                sumi += i32::from(wb[192 + j] as i8) * dot16(dot, v, a);
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+        let d = f16_table()[usize::from(u16::from_le_bytes([wb[208], wb[209]]))];
+        let mask = vdupq_n_u8(0x0f);
+        let three = vdupq_n_u8(3);
+        let mut sumi = 0i32;
+        for h in 0..2 {
+            // SAFETY: a 210-byte block: `ql` 128 bytes from 0, `qh` 64 from 128.
+            let ql = wb.as_ptr().add(64 * h);
+            let qh = wb.as_ptr().add(128 + 32 * h);
+            let lo: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(ql.add(16 * i)));
+            let hb: [uint8x16_t; 2] = std::array::from_fn(|i| vld1q_u8(qh.add(16 * i)));
+            for quad in 0..4 {
+                for k in 0..2 {
+                    let byte = lo[2 * (quad % 2) + k];
+                    let low = if quad < 2 {
+                        vandq_u8(byte, mask)
+                    } else {
+                        vshrq_n_u8::<4>(byte)
+                    };
+                    let shift = vdupq_n_s8(-2 * quad as i8);
+                    let high = vandq_u8(vshlq_u8(hb[k], shift), three);
+                    let v = vsubq_s8(
+                        vreinterpretq_s8_u8(vorrq_u8(low, vshlq_n_u8::<4>(high))),
+                        vdupq_n_s8(32),
+                    );
+                    // SAFETY: element 128h + 32·quad + 16k of the 256 from 4.
+                    let a =
+                        vld1q_s8(ab.as_ptr().add(4 + 128 * h + 32 * quad + 16 * k) as *const i8);
+                    let j = 8 * h + 2 * quad + k;
+                    sumi += i32::from(wb[192 + j] as i8) * dot16(dot, v, a);
+                }
             }
         }
+        (da * d) * sumi as f32
     }
-    (da * d) * sumi as f32
 }
 
 /// Sixteen signed bytes as four vectors of 32-bit lanes, in order.
 #[inline(always)]
 unsafe fn widen(s: int8x16_t) -> [int32x4_t; 4] {
-    let (lo, hi) = (vmovl_s8(vget_low_s8(s)), vmovl_high_s8(s));
-    [
-        vmovl_s16(vget_low_s16(lo)),
-        vmovl_high_s16(lo),
-        vmovl_s16(vget_low_s16(hi)),
-        vmovl_high_s16(hi),
-    ]
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let (lo, hi) = (vmovl_s8(vget_low_s8(s)), vmovl_high_s8(s));
+        [
+            vmovl_s16(vget_low_s16(lo)),
+            vmovl_high_s16(lo),
+            vmovl_s16(vget_low_s16(hi)),
+            vmovl_high_s16(hi),
+        ]
+    }
 }
 
 /// Σ over a K-quant block's sixteen sub-blocks of 16 of `scale_j · Σ v·a`,
@@ -572,19 +657,22 @@ unsafe fn sub16_sum(
     scales: [int32x4_t; 4],
     sub: impl Fn(usize) -> int8x16_t,
 ) -> i32 {
-    let zero = vdupq_n_s32(0);
-    let mut acc = zero;
-    for (g, scale) in scales.into_iter().enumerate() {
-        let d: [int32x4_t; 4] = std::array::from_fn(|i| {
-            let j = 4 * g + i;
-            // SAFETY: a 292-byte Q8_K block holds 256 values from offset 4.
-            let a = vld1q_s8(ab.as_ptr().add(4 + 16 * j) as *const i8);
-            dot(zero, sub(j), a)
-        });
-        let sums = vpaddq_s32(vpaddq_s32(d[0], d[1]), vpaddq_s32(d[2], d[3]));
-        acc = vmlaq_s32(acc, sums, scale);
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let zero = vdupq_n_s32(0);
+        let mut acc = zero;
+        for (g, scale) in scales.into_iter().enumerate() {
+            let d: [int32x4_t; 4] = std::array::from_fn(|i| {
+                let j = 4 * g + i;
+                // SAFETY: a 292-byte Q8_K block holds 256 values from offset 4.
+                let a = vld1q_s8(ab.as_ptr().add(4 + 16 * j) as *const i8);
+                dot(zero, sub(j), a)
+            });
+            let sums = vpaddq_s32(vpaddq_s32(d[0], d[1]), vpaddq_s32(d[2], d[3]));
+            acc = vmlaq_s32(acc, sums, scale);
+        }
+        vaddvq_s32(acc)
     }
-    vaddvq_s32(acc)
 }
 
 /// Sub-block `j` of 16 of Q2_K/Q3_K's 2-bit values (64 bytes as four
@@ -593,40 +681,46 @@ unsafe fn sub16_sum(
 /// bits `2s` of vector `2h + k`.
 #[inline(always)]
 unsafe fn crumbs(qs: &[uint8x16_t; 4], j: usize) -> uint8x16_t {
-    let (h, s, k) = (j / 8, j / 2 % 4, j % 2);
-    vshlq_u8(qs[2 * h + k], vdupq_n_s8(-2 * s as i8))
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let (h, s, k) = (j / 8, j / 2 % 4, j % 2);
+        vshlq_u8(qs[2 * h + k], vdupq_n_s8(-2 * s as i8))
+    }
 }
 
 /// Q2_K: sixteen sub-blocks of 16 with 4-bit scales (low nibbles) and mins
 /// (high nibbles) in the 16 bytes at 0; 2-bit values from 16.
 #[inline(always)]
 unsafe fn q2_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
-    let f16 = f16_table();
-    let d = f16[usize::from(u16::from_le_bytes([wb[80], wb[81]]))];
-    let dmin = f16[usize::from(u16::from_le_bytes([wb[82], wb[83]]))];
-    // SAFETY: an 84-byte block: 16 scale bytes from 0, 64 of values from 16.
-    let sc = vld1q_u8(wb.as_ptr());
-    let qs: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(wb.as_ptr().add(16 + 16 * i)));
-    let scales = widen(vreinterpretq_s8_u8(vandq_u8(sc, vdupq_n_u8(0x0f))));
-    let three = vdupq_n_u8(3);
-    let sumi = sub16_sum(ab, dot, scales, |j| {
-        vreinterpretq_s8_u8(vandq_u8(crumbs(&qs, j), three))
-    });
-    // Σ min_j · bsum_j, with the activations' 16 i16 run sums at 260.
-    let mins = vshrq_n_u8::<4>(sc);
-    let (m0, m1) = (
-        vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mins))),
-        vreinterpretq_s16_u16(vmovl_high_u8(mins)),
-    );
-    // SAFETY: a 292-byte Q8_K block: 32 bytes from 260.
-    let b0 = vreinterpretq_s16_u8(vld1q_u8(ab.as_ptr().add(260)));
-    let b1 = vreinterpretq_s16_u8(vld1q_u8(ab.as_ptr().add(276)));
-    let prod = vmull_s16(vget_low_s16(m0), vget_low_s16(b0));
-    let prod = vmlal_high_s16(prod, m0, b0);
-    let prod = vmlal_s16(prod, vget_low_s16(m1), vget_low_s16(b1));
-    let summ = vaddvq_s32(vmlal_high_s16(prod, m1, b1));
-    (da * d) * sumi as f32 - (da * dmin) * summ as f32
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+        let f16 = f16_table();
+        let d = f16[usize::from(u16::from_le_bytes([wb[80], wb[81]]))];
+        let dmin = f16[usize::from(u16::from_le_bytes([wb[82], wb[83]]))];
+        // SAFETY: an 84-byte block: 16 scale bytes from 0, 64 of values from 16.
+        let sc = vld1q_u8(wb.as_ptr());
+        let qs: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(wb.as_ptr().add(16 + 16 * i)));
+        let scales = widen(vreinterpretq_s8_u8(vandq_u8(sc, vdupq_n_u8(0x0f))));
+        let three = vdupq_n_u8(3);
+        let sumi = sub16_sum(ab, dot, scales, |j| {
+            vreinterpretq_s8_u8(vandq_u8(crumbs(&qs, j), three))
+        });
+        // Σ min_j · bsum_j, with the activations' 16 i16 run sums at 260.
+        let mins = vshrq_n_u8::<4>(sc);
+        let (m0, m1) = (
+            vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mins))),
+            vreinterpretq_s16_u16(vmovl_high_u8(mins)),
+        );
+        // SAFETY: a 292-byte Q8_K block: 32 bytes from 260.
+        let b0 = vreinterpretq_s16_u8(vld1q_u8(ab.as_ptr().add(260)));
+        let b1 = vreinterpretq_s16_u8(vld1q_u8(ab.as_ptr().add(276)));
+        let prod = vmull_s16(vget_low_s16(m0), vget_low_s16(b0));
+        let prod = vmlal_high_s16(prod, m0, b0);
+        let prod = vmlal_s16(prod, vget_low_s16(m1), vget_low_s16(b1));
+        let summ = vaddvq_s32(vmlal_high_s16(prod, m1, b1));
+        (da * d) * sumi as f32 - (da * dmin) * summ as f32
+    }
 }
 
 /// Q3_K: sixteen sub-blocks of 16 with signed 6-bit scales (12 bytes at
@@ -634,35 +728,38 @@ unsafe fn q2_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
 /// `hmask` at 0 is clear.
 #[inline(always)]
 unsafe fn q3_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    // Where each scale's high bits (bits 2·(j / 4) of byte 104 + j % 4)
-    // go: to bits 4 and 5.
-    const HIGH_SHIFTS: [i8; 16] = [4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0, -2, -2, -2, -2];
-    let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
-    let d = f16_table()[usize::from(u16::from_le_bytes([wb[108], wb[109]]))];
-    let p = wb.as_ptr();
-    // SAFETY: a 110-byte block: `hmask` 32 bytes from 0, values 64 from 32,
-    // the scales' low nibbles 8 bytes from 96.
-    let hmask = [vld1q_u8(p), vld1q_u8(p.add(16))];
-    let qs: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(p.add(32 + 16 * i)));
-    let low = vld1_u8(p.add(96));
-    // Scale j: the low nibble of byte j (j < 8) or high of j - 8, and high
-    // bits from the 4 bytes at 104, less 32.
-    let low = vcombine_u8(vand_u8(low, vdup_n_u8(0x0f)), vshr_n_u8::<4>(low));
-    let high = vreinterpretq_u8_u32(vdupq_n_u32(u32::from_le_bytes([
-        wb[104], wb[105], wb[106], wb[107],
-    ])));
-    // SAFETY: a 16-entry table.
-    let shifts = vld1q_s8(HIGH_SHIFTS.as_ptr());
-    let high = vandq_u8(vshlq_u8(high, shifts), vdupq_n_u8(0x30));
-    let scales = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(low, high)), vdupq_n_s8(32));
-    let three = vdupq_n_u8(3);
-    let sumi = sub16_sum(ab, dot, widen(scales), |j| {
-        // The elements' bit is bit j / 2 of hmask vector j % 2; where it is
-        // clear, setting bits 2–7 over the 2-bit value takes 4 from it.
-        let clear = vceqzq_u8(vandq_u8(hmask[j % 2], vdupq_n_u8(1 << (j / 2))));
-        vreinterpretq_s8_u8(vbslq_u8(three, crumbs(&qs, j), clear))
-    });
-    (da * d) * sumi as f32
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        // Where each scale's high bits (bits 2·(j / 4) of byte 104 + j % 4)
+        // go: to bits 4 and 5.
+        const HIGH_SHIFTS: [i8; 16] = [4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0, -2, -2, -2, -2];
+        let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+        let d = f16_table()[usize::from(u16::from_le_bytes([wb[108], wb[109]]))];
+        let p = wb.as_ptr();
+        // SAFETY: a 110-byte block: `hmask` 32 bytes from 0, values 64 from 32,
+        // the scales' low nibbles 8 bytes from 96.
+        let hmask = [vld1q_u8(p), vld1q_u8(p.add(16))];
+        let qs: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(p.add(32 + 16 * i)));
+        let low = vld1_u8(p.add(96));
+        // Scale j: the low nibble of byte j (j < 8) or high of j - 8, and high
+        // bits from the 4 bytes at 104, less 32.
+        let low = vcombine_u8(vand_u8(low, vdup_n_u8(0x0f)), vshr_n_u8::<4>(low));
+        let high = vreinterpretq_u8_u32(vdupq_n_u32(u32::from_le_bytes([
+            wb[104], wb[105], wb[106], wb[107],
+        ])));
+        // SAFETY: a 16-entry table.
+        let shifts = vld1q_s8(HIGH_SHIFTS.as_ptr());
+        let high = vandq_u8(vshlq_u8(high, shifts), vdupq_n_u8(0x30));
+        let scales = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(low, high)), vdupq_n_s8(32));
+        let three = vdupq_n_u8(3);
+        let sumi = sub16_sum(ab, dot, widen(scales), |j| {
+            // The elements' bit is bit j / 2 of hmask vector j % 2; where it is
+            // clear, setting bits 2–7 over the 2-bit value takes 4 from it.
+            let clear = vceqzq_u8(vandq_u8(hmask[j % 2], vdupq_n_u8(1 << (j / 2))));
+            vreinterpretq_s8_u8(vbslq_u8(three, crumbs(&qs, j), clear))
+        });
+        (da * d) * sumi as f32
+    }
 }
 
 dots!(vec_dot_q2_k, vec_dot_q2_k_sdot, vec_dot_k::<84>, q2_k_block);
@@ -703,26 +800,29 @@ dots!(
 /// # Safety
 /// None beyond NEON, which every AArch64 CPU has.
 pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
-    let n = x.len().min(w.len());
-    let mut acc = [vdupq_n_f32(0.0); 4];
-    let mut i = 0;
-    while i + 16 <= n {
-        for (j, a) in acc.iter_mut().enumerate() {
-            // SAFETY: i + 4j + 4 <= n for both slices.
-            *a = vfmaq_f32(
-                *a,
-                vld1q_f32(x.as_ptr().add(i + 4 * j)),
-                vld1q_f32(w.as_ptr().add(i + 4 * j)),
-            );
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    unsafe {
+        let n = x.len().min(w.len());
+        let mut acc = [vdupq_n_f32(0.0); 4];
+        let mut i = 0;
+        while i + 16 <= n {
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: i + 4j + 4 <= n for both slices.
+                *a = vfmaq_f32(
+                    *a,
+                    vld1q_f32(x.as_ptr().add(i + 4 * j)),
+                    vld1q_f32(w.as_ptr().add(i + 4 * j)),
+                );
+            }
+            i += 16;
         }
-        i += 16;
+        let v = vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3]));
+        let mut sum = vaddvq_f32(v);
+        for j in i..n {
+            sum += x[j] * w[j];
+        }
+        sum
     }
-    let v = vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3]));
-    let mut sum = vaddvq_f32(v);
-    for j in i..n {
-        sum += x[j] * w[j];
-    }
-    sum
 }
 
 #[cfg(test)]
@@ -968,21 +1068,24 @@ mod tests {
         /// # Safety
         /// Whole blocks; the CPU has what the kernel needs.
         unsafe fn run(self, w: &[u8], rows: usize, a: &[u8], m: usize) -> Vec<f32> {
-            let (wb, ab) = (w.len() / rows, a.len() / m);
-            let mut out = vec![f32::NAN; m * rows];
-            match self {
-                Kern::Row(f) => {
-                    for (o, y) in out.iter_mut().enumerate() {
-                        let (i, r) = (o / rows, o % rows);
-                        *y = f(&w[r * wb..][..wb], &a[i * ab..][..ab]);
+            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+            unsafe {
+                let (wb, ab) = (w.len() / rows, a.len() / m);
+                let mut out = vec![f32::NAN; m * rows];
+                match self {
+                    Kern::Row(f) => {
+                        for (o, y) in out.iter_mut().enumerate() {
+                            let (i, r) = (o / rows, o % rows);
+                            *y = f(&w[r * wb..][..wb], &a[i * ab..][..ab]);
+                        }
+                    }
+                    Kern::Rows(f) => {
+                        let mut refs: Vec<&mut [f32]> = out.chunks_mut(rows).collect();
+                        f(w, wb, a, ab, &mut refs, 0);
                     }
                 }
-                Kern::Rows(f) => {
-                    let mut refs: Vec<&mut [f32]> = out.chunks_mut(rows).collect();
-                    f(w, wb, a, ab, &mut refs, 0);
-                }
+                out
             }
-            out
         }
     }
 }

@@ -51,20 +51,23 @@ unsafe fn act_group<const M: usize>(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    let mut r = 0;
-    while r + TILE_ROWS <= n {
-        let y = tile::<TILE_ROWS, M>(x, xs, w.add(r * k), k);
-        for (o, y) in out.iter_mut().zip(y) {
-            o[col + r..col + r + TILE_ROWS].copy_from_slice(&y);
+    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and the pointers cover what the function reads and writes.
+    unsafe {
+        let mut r = 0;
+        while r + TILE_ROWS <= n {
+            let y = tile::<TILE_ROWS, M>(x, xs, w.add(r * k), k);
+            for (o, y) in out.iter_mut().zip(y) {
+                o[col + r..col + r + TILE_ROWS].copy_from_slice(&y);
+            }
+            r += TILE_ROWS;
         }
-        r += TILE_ROWS;
-    }
-    while r < n {
-        let y = tile::<1, M>(x, xs, w.add(r * k), k);
-        for (o, [y]) in out.iter_mut().zip(y) {
-            o[col + r] = y;
+        while r < n {
+            let y = tile::<1, M>(x, xs, w.add(r * k), k);
+            for (o, [y]) in out.iter_mut().zip(y) {
+                o[col + r] = y;
+            }
+            r += 1;
         }
-        r += 1;
     }
 }
 
@@ -80,35 +83,38 @@ unsafe fn tile<const R: usize, const M: usize>(
     w: *const f32,
     k: usize,
 ) -> [[f32; R]; M] {
-    let mut acc = [[vdupq_n_f32(0.0); R]; M];
-    let mut wv = [vdupq_n_f32(0.0); R];
-    let mut c = 0;
-    while c + 4 <= k {
-        for (r, v) in wv.iter_mut().enumerate() {
-            *v = vld1q_f32(w.add(r * k + c));
+    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and the pointers cover what the function reads and writes.
+    unsafe {
+        let mut acc = [[vdupq_n_f32(0.0); R]; M];
+        let mut wv = [vdupq_n_f32(0.0); R];
+        let mut c = 0;
+        while c + 4 <= k {
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = vld1q_f32(w.add(r * k + c));
+            }
+            for (i, a) in acc.iter_mut().enumerate() {
+                let xv = vld1q_f32(x.add(i * xs + c));
+                for (a, &v) in a.iter_mut().zip(&wv) {
+                    *a = vfmaq_f32(*a, xv, v);
+                }
+            }
+            c += 4;
         }
-        for (i, a) in acc.iter_mut().enumerate() {
-            let xv = vld1q_f32(x.add(i * xs + c));
-            for (a, &v) in a.iter_mut().zip(&wv) {
-                *a = vfmaq_f32(*a, xv, v);
+        if c < k {
+            // The activation rows are zero past `k`; the weight rows are not
+            // ours to read past, so their tail goes through a buffer.
+            for (r, v) in wv.iter_mut().enumerate() {
+                let mut buf = [0f32; 4];
+                std::ptr::copy_nonoverlapping(w.add(r * k + c), buf.as_mut_ptr(), k - c);
+                *v = vld1q_f32(buf.as_ptr());
+            }
+            for (i, a) in acc.iter_mut().enumerate() {
+                let xv = vld1q_f32(x.add(i * xs + c));
+                for (a, &v) in a.iter_mut().zip(&wv) {
+                    *a = vfmaq_f32(*a, xv, v);
+                }
             }
         }
-        c += 4;
+        acc.map(|a| a.map(|v| vaddvq_f32(v)))
     }
-    if c < k {
-        // The activation rows are zero past `k`; the weight rows are not
-        // ours to read past, so their tail goes through a buffer.
-        for (r, v) in wv.iter_mut().enumerate() {
-            let mut buf = [0f32; 4];
-            std::ptr::copy_nonoverlapping(w.add(r * k + c), buf.as_mut_ptr(), k - c);
-            *v = vld1q_f32(buf.as_ptr());
-        }
-        for (i, a) in acc.iter_mut().enumerate() {
-            let xv = vld1q_f32(x.add(i * xs + c));
-            for (a, &v) in a.iter_mut().zip(&wv) {
-                *a = vfmaq_f32(*a, xv, v);
-            }
-        }
-    }
-    acc.map(|a| a.map(|v| vaddvq_f32(v)))
 }

@@ -58,59 +58,62 @@ pub(super) unsafe fn tile<const P: usize, const PAIRS: usize, const SBG: usize>(
     ds: *const f32,
     out: *mut [f32; LANES],
 ) {
-    let rows = 2 * PAIRS;
-    let sb_bytes = SBG * LANES * WORD + PANEL_FACTORS;
-    for (g, &panel) in panels.iter().enumerate() {
-        for half in 0..2 {
-            let lane0 = half * 2 * PAIRS_PER_PASS;
-            let mut acc = [[vdupq_n_f32(0.0); PAIRS]; PAIRS_PER_PASS];
-            for sb in 0..n_sb {
-                let p = panel.add(sb * sb_bytes);
-                let a = codes.add(sb * SBG * rows * WORD);
-                let mut sum = [[vdupq_n_s32(0); PAIRS]; PAIRS_PER_PASS];
-                for q in 0..SBG {
-                    let wp = p.add(q * LANES * WORD + lane0 * WORD);
-                    let mut w = [vdupq_n_u8(0); PAIRS_PER_PASS];
-                    for (pp, w) in w.iter_mut().enumerate() {
-                        *w = vld1q_u8(wp.add(pp * 2 * WORD));
+    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): the CPU has the tile's instructions, and the pointers cover the tiles read and written.
+    unsafe {
+        let rows = 2 * PAIRS;
+        let sb_bytes = SBG * LANES * WORD + PANEL_FACTORS;
+        for (g, &panel) in panels.iter().enumerate() {
+            for half in 0..2 {
+                let lane0 = half * 2 * PAIRS_PER_PASS;
+                let mut acc = [[vdupq_n_f32(0.0); PAIRS]; PAIRS_PER_PASS];
+                for sb in 0..n_sb {
+                    let p = panel.add(sb * sb_bytes);
+                    let a = codes.add(sb * SBG * rows * WORD);
+                    let mut sum = [[vdupq_n_s32(0); PAIRS]; PAIRS_PER_PASS];
+                    for q in 0..SBG {
+                        let wp = p.add(q * LANES * WORD + lane0 * WORD);
+                        let mut w = [vdupq_n_u8(0); PAIRS_PER_PASS];
+                        for (pp, w) in w.iter_mut().enumerate() {
+                            *w = vld1q_u8(wp.add(pp * 2 * WORD));
+                        }
+                        for j in 0..PAIRS {
+                            let x = vld1q_s8(a.add((q * rows + 2 * j) * WORD));
+                            for pp in 0..PAIRS_PER_PASS {
+                                sum[pp][j] = usmmla(sum[pp][j], w[pp], x);
+                            }
+                        }
                     }
-                    for j in 0..PAIRS {
-                        let x = vld1q_s8(a.add((q * rows + 2 * j) * WORD));
-                        for pp in 0..PAIRS_PER_PASS {
-                            sum[pp][j] = usmmla(sum[pp][j], w[pp], x);
+                    // A sum register is [A·a, A·b, B·a, B·b] for weight lanes
+                    // A, B and activation rows a, b: factors are laid out to match.
+                    let f = p.add(SBG * LANES * WORD).cast::<f32>();
+                    let d = ds.add(sb * 2 * rows);
+                    for pp in 0..PAIRS_PER_PASS {
+                        let l = lane0 + 2 * pp;
+                        let scale = vld1q_each_twice(f.add(l));
+                        let offset = vld1q_each_twice(f.add(LANES + l));
+                        for j in 0..PAIRS {
+                            let dx = vld1q_dup_pair(d.add(2 * j));
+                            let sx = vld1q_dup_pair(d.add(rows + 2 * j));
+                            let t = vmulq_f32(vcvtq_f32_s32(sum[pp][j]), dx);
+                            acc[pp][j] = vfmaq_f32(acc[pp][j], scale, t);
+                            acc[pp][j] = vfmsq_f32(acc[pp][j], offset, sx);
                         }
                     }
                 }
-                // A sum register is [A·a, A·b, B·a, B·b] for weight lanes
-                // A, B and activation rows a, b: factors are laid out to match.
-                let f = p.add(SBG * LANES * WORD).cast::<f32>();
-                let d = ds.add(sb * 2 * rows);
                 for pp in 0..PAIRS_PER_PASS {
                     let l = lane0 + 2 * pp;
-                    let scale = vld1q_each_twice(f.add(l));
-                    let offset = vld1q_each_twice(f.add(LANES + l));
                     for j in 0..PAIRS {
-                        let dx = vld1q_dup_pair(d.add(2 * j));
-                        let sx = vld1q_dup_pair(d.add(rows + 2 * j));
-                        let t = vmulq_f32(vcvtq_f32_s32(sum[pp][j]), dx);
-                        acc[pp][j] = vfmaq_f32(acc[pp][j], scale, t);
-                        acc[pp][j] = vfmsq_f32(acc[pp][j], offset, sx);
+                        let mut v = [0f32; 4];
+                        vst1q_f32(v.as_mut_ptr(), acc[pp][j]);
+                        let (ra, rb) = (
+                            &mut *out.add(g * rows + 2 * j),
+                            &mut *out.add(g * rows + 2 * j + 1),
+                        );
+                        ra[l] = v[0];
+                        rb[l] = v[1];
+                        ra[l + 1] = v[2];
+                        rb[l + 1] = v[3];
                     }
-                }
-            }
-            for pp in 0..PAIRS_PER_PASS {
-                let l = lane0 + 2 * pp;
-                for j in 0..PAIRS {
-                    let mut v = [0f32; 4];
-                    vst1q_f32(v.as_mut_ptr(), acc[pp][j]);
-                    let (ra, rb) = (
-                        &mut *out.add(g * rows + 2 * j),
-                        &mut *out.add(g * rows + 2 * j + 1),
-                    );
-                    ra[l] = v[0];
-                    rb[l] = v[1];
-                    ra[l + 1] = v[2];
-                    rb[l + 1] = v[3];
                 }
             }
         }
@@ -138,43 +141,46 @@ pub(super) unsafe fn tile_sdot<const P: usize, const SBQ: usize>(
     ds: *const f32,
     out: *mut [f32; LANES],
 ) {
-    const R: usize = SDOT_ROWS;
-    const V: usize = SDOT_LANES / 4;
-    let sb_bytes = SBQ * LANES * 4 + PANEL_FACTORS;
-    for (g, &panel) in panels.iter().enumerate() {
-        for half in 0..LANES / SDOT_LANES {
-            let lane0 = half * SDOT_LANES;
-            let mut acc = [[vdupq_n_f32(0.0); R]; V];
-            for sb in 0..n_sb {
-                let p = panel.add(sb * sb_bytes);
-                let a = codes.add(sb * SBQ * R * 4);
-                let mut sum = [[vdupq_n_s32(0); R]; V];
-                for q in 0..SBQ {
-                    let x = vld1q_s8(a.add(q * R * 4));
+    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): the CPU has the tile's instructions, and the pointers cover the tiles read and written.
+    unsafe {
+        const R: usize = SDOT_ROWS;
+        const V: usize = SDOT_LANES / 4;
+        let sb_bytes = SBQ * LANES * 4 + PANEL_FACTORS;
+        for (g, &panel) in panels.iter().enumerate() {
+            for half in 0..LANES / SDOT_LANES {
+                let lane0 = half * SDOT_LANES;
+                let mut acc = [[vdupq_n_f32(0.0); R]; V];
+                for sb in 0..n_sb {
+                    let p = panel.add(sb * sb_bytes);
+                    let a = codes.add(sb * SBQ * R * 4);
+                    let mut sum = [[vdupq_n_s32(0); R]; V];
+                    for q in 0..SBQ {
+                        let x = vld1q_s8(a.add(q * R * 4));
+                        for v in 0..V {
+                            let w = vld1q_s8(p.add(q * LANES * 4 + (lane0 + 4 * v) * 4).cast());
+                            sum[v][0] = sdot_lane::<0>(sum[v][0], w, x);
+                            sum[v][1] = sdot_lane::<1>(sum[v][1], w, x);
+                            sum[v][2] = sdot_lane::<2>(sum[v][2], w, x);
+                            sum[v][3] = sdot_lane::<3>(sum[v][3], w, x);
+                        }
+                    }
+                    let f = p.add(SBQ * LANES * 4).cast::<f32>();
+                    let d = ds.add(sb * 2 * R);
                     for v in 0..V {
-                        let w = vld1q_s8(p.add(q * LANES * 4 + (lane0 + 4 * v) * 4).cast());
-                        sum[v][0] = sdot_lane::<0>(sum[v][0], w, x);
-                        sum[v][1] = sdot_lane::<1>(sum[v][1], w, x);
-                        sum[v][2] = sdot_lane::<2>(sum[v][2], w, x);
-                        sum[v][3] = sdot_lane::<3>(sum[v][3], w, x);
+                        let scale = vld1q_f32(f.add(lane0 + 4 * v));
+                        let offset = vld1q_f32(f.add(LANES + lane0 + 4 * v));
+                        for i in 0..R {
+                            let t = vmulq_n_f32(vcvtq_f32_s32(sum[v][i]), *d.add(i));
+                            acc[v][i] = vfmaq_f32(acc[v][i], scale, t);
+                            acc[v][i] = vfmsq_f32(acc[v][i], offset, vdupq_n_f32(*d.add(R + i)));
+                        }
                     }
                 }
-                let f = p.add(SBQ * LANES * 4).cast::<f32>();
-                let d = ds.add(sb * 2 * R);
                 for v in 0..V {
-                    let scale = vld1q_f32(f.add(lane0 + 4 * v));
-                    let offset = vld1q_f32(f.add(LANES + lane0 + 4 * v));
                     for i in 0..R {
-                        let t = vmulq_n_f32(vcvtq_f32_s32(sum[v][i]), *d.add(i));
-                        acc[v][i] = vfmaq_f32(acc[v][i], scale, t);
-                        acc[v][i] = vfmsq_f32(acc[v][i], offset, vdupq_n_f32(*d.add(R + i)));
+                        let row = &mut *out.add(g * R + i);
+                        vst1q_f32(row.as_mut_ptr().add(lane0 + 4 * v), acc[v][i]);
                     }
-                }
-            }
-            for v in 0..V {
-                for i in 0..R {
-                    let row = &mut *out.add(g * R + i);
-                    vst1q_f32(row.as_mut_ptr().add(lane0 + 4 * v), acc[v][i]);
                 }
             }
         }
@@ -185,14 +191,20 @@ pub(super) unsafe fn tile_sdot<const P: usize, const SBQ: usize>(
 #[inline]
 #[target_feature(enable = "neon")]
 unsafe fn vld1q_dup_pair(p: *const f32) -> float32x4_t {
-    let v = vld1_f32(p);
-    vcombine_f32(v, v)
+    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): the CPU has the tile's instructions, and the pointers cover the tiles read and written.
+    unsafe {
+        let v = vld1_f32(p);
+        vcombine_f32(v, v)
+    }
 }
 
 /// `[p[0], p[0], p[1], p[1]]`.
 #[inline]
 #[target_feature(enable = "neon")]
 unsafe fn vld1q_each_twice(p: *const f32) -> float32x4_t {
-    let v = vld1_f32(p);
-    vcombine_f32(vzip1_f32(v, v), vzip2_f32(v, v))
+    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): the CPU has the tile's instructions, and the pointers cover the tiles read and written.
+    unsafe {
+        let v = vld1_f32(p);
+        vcombine_f32(vzip1_f32(v, v), vzip2_f32(v, v))
+    }
 }

@@ -37,40 +37,44 @@ pub(super) unsafe fn tile<const P: usize, const MT: usize, const SBQ: usize>(
     ds: *const f32,
     out: *mut [f32; LANES],
 ) {
-    let sb_bytes = SBQ * 64 + PANEL_FACTORS;
-    let mut acc = [[_mm512_setzero_ps(); MT]; P];
-    for sb in 0..n_sb {
-        let p = panels.map(|p| p.add(sb * sb_bytes));
-        let a = codes.add(sb * SBQ * MT * 4);
-        let mut sum = [[_mm512_setzero_si512(); MT]; P];
-        for q in 0..SBQ {
-            // A loop, not `map`: a closure does not inherit the target
-            // features, so its load could run out of line.
-            let mut w = [_mm512_setzero_si512(); P];
-            for (w, p) in w.iter_mut().zip(&p) {
-                *w = _mm512_loadu_si512(p.add(q * 64).cast());
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VNNI, and the pointers cover the tiles read and written.
+    unsafe {
+        let sb_bytes = SBQ * 64 + PANEL_FACTORS;
+        let mut acc = [[_mm512_setzero_ps(); MT]; P];
+        for sb in 0..n_sb {
+            let p = panels.map(|p| p.add(sb * sb_bytes));
+            let a = codes.add(sb * SBQ * MT * 4);
+            let mut sum = [[_mm512_setzero_si512(); MT]; P];
+            for q in 0..SBQ {
+                // A loop, not `map`: a closure does not inherit the target
+                // features, so its load could run out of line.
+                let mut w = [_mm512_setzero_si512(); P];
+                for (w, p) in w.iter_mut().zip(&p) {
+                    *w = _mm512_loadu_si512(p.add(q * 64).cast());
+                }
+                for i in 0..MT {
+                    let x =
+                        _mm512_set1_epi32(a.add((q * MT + i) * 4).cast::<i32>().read_unaligned());
+                    for g in 0..P {
+                        sum[g][i] = _mm512_dpbusd_epi32(sum[g][i], w[g], x);
+                    }
+                }
             }
-            for i in 0..MT {
-                let x = _mm512_set1_epi32(a.add((q * MT + i) * 4).cast::<i32>().read_unaligned());
-                for g in 0..P {
-                    sum[g][i] = _mm512_dpbusd_epi32(sum[g][i], w[g], x);
+            let d = ds.add(sb * 2 * MT);
+            for g in 0..P {
+                let scale = _mm512_loadu_ps(p[g].add(SBQ * 64).cast());
+                let offset = _mm512_loadu_ps(p[g].add(SBQ * 64 + 64).cast());
+                for i in 0..MT {
+                    let t = _mm512_mul_ps(_mm512_cvtepi32_ps(sum[g][i]), _mm512_set1_ps(*d.add(i)));
+                    acc[g][i] = _mm512_fmadd_ps(scale, t, acc[g][i]);
+                    acc[g][i] = _mm512_fnmadd_ps(offset, _mm512_set1_ps(*d.add(MT + i)), acc[g][i]);
                 }
             }
         }
-        let d = ds.add(sb * 2 * MT);
-        for g in 0..P {
-            let scale = _mm512_loadu_ps(p[g].add(SBQ * 64).cast());
-            let offset = _mm512_loadu_ps(p[g].add(SBQ * 64 + 64).cast());
-            for i in 0..MT {
-                let t = _mm512_mul_ps(_mm512_cvtepi32_ps(sum[g][i]), _mm512_set1_ps(*d.add(i)));
-                acc[g][i] = _mm512_fmadd_ps(scale, t, acc[g][i]);
-                acc[g][i] = _mm512_fnmadd_ps(offset, _mm512_set1_ps(*d.add(MT + i)), acc[g][i]);
+        for (g, acc) in acc.into_iter().enumerate() {
+            for (i, a) in acc.into_iter().enumerate() {
+                _mm512_storeu_ps(out.add(g * MT + i).cast(), a);
             }
-        }
-    }
-    for (g, acc) in acc.into_iter().enumerate() {
-        for (i, a) in acc.into_iter().enumerate() {
-            _mm512_storeu_ps(out.add(g * MT + i).cast(), a);
         }
     }
 }

@@ -45,35 +45,38 @@ unsafe fn tile<const TYPE: u8, const R: usize>(
     sums: *const i32,
     table: &[f32; 65536],
 ) -> [__m512; R] {
-    let (wb_bytes, c) = layout(TYPE);
-    // `vpdpbusd` reads the codes plus C as unsigned bytes: Σ (q + C)·x =
-    // Σ q·x + C·Σx, so each block's sum starts at −C·Σx.
-    let neg_c = _mm512_set1_epi32(-i32::from(c as u8));
-    let mut acc = [_mm512_setzero_ps(); R];
-    let mut wq = [[0u8; 32]; R];
-    for b in 0..nb {
-        let line = codes_at.add(b * QUADS * LANES * 4);
-        let mut x = [_mm512_setzero_si512(); QUADS];
-        for (q, x) in x.iter_mut().enumerate() {
-            *x = _mm512_loadu_si512(line.add(q * LANES * 4).cast());
-        }
-        let dx = _mm512_loadu_ps(scales.add(b * LANES));
-        let start = _mm512_mullo_epi32(_mm512_loadu_si512(sums.add(b * LANES).cast()), neg_c);
-        for r in 0..R {
-            let wb = w.add(r * row_bytes + b * wb_bytes);
-            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
-            _mm256_storeu_si256(wq[r].as_mut_ptr().cast(), codes::<TYPE>(wb));
-            let dw = table[usize::from(wb.cast::<u16>().read_unaligned())];
-            let mut sum = start;
-            for (q, &x) in x.iter().enumerate() {
-                let four = wq[r].as_ptr().add(4 * q).cast::<i32>().read_unaligned();
-                sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi32(four), x);
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        let (wb_bytes, c) = layout(TYPE);
+        // `vpdpbusd` reads the codes plus C as unsigned bytes: Σ (q + C)·x =
+        // Σ q·x + C·Σx, so each block's sum starts at −C·Σx.
+        let neg_c = _mm512_set1_epi32(-i32::from(c as u8));
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut wq = [[0u8; 32]; R];
+        for b in 0..nb {
+            let line = codes_at.add(b * QUADS * LANES * 4);
+            let mut x = [_mm512_setzero_si512(); QUADS];
+            for (q, x) in x.iter_mut().enumerate() {
+                *x = _mm512_loadu_si512(line.add(q * LANES * 4).cast());
             }
-            let d = _mm512_mul_ps(dx, _mm512_set1_ps(dw));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), d, acc[r]);
+            let dx = _mm512_loadu_ps(scales.add(b * LANES));
+            let start = _mm512_mullo_epi32(_mm512_loadu_si512(sums.add(b * LANES).cast()), neg_c);
+            for r in 0..R {
+                let wb = w.add(r * row_bytes + b * wb_bytes);
+                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
+                _mm256_storeu_si256(wq[r].as_mut_ptr().cast(), codes::<TYPE>(wb));
+                let dw = table[usize::from(wb.cast::<u16>().read_unaligned())];
+                let mut sum = start;
+                for (q, &x) in x.iter().enumerate() {
+                    let four = wq[r].as_ptr().add(4 * q).cast::<i32>().read_unaligned();
+                    sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi32(four), x);
+                }
+                let d = _mm512_mul_ps(dx, _mm512_set1_ps(dw));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), d, acc[r]);
+            }
         }
+        acc
     }
-    acc
 }
 
 /// Weight rows `r0 .. r0 + R` against every panel; writes
@@ -91,26 +94,29 @@ unsafe fn row_group<const TYPE: u8, const R: usize>(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    let nb = p.blocks;
-    let mut lanes = [[0f32; LANES]; R];
-    for panel in 0..p.rows.div_ceil(LANES) {
-        let first = panel * nb;
-        let acc = tile::<TYPE, R>(
-            w,
-            row_bytes,
-            nb,
-            p.codes.as_ptr().add(first * QUADS * LANES * 4),
-            p.scales.as_ptr().add(first * LANES),
-            p.sums.as_ptr().add(first * LANES),
-            table,
-        );
-        for (dst, v) in lanes.iter_mut().zip(acc) {
-            _mm512_storeu_ps(dst.as_mut_ptr(), v);
-        }
-        let rows = panel * LANES..(panel * LANES + LANES).min(p.rows);
-        for (lane, i) in rows.enumerate() {
-            for (r, l) in lanes.iter().enumerate() {
-                out[i][col + r] = l[lane];
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        let nb = p.blocks;
+        let mut lanes = [[0f32; LANES]; R];
+        for panel in 0..p.rows.div_ceil(LANES) {
+            let first = panel * nb;
+            let acc = tile::<TYPE, R>(
+                w,
+                row_bytes,
+                nb,
+                p.codes.as_ptr().add(first * QUADS * LANES * 4),
+                p.scales.as_ptr().add(first * LANES),
+                p.sums.as_ptr().add(first * LANES),
+                table,
+            );
+            for (dst, v) in lanes.iter_mut().zip(acc) {
+                _mm512_storeu_ps(dst.as_mut_ptr(), v);
+            }
+            let rows = panel * LANES..(panel * LANES + LANES).min(p.rows);
+            for (lane, i) in rows.enumerate() {
+                for (r, l) in lanes.iter().enumerate() {
+                    out[i][col + r] = l[lane];
+                }
             }
         }
     }
@@ -126,25 +132,28 @@ pub(super) unsafe fn rows<const TYPE: u8>(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    let nb = row_bytes / layout(TYPE).0;
-    let n = w.len() / row_bytes.max(1);
-    let panels = p.rows.div_ceil(LANES);
-    assert!(nb == p.blocks && out.len() >= p.rows);
-    assert!(p.codes.len() >= panels * nb * QUADS * LANES * 4);
-    assert!(p.scales.len() >= panels * nb * LANES && p.sums.len() >= panels * nb * LANES);
-    assert!(out.iter().all(|o| o.len() >= col + n));
-    let table = f16_table();
-    let w = w.as_ptr();
-    let mut r = 0;
-    while r + ROWS <= n {
-        // SAFETY: rows r..r + ROWS lie inside `w`; the panels hold `nb`
-        // blocks of every panel (asserted above).
-        row_group::<TYPE, ROWS>(w.add(r * row_bytes), row_bytes, p, table, out, col + r);
-        r += ROWS;
-    }
-    while r < n {
-        // SAFETY: as above, for row `r`.
-        row_group::<TYPE, 1>(w.add(r * row_bytes), row_bytes, p, table, out, col + r);
-        r += 1;
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        let nb = row_bytes / layout(TYPE).0;
+        let n = w.len() / row_bytes.max(1);
+        let panels = p.rows.div_ceil(LANES);
+        assert!(nb == p.blocks && out.len() >= p.rows);
+        assert!(p.codes.len() >= panels * nb * QUADS * LANES * 4);
+        assert!(p.scales.len() >= panels * nb * LANES && p.sums.len() >= panels * nb * LANES);
+        assert!(out.iter().all(|o| o.len() >= col + n));
+        let table = f16_table();
+        let w = w.as_ptr();
+        let mut r = 0;
+        while r + ROWS <= n {
+            // SAFETY: rows r..r + ROWS lie inside `w`; the panels hold `nb`
+            // blocks of every panel (asserted above).
+            row_group::<TYPE, ROWS>(w.add(r * row_bytes), row_bytes, p, table, out, col + r);
+            r += ROWS;
+        }
+        while r < n {
+            // SAFETY: as above, for row `r`.
+            row_group::<TYPE, 1>(w.add(r * row_bytes), row_bytes, p, table, out, col + r);
+            r += 1;
+        }
     }
 }

@@ -53,25 +53,28 @@ pub(super) const fn layout(ty: u8) -> (usize, i8) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn codes<const TYPE: u8>(wb: *const u8) -> __m256i {
-    match TYPE {
-        Q8_0 => _mm256_xor_si256(
-            _mm256_loadu_si256(wb.add(2).cast()),
-            _mm256_set1_epi8(0x80u8 as i8),
-        ),
-        _ => {
-            let qs = if TYPE == Q4_0 { wb.add(2) } else { wb.add(6) };
-            // Low nibbles in bytes 0..16, high nibbles in 16..32 (an
-            // immediate shift: `vpsrlvw` is slow on Intel cores).
-            let bytes = _mm_loadu_si128(qs.cast());
-            let both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
-            let nib = _mm256_and_si256(both, _mm256_set1_epi8(0xF));
-            if TYPE == Q4_0 {
-                nib
-            } else {
-                // Bit e of qh is element e's fifth bit.
-                let qh = wb.add(2).cast::<u32>().read_unaligned();
-                // Nibbles are < 16, so adding 16 sets the bit.
-                _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(0x10))
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        match TYPE {
+            Q8_0 => _mm256_xor_si256(
+                _mm256_loadu_si256(wb.add(2).cast()),
+                _mm256_set1_epi8(0x80u8 as i8),
+            ),
+            _ => {
+                let qs = if TYPE == Q4_0 { wb.add(2) } else { wb.add(6) };
+                // Low nibbles in bytes 0..16, high nibbles in 16..32 (an
+                // immediate shift: `vpsrlvw` is slow on Intel cores).
+                let bytes = _mm_loadu_si128(qs.cast());
+                let both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
+                let nib = _mm256_and_si256(both, _mm256_set1_epi8(0xF));
+                if TYPE == Q4_0 {
+                    nib
+                } else {
+                    // Bit e of qh is element e's fifth bit.
+                    let qh = wb.add(2).cast::<u32>().read_unaligned();
+                    // Nibbles are < 16, so adding 16 sets the bit.
+                    _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(0x10))
+                }
             }
         }
     }
@@ -95,40 +98,43 @@ unsafe fn tile<const TYPE: u8, const R: usize, const M: usize>(
     a_row_bytes: usize,
     table: &[f32; 65536],
 ) -> [[f32; R]; M] {
-    let (wb_bytes, c) = layout(TYPE);
-    let cv = _mm256_set1_epi8(c);
-    let zero = _mm256_setzero_si256();
-    let mut acc = [[_mm256_setzero_ps(); R]; M];
-    for b in 0..nb {
-        let mut q = [zero; R];
-        let mut dw = [_mm256_setzero_ps(); R];
-        for r in 0..R {
-            let wb = w.add(r * row_bytes + b * wb_bytes);
-            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
-            q[r] = codes::<TYPE>(wb);
-            dw[r] = _mm256_set1_ps(table[usize::from(wb.cast::<u16>().read_unaligned())]);
-        }
-        for (i, acc) in acc.iter_mut().enumerate() {
-            let ab = a.add(i * a_row_bytes + b * Q8_0_BYTES);
-            let x = _mm256_loadu_si256(ab.add(2).cast());
-            let start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, cv, x));
-            let dx = _mm256_set1_ps(table[usize::from(ab.cast::<u16>().read_unaligned())]);
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        let (wb_bytes, c) = layout(TYPE);
+        let cv = _mm256_set1_epi8(c);
+        let zero = _mm256_setzero_si256();
+        let mut acc = [[_mm256_setzero_ps(); R]; M];
+        for b in 0..nb {
+            let mut q = [zero; R];
+            let mut dw = [_mm256_setzero_ps(); R];
             for r in 0..R {
-                let sum = _mm256_dpbusd_epi32(start, q[r], x);
-                let t = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), dx);
-                acc[r] = _mm256_fmadd_ps(t, dw[r], acc[r]);
+                let wb = w.add(r * row_bytes + b * wb_bytes);
+                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
+                q[r] = codes::<TYPE>(wb);
+                dw[r] = _mm256_set1_ps(table[usize::from(wb.cast::<u16>().read_unaligned())]);
+            }
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let ab = a.add(i * a_row_bytes + b * Q8_0_BYTES);
+                let x = _mm256_loadu_si256(ab.add(2).cast());
+                let start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, cv, x));
+                let dx = _mm256_set1_ps(table[usize::from(ab.cast::<u16>().read_unaligned())]);
+                for r in 0..R {
+                    let sum = _mm256_dpbusd_epi32(start, q[r], x);
+                    let t = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), dx);
+                    acc[r] = _mm256_fmadd_ps(t, dw[r], acc[r]);
+                }
             }
         }
-    }
-    // Plain loops, not closures: a closure does not inherit the target
-    // features, and the reductions then run out of line.
-    let mut out = [[0f32; R]; M];
-    for (o, a) in out.iter_mut().zip(&acc) {
-        for (o, &a) in o.iter_mut().zip(a) {
-            *o = hsum_ps(a);
+        // Plain loops, not closures: a closure does not inherit the target
+        // features, and the reductions then run out of line.
+        let mut out = [[0f32; R]; M];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (o, &a) in o.iter_mut().zip(a) {
+                *o = hsum_ps(a);
+            }
         }
+        out
     }
-    out
 }
 
 /// Weight rows `r0..r0 + R` of `w` against every activation row; writes
@@ -149,31 +155,34 @@ unsafe fn row_group<const TYPE: u8, const R: usize>(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    let done = out.len() / ACTS * ACTS;
-    let mut groups = out.chunks_exact_mut(ACTS);
-    for (g, o) in (&mut groups).enumerate() {
-        let y = tile::<TYPE, R, ACTS>(
-            w,
-            row_bytes,
-            nb,
-            a.add(g * ACTS * a_row_bytes),
-            a_row_bytes,
-            table,
-        );
-        for (o, y) in o.iter_mut().zip(y) {
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        let done = out.len() / ACTS * ACTS;
+        let mut groups = out.chunks_exact_mut(ACTS);
+        for (g, o) in (&mut groups).enumerate() {
+            let y = tile::<TYPE, R, ACTS>(
+                w,
+                row_bytes,
+                nb,
+                a.add(g * ACTS * a_row_bytes),
+                a_row_bytes,
+                table,
+            );
+            for (o, y) in o.iter_mut().zip(y) {
+                o[col..col + R].copy_from_slice(&y);
+            }
+        }
+        for (i, o) in groups.into_remainder().iter_mut().enumerate() {
+            let [y] = tile::<TYPE, R, 1>(
+                w,
+                row_bytes,
+                nb,
+                a.add((done + i) * a_row_bytes),
+                a_row_bytes,
+                table,
+            );
             o[col..col + R].copy_from_slice(&y);
         }
-    }
-    for (i, o) in groups.into_remainder().iter_mut().enumerate() {
-        let [y] = tile::<TYPE, R, 1>(
-            w,
-            row_bytes,
-            nb,
-            a.add((done + i) * a_row_bytes),
-            a_row_bytes,
-            table,
-        );
-        o[col..col + R].copy_from_slice(&y);
     }
 }
 
@@ -189,40 +198,43 @@ pub(super) unsafe fn rows<const TYPE: u8>(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    let nb = row_bytes / layout(TYPE).0;
-    let n = w.len() / row_bytes.max(1);
-    assert!(nb * Q8_0_BYTES <= a_row_bytes && acts.len() >= out.len() * a_row_bytes);
-    assert!(out.iter().all(|o| o.len() >= col + n));
-    let table = f16_table();
-    let (w, a) = (w.as_ptr(), acts.as_ptr());
-    let mut r = 0;
-    while r + ROWS <= n {
-        // SAFETY: rows r..r + ROWS lie inside `w`, and `acts` holds
-        // `out.len()` rows of `nb` blocks (asserted above).
-        row_group::<TYPE, ROWS>(
-            w.add(r * row_bytes),
-            row_bytes,
-            nb,
-            a,
-            a_row_bytes,
-            table,
-            out,
-            col + r,
-        );
-        r += ROWS;
-    }
-    while r < n {
-        // SAFETY: as above, for row `r`.
-        row_group::<TYPE, 1>(
-            w.add(r * row_bytes),
-            row_bytes,
-            nb,
-            a,
-            a_row_bytes,
-            table,
-            out,
-            col + r,
-        );
-        r += 1;
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    unsafe {
+        let nb = row_bytes / layout(TYPE).0;
+        let n = w.len() / row_bytes.max(1);
+        assert!(nb * Q8_0_BYTES <= a_row_bytes && acts.len() >= out.len() * a_row_bytes);
+        assert!(out.iter().all(|o| o.len() >= col + n));
+        let table = f16_table();
+        let (w, a) = (w.as_ptr(), acts.as_ptr());
+        let mut r = 0;
+        while r + ROWS <= n {
+            // SAFETY: rows r..r + ROWS lie inside `w`, and `acts` holds
+            // `out.len()` rows of `nb` blocks (asserted above).
+            row_group::<TYPE, ROWS>(
+                w.add(r * row_bytes),
+                row_bytes,
+                nb,
+                a,
+                a_row_bytes,
+                table,
+                out,
+                col + r,
+            );
+            r += ROWS;
+        }
+        while r < n {
+            // SAFETY: as above, for row `r`.
+            row_group::<TYPE, 1>(
+                w.add(r * row_bytes),
+                row_bytes,
+                nb,
+                a,
+                a_row_bytes,
+                table,
+                out,
+                col + r,
+            );
+            r += 1;
+        }
     }
 }

@@ -39,26 +39,32 @@ impl Lanes for __m512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn load(p: *const f32) -> Self {
-        _mm512_loadu_ps(p)
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe { _mm512_loadu_ps(p) }
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn store(p: *mut f32, v: Self) {
-        _mm512_storeu_ps(p, v)
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe { _mm512_storeu_ps(p, v) }
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn load_f16(p: *const u16) -> Self {
-        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn load_bf16(p: *const u16) -> Self {
-        let h = _mm256_loadu_si256(p.cast());
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe {
+            let h = _mm256_loadu_si256(p.cast());
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
     }
 
     #[inline]
@@ -70,19 +76,22 @@ impl Lanes for __m512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn load_part(m: __mmask16, p: *const f32) -> Self {
-        _mm512_maskz_loadu_ps(m, p)
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe { _mm512_maskz_loadu_ps(m, p) }
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn load_part_f16(m: __mmask16, p: *const u16) -> Self {
-        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()))
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast())) }
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn store_part(m: __mmask16, p: *mut f32, v: Self) {
-        _mm512_mask_storeu_ps(p, m, v)
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe { _mm512_mask_storeu_ps(p, m, v) }
     }
 
     #[inline]
@@ -163,26 +172,29 @@ impl Lanes for __m512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn reduce(v: &[Self]) -> Self {
-        let v: &[Self; 16] = v.try_into().expect("16 vectors");
-        // Per 128-bit lane: [x0 + x2, y0 + y2, x1 + x3, y1 + y3].
-        let mut a = [_mm512_setzero_ps(); 8];
-        for (i, a) in a.iter_mut().enumerate() {
-            let (x, y) = (v[2 * i], v[2 * i + 1]);
-            *a = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe {
+            let v: &[Self; 16] = v.try_into().expect("16 vectors");
+            // Per 128-bit lane: [x0 + x2, y0 + y2, x1 + x3, y1 + y3].
+            let mut a = [_mm512_setzero_ps(); 8];
+            for (i, a) in a.iter_mut().enumerate() {
+                let (x, y) = (v[2 * i], v[2 * i + 1]);
+                *a = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+            }
+            // Per 128-bit lane: that lane's sums of v[4i .. 4i + 4].
+            let mut b = [_mm512_setzero_ps(); 4];
+            for (i, b) in b.iter_mut().enumerate() {
+                let (x, y) = (_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
+                *b = _mm512_add_ps(
+                    _mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                    _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)),
+                );
+            }
+            // 128-bit lanes 0 + 1 and 2 + 3 of two vectors, twice.
+            let c0 = add_lane_pairs(b[0], b[1]);
+            let c1 = add_lane_pairs(b[2], b[3]);
+            add_lane_pairs(c0, c1)
         }
-        // Per 128-bit lane: that lane's sums of v[4i .. 4i + 4].
-        let mut b = [_mm512_setzero_ps(); 4];
-        for (i, b) in b.iter_mut().enumerate() {
-            let (x, y) = (_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
-            *b = _mm512_add_ps(
-                _mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)),
-            );
-        }
-        // 128-bit lanes 0 + 1 and 2 + 3 of two vectors, twice.
-        let c0 = add_lane_pairs(b[0], b[1]);
-        let c1 = add_lane_pairs(b[2], b[3]);
-        add_lane_pairs(c0, c1)
     }
 }
 
