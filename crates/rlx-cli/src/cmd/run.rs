@@ -186,6 +186,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
             }
         },
     )?;
+    // Also when no text came out (an end-of-generation token first).
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
     let prefill_tps = stats.prefilled as f64 / stats.prefill_secs.max(1e-9);
     let decode_tps = stats.generated.saturating_sub(1) as f64 / stats.decode_secs.max(1e-9);
     if args.json {
