@@ -425,6 +425,60 @@ pub(super) enum Prologue {
     AddNorm { norm: Option<NodeId> },
 }
 
+/// Where a value lives in the arena: the element its data starts at, and
+/// the end of the buffer it lies in (a view reads into its source's).
+fn arena_span(locs: &[Loc], mut id: NodeId) -> Option<(usize, usize)> {
+    let mut skip = 0;
+    loop {
+        match locs[id.index()] {
+            Loc::Alias { src, offset } => {
+                id = src;
+                skip += offset;
+            }
+            Loc::Arena { offset, cap } => return Some((offset + skip, offset + cap)),
+            _ => return None,
+        }
+    }
+}
+
+/// What the fusion passes ask of a schedule: each node's users, the graph's
+/// outputs, and the steps that launch kernels (views aside), in order.
+struct StepUses {
+    users: Vec<Vec<NodeId>>,
+    outputs: std::collections::HashSet<NodeId>,
+    order: Vec<NodeId>,
+}
+
+impl StepUses {
+    fn new(g: &Graph, steps: &[NodeId], locs: &[Loc]) -> StepUses {
+        let mut users = vec![Vec::new(); g.len()];
+        for id in g.ids() {
+            for &i in &g.node(id).inputs {
+                users[i.index()].push(id);
+            }
+        }
+        StepUses {
+            users,
+            outputs: g.outputs().iter().map(|(_, id)| *id).collect(),
+            order: steps
+                .iter()
+                .copied()
+                .filter(|id| !matches!(locs[id.index()], Loc::Alias { .. }))
+                .collect(),
+        }
+    }
+
+    /// `id` runs right before `next`.
+    fn before(&self, id: NodeId, next: NodeId) -> bool {
+        self.order.windows(2).any(|w| w[0] == id && w[1] == next)
+    }
+
+    /// `user` is all that reads `id`, and the caller does not.
+    fn only_user(&self, id: NodeId, user: NodeId) -> bool {
+        self.users[id.index()] == [user] && !self.outputs.contains(&id)
+    }
+}
+
 /// The products whose input blocks a [`Prologue`] writes, and the nodes
 /// folded into each. A producer must come right before its product in
 /// `steps` (views aside), so that nothing reuses the 8-bit scratch or the
@@ -434,24 +488,11 @@ pub(super) fn find_prologues(
     steps: &[NodeId],
     locs: &[Loc],
 ) -> (HashMap<NodeId, Prologue>, HashMap<NodeId, NodeId>) {
-    let mut users = vec![Vec::new(); g.len()];
-    for id in g.ids() {
-        for &i in &g.node(id).inputs {
-            users[i.index()].push(id);
-        }
-    }
-    let outputs: std::collections::HashSet<NodeId> =
-        g.outputs().iter().map(|(_, id)| *id).collect();
-    let order: Vec<NodeId> = steps
-        .iter()
-        .copied()
-        .filter(|id| !matches!(locs[id.index()], Loc::Alias { .. }))
-        .collect();
-    let before = |id: NodeId, next: NodeId| order.windows(2).any(|w| w[0] == id && w[1] == next);
-    let only_user =
-        |id: NodeId, user: NodeId| users[id.index()] == [user] && !outputs.contains(&id);
+    let uses = StepUses::new(g, steps, locs);
+    let before = |id, next| uses.before(id, next);
+    let only_user = |id, user| uses.only_user(id, user);
     let (mut prologues, mut folded) = (HashMap::new(), HashMap::new());
-    for &mm in &order {
+    for &mm in &uses.order {
         let Op::MatMul { norm } = &g.node(mm).op else {
             continue;
         };
@@ -498,36 +539,9 @@ pub(super) fn find_norm_ropes(
     locs: &[Loc],
     max: &Bindings,
 ) -> HashMap<NodeId, NodeId> {
-    let mut users = vec![Vec::new(); g.len()];
-    for id in g.ids() {
-        for &i in &g.node(id).inputs {
-            users[i.index()].push(id);
-        }
-    }
-    let outputs: std::collections::HashSet<NodeId> =
-        g.outputs().iter().map(|(_, id)| *id).collect();
-    // Arena element range of a value, from where its data starts to the end
-    // of the buffer it lives in.
-    let range = |mut id: NodeId| {
-        let mut skip = 0;
-        loop {
-            match locs[id.index()] {
-                Loc::Alias { src, offset } => {
-                    id = src;
-                    skip += offset;
-                }
-                Loc::Arena { offset, cap } => return Some((offset + skip, offset + cap)),
-                _ => return None,
-            }
-        }
-    };
-    let order: Vec<NodeId> = steps
-        .iter()
-        .copied()
-        .filter(|id| !matches!(locs[id.index()], Loc::Alias { .. }))
-        .collect();
+    let uses = StepUses::new(g, steps, locs);
     let mut found = HashMap::new();
-    for w in order.windows(2) {
+    for w in uses.order.windows(2) {
         let (norm, rope) = (w[0], w[1]);
         let (Op::RmsNorm(_), Op::Rope(_)) = (&g.node(norm).op, &g.node(rope).op) else {
             continue;
@@ -536,12 +550,11 @@ pub(super) fn find_norm_ropes(
             continue;
         };
         let fits = g.node(rope).inputs[0] == norm
-            && users[norm.index()] == [rope]
-            && !outputs.contains(&norm)
+            && uses.only_user(norm, rope)
             && dims.len() == 3
             && dims[2] <= NORM_ROPE_MAX_HEAD;
         let x = g.node(norm).inputs[0];
-        let safe = match (range(x), range(rope)) {
+        let safe = match (arena_span(locs, x), arena_span(locs, rope)) {
             (Some((a0, a1)), Some((b0, b1))) => a1 <= b0 || b1 <= a0 || a0 == b0,
             _ => false,
         };
@@ -1146,17 +1159,11 @@ impl CudaPlan {
         for (name, id) in self.graph_ir.outputs() {
             let dims = self.graph_ir.node(*id).shape.resolve(&b).expect("bound");
             let len: usize = dims.iter().product();
-            let (mut root, mut skip) = (*id, 0);
-            while let Loc::Alias { src, offset } = self.locs[root.index()] {
-                root = src;
-                skip += offset;
-            }
-            let Loc::Arena { offset, .. } = self.locs[root.index()] else {
+            let Some((offset, _)) = arena_span(&self.locs, *id) else {
                 return Err(
                     node_err(&self.graph_ir, *id, "outputs must be computed values").into(),
                 );
             };
-            let offset = offset + skip;
             let src = self.arena.slice(offset..offset + len);
             let data = if len == 0 {
                 Vec::new()
