@@ -133,7 +133,8 @@ pub(super) fn scale(amax: f32) -> (u16, f32) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn q8_0_avx512(x: &[f32], out: &mut [u8]) {
-    // SAFETY: the CPU has this function's features (the caller's promise), and every load and store stays inside one 32-float chunk of `x` or one block of `out`.
+    // SAFETY: the CPU has this function's features (the caller's promise), and every load and store
+    // stays inside one 32-float chunk of `x` or one block of `out`.
     unsafe {
         use std::arch::x86_64::*;
         let half = _mm512_set1_ps(JUST_BELOW_HALF);
@@ -163,7 +164,8 @@ unsafe fn q8_0_avx512(x: &[f32], out: &mut [u8]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn q8_0_avx2(x: &[f32], out: &mut [u8]) {
-    // SAFETY: the CPU has this function's features (the caller's promise), and every load and store stays inside one 32-float chunk of `x` or one block of `out`.
+    // SAFETY: the CPU has this function's features (the caller's promise), and every load and store
+    // stays inside one 32-float chunk of `x` or one block of `out`.
     unsafe {
         use std::arch::x86_64::*;
         let half = _mm256_set1_ps(JUST_BELOW_HALF);

@@ -21,7 +21,8 @@ use super::scalar::{f32_at, Q8_K_BYTES};
 /// the 8 lanes as a pairwise tree like the AVX2 kernel.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the pointers cover the rows and lengths given.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
+    // and the pointers cover the rows and lengths given.
     unsafe {
         let n = x.len().min(w.len());
         let (x, w) = (&x[..n], &w[..n]);
@@ -103,7 +104,8 @@ unsafe fn act_group<const M: usize>(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the pointers cover the rows and lengths given.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
+    // and the pointers cover the rows and lengths given.
     unsafe {
         let mut r = 0;
         if k > LONG_ROW {
@@ -155,7 +157,8 @@ unsafe fn tile<const R: usize, const M: usize>(
     w: *const f32,
     k: usize,
 ) -> [[f32; R]; M] {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the pointers cover the rows and lengths given.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
+    // and the pointers cover the rows and lengths given.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); R]; M];
         tile_span(x, xs, w, k, 0..k, &mut acc);
@@ -178,7 +181,8 @@ unsafe fn tile_span<const R: usize, const M: usize>(
     span: Range<usize>,
     acc: &mut [[__m512; R]; M],
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the pointers cover the rows and lengths given.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
+    // and the pointers cover the rows and lengths given.
     unsafe {
         let mut wv = [_mm512_setzero_ps(); R];
         let mut c = span.start;

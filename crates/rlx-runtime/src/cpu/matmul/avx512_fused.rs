@@ -45,7 +45,8 @@ const fn layout(ty: u8) -> (usize, usize) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn fma16(acc: &mut __m512, x: *const f32, w: __m512) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
+    // and the entry point checked the slice lengths the pointers walk.
     unsafe {
         *acc = _mm512_fmadd_ps(_mm512_loadu_ps(x), w, *acc);
     }
@@ -72,7 +73,8 @@ fn u8_ps(q: __m128i) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn legacy_codes<const TYPE: u8>(wb: *const u8) -> __m256i {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
+    // and the entry point checked the slice lengths the pointers walk.
     unsafe {
         if TYPE == Q8_0 {
             return _mm256_loadu_si256(wb.add(2).cast());
@@ -104,7 +106,8 @@ unsafe fn legacy_block<const TYPE: u8>(
     table: &[f32; 65536],
     acc: &mut [__m512],
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
+    // and the entry point checked the slice lengths the pointers walk.
     unsafe {
         let d = _mm512_set1_ps(table[usize::from(wb.cast::<u16>().read_unaligned())]);
         let q = legacy_codes::<TYPE>(wb);
@@ -122,7 +125,8 @@ unsafe fn legacy_block<const TYPE: u8>(
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn q4_k_block(wb: *const u8, x: *const f32, table: &[f32; 65536], acc: &mut [__m512; 4]) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
+    // and the entry point checked the slice lengths the pointers walk.
     unsafe {
         let d = table[usize::from(wb.cast::<u16>().read_unaligned())];
         let dmin = table[usize::from(wb.add(2).cast::<u16>().read_unaligned())];
@@ -164,7 +168,8 @@ unsafe fn q4_k_block(wb: *const u8, x: *const f32, table: &[f32; 65536], acc: &m
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn q6_k_block(wb: *const u8, x: *const f32, table: &[f32; 65536], acc: &mut [__m512; 4]) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
+    // and the entry point checked the slice lengths the pointers walk.
     unsafe {
         let d = table[usize::from(wb.add(208).cast::<u16>().read_unaligned())];
         let sc = wb.add(192).cast::<i8>();
@@ -213,7 +218,8 @@ unsafe fn q6_k_block(wb: *const u8, x: *const f32, table: &[f32; 65536], acc: &m
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn row<const TYPE: u8>(w: *const u8, nb: usize, x: *const f32, table: &[f32; 65536]) -> f32 {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
+    // and the entry point checked the slice lengths the pointers walk.
     unsafe {
         let (wbytes, elems) = layout(TYPE);
         let mut acc = [_mm512_setzero_ps(); 4];
@@ -250,7 +256,8 @@ unsafe fn row<const TYPE: u8>(w: *const u8, nb: usize, x: *const f32, table: &[f
 /// `out[r]` = row `r` of `w` (rows of `row_bytes`) · `x`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn rows<const TYPE: u8>(w: &[u8], row_bytes: usize, x: &[f32], out: &mut [f32]) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
+    // and the entry point checked the slice lengths the pointers walk.
     unsafe {
         let (wbytes, elems) = layout(TYPE);
         let nb = row_bytes / wbytes;

@@ -24,7 +24,8 @@ use crate::cpu::arm::sdot;
 /// # Safety
 /// `out.len() == x.len() / 32 * 34`; `x.len()` a multiple of 32.
 pub(super) unsafe fn q8_0(x: &[f32], out: &mut [u8]) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         for (xb, b) in x
             .chunks_exact(32)
@@ -59,7 +60,8 @@ pub(super) type Unpack = unsafe fn(block: &[u8]) -> (int8x16_t, int8x16_t);
 /// Q8_0: the bytes after the scale.
 #[inline(always)]
 pub(super) unsafe fn unpack_q8_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         // SAFETY: a 34-byte block; 32 bytes from offset 2.
         let p = b.as_ptr().add(2) as *const i8;
@@ -71,7 +73,8 @@ pub(super) unsafe fn unpack_q8_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
 /// ones 16..32.
 #[inline(always)]
 pub(super) unsafe fn nibbles(q: *const u8) -> (uint8x16_t, uint8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         // SAFETY: the caller's block has 16 bytes at `q`.
         let q = vld1q_u8(q);
@@ -83,7 +86,8 @@ pub(super) unsafe fn nibbles(q: *const u8) -> (uint8x16_t, uint8x16_t) {
 /// 16..32: bit `j` of `qh` belongs to element `j`.
 #[inline(always)]
 unsafe fn fifth_bits(qh: u32) -> (uint8x16_t, uint8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let bits = |shift: u32| -> uint8x16_t {
             let v: [u8; 16] =
@@ -98,7 +102,8 @@ unsafe fn fifth_bits(qh: u32) -> (uint8x16_t, uint8x16_t) {
 /// Unsigned codes as signed weights, less `bias`.
 #[inline(always)]
 unsafe fn biased(lo: uint8x16_t, hi: uint8x16_t, bias: i8) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let b = vdupq_n_s8(bias);
         (
@@ -111,7 +116,8 @@ unsafe fn biased(lo: uint8x16_t, hi: uint8x16_t, bias: i8) -> (int8x16_t, int8x1
 /// Q4_0: nibbles minus 8.
 #[inline(always)]
 pub(super) unsafe fn unpack_q4_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         // SAFETY: an 18-byte block; 16 bytes from offset 2.
         let (lo, hi) = nibbles(b.as_ptr().add(2));
@@ -122,7 +128,8 @@ pub(super) unsafe fn unpack_q4_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
 /// Q4_1: nibbles as they are (the block's minimum is added apart).
 #[inline(always)]
 pub(super) unsafe fn unpack_q4_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         // SAFETY: a 20-byte block; 16 bytes from offset 4.
         let (lo, hi) = nibbles(b.as_ptr().add(4));
@@ -133,7 +140,8 @@ pub(super) unsafe fn unpack_q4_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
 /// Q5_0: nibbles with a fifth bit from the 32-bit mask at offset 2, minus 16.
 #[inline(always)]
 pub(super) unsafe fn unpack_q5_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let (h0, h1) = fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
         // SAFETY: a 22-byte block; 16 bytes from offset 6.
@@ -145,7 +153,8 @@ pub(super) unsafe fn unpack_q5_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
 /// Q5_1: as Q5_0 with the mask at 4 and the nibbles at 8, unbiased.
 #[inline(always)]
 pub(super) unsafe fn unpack_q5_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let (h0, h1) = fifth_bits(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
         // SAFETY: a 24-byte block; 16 bytes from offset 8.
@@ -161,7 +170,8 @@ pub(super) unsafe fn code_values(
     lo: uint8x16_t,
     hi: uint8x16_t,
 ) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         // SAFETY: a 16-entry table.
         let table = vld1q_s8(values.as_ptr());
@@ -172,7 +182,8 @@ pub(super) unsafe fn code_values(
 /// IQ4_NL: nibbles through the code table.
 #[inline(always)]
 pub(super) unsafe fn unpack_iq4_nl(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         // SAFETY: an 18-byte block; 16 bytes from offset 2.
         let (lo, hi) = nibbles(b.as_ptr().add(2));
@@ -183,7 +194,8 @@ pub(super) unsafe fn unpack_iq4_nl(b: &[u8]) -> (int8x16_t, int8x16_t) {
 /// MXFP4: nibbles through the E2M1 table (doubled; the scale is halved).
 #[inline(always)]
 unsafe fn unpack_mxfp4(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         // SAFETY: a 17-byte block; 16 bytes from offset 1.
         let (lo, hi) = nibbles(b.as_ptr().add(1));
@@ -197,7 +209,8 @@ type Dot = unsafe fn(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t;
 /// Baseline NEON: widening multiplies, pairwise-added into 32-bit lanes.
 #[inline(always)]
 unsafe fn widening(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
         let hi = vmull_high_s8(a, b);
@@ -217,7 +230,8 @@ unsafe fn q8_0_dots<const BLOCK: usize, const R: usize>(
     dot: Dot,
     scale: impl Fn(&[u8]) -> f32,
 ) -> [f32; R] {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let f16 = f16_table();
         let blocks = w.len() / BLOCK;
@@ -249,7 +263,8 @@ unsafe fn vec_dots<const BLOCK: usize, const R: usize>(
     unpack: Unpack,
     dot: Dot,
 ) -> [f32; R] {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let f16 = f16_table();
         q8_0_dots::<BLOCK, R>(w, a, unpack, dot, |wb| {
@@ -273,7 +288,8 @@ unsafe fn vec_dots_e8m0<const BLOCK: usize, const R: usize>(
     unpack: Unpack,
     dot: Dot,
 ) -> [f32; R] {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let e8m0 = e8m0_table();
         q8_0_dots::<BLOCK, R>(w, a, unpack, dot, |wb| e8m0[usize::from(wb[0])])
@@ -299,7 +315,8 @@ unsafe fn rows_of(
     unpack: Unpack,
     dot: Dot,
 ) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let m = out.len();
         let act = |i: usize| &acts[i * act_row_bytes..(i + 1) * act_row_bytes];
@@ -340,7 +357,8 @@ macro_rules! rows_dots {
             out: &mut [&mut [f32]],
             col: usize,
         ) {
-            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every
+            // AArch64 CPU), so every load and store stays inside the slices it names.
             unsafe {
                 let drivers = (
                     $driver::<{ $block }, 1> as Dots<1>,
@@ -371,7 +389,8 @@ macro_rules! rows_dots {
             out: &mut [&mut [f32]],
             col: usize,
         ) {
-            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every
+            // AArch64 CPU), so every load and store stays inside the slices it names.
             unsafe {
                 let drivers = (
                     $driver::<{ $block }, 1> as Dots<1>,
@@ -408,7 +427,8 @@ rows_dots!(
 /// weight block's minimum (its second f16).
 #[inline(always)]
 unsafe fn vec_dot_1<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot: Dot) -> f32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let f16 = f16_table();
         let half = |b: &[u8], at: usize| f16[usize::from(u16::from_le_bytes([b[at], b[at + 1]]))];
@@ -433,7 +453,8 @@ macro_rules! dots {
         /// # Safety
         /// Whole blocks of the weight type and of its activation format.
         pub(super) unsafe fn $name(w: &[u8], a: &[u8]) -> f32 {
-            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every
+            // AArch64 CPU), so every load and store stays inside the slices it names.
             unsafe { $driver::<{ $block }>(w, a, $part, widening) }
         }
 
@@ -441,7 +462,8 @@ macro_rules! dots {
         /// As above, on a CPU with the dot-product extension.
         #[target_feature(enable = "dotprod")]
         pub(super) unsafe fn $name_dot(w: &[u8], a: &[u8]) -> f32 {
-            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every
+            // AArch64 CPU), so every load and store stays inside the slices it names.
             unsafe { $driver::<{ $block }>(w, a, $part, sdot) }
         }
     };
@@ -463,7 +485,8 @@ dots!(
 /// Σ over the 16 lanes of `v·a`.
 #[inline(always)]
 unsafe fn dot16(dot: Dot, v: int8x16_t, a: int8x16_t) -> i32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe { vaddvq_s32(dot(vdupq_n_s32(0), v, a)) }
 }
 
@@ -473,7 +496,8 @@ type KBlock = unsafe fn(wb: &[u8], ab: &[u8], dot: Dot) -> f32;
 /// Σ over blocks, in the reference's order.
 #[inline(always)]
 unsafe fn vec_dot_k<const BLOCK: usize>(w: &[u8], a: &[u8], block: KBlock, dot: Dot) -> f32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let mut sum = 0f32;
         for (wb, ab) in w.chunks_exact(BLOCK).zip(a.chunks_exact(Q8_K_BYTES)) {
@@ -493,7 +517,8 @@ unsafe fn sub32_sum(
     scale: impl Fn(usize) -> i32,
     pair: impl Fn(usize) -> [int8x16_t; 4],
 ) -> i32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let mut sumi = 0i32;
         for p in 0..4 {
@@ -514,7 +539,8 @@ unsafe fn sub32_sum(
 /// bytes are two sub-blocks (low, then high).
 #[inline(always)]
 unsafe fn k4_block<const QH: bool>(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
         let f16 = f16_table();
@@ -551,13 +577,15 @@ unsafe fn k4_block<const QH: bool>(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
 
 #[inline(always)]
 unsafe fn q4_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe { k4_block::<false>(wb, ab, dot) }
 }
 
 #[inline(always)]
 unsafe fn q5_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe { k4_block::<true>(wb, ab, dot) }
 }
 
@@ -565,7 +593,8 @@ unsafe fn q5_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
 /// 32; each sub-block's 16 bytes hold its first half in low nibbles.
 #[inline(always)]
 unsafe fn iq4_xs_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
         let d = f16_table()[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
@@ -591,7 +620,8 @@ unsafe fn iq4_xs_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
 /// two from `qh`, minus 32.
 #[inline(always)]
 unsafe fn q6_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
         let d = f16_table()[usize::from(u16::from_le_bytes([wb[208], wb[209]]))];
@@ -633,7 +663,8 @@ unsafe fn q6_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
 /// Sixteen signed bytes as four vectors of 32-bit lanes, in order.
 #[inline(always)]
 unsafe fn widen(s: int8x16_t) -> [int32x4_t; 4] {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let (lo, hi) = (vmovl_s8(vget_low_s8(s)), vmovl_high_s8(s));
         [
@@ -657,7 +688,8 @@ unsafe fn sub16_sum(
     scales: [int32x4_t; 4],
     sub: impl Fn(usize) -> int8x16_t,
 ) -> i32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let zero = vdupq_n_s32(0);
         let mut acc = zero;
@@ -681,7 +713,8 @@ unsafe fn sub16_sum(
 /// bits `2s` of vector `2h + k`.
 #[inline(always)]
 unsafe fn crumbs(qs: &[uint8x16_t; 4], j: usize) -> uint8x16_t {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let (h, s, k) = (j / 8, j / 2 % 4, j % 2);
         vshlq_u8(qs[2 * h + k], vdupq_n_s8(-2 * s as i8))
@@ -692,7 +725,8 @@ unsafe fn crumbs(qs: &[uint8x16_t; 4], j: usize) -> uint8x16_t {
 /// (high nibbles) in the 16 bytes at 0; 2-bit values from 16.
 #[inline(always)]
 unsafe fn q2_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
         let f16 = f16_table();
@@ -728,7 +762,8 @@ unsafe fn q2_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
 /// `hmask` at 0 is clear.
 #[inline(always)]
 unsafe fn q3_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         // Where each scale's high bits (bits 2·(j / 4) of byte 104 + j % 4)
         // go: to bits 4 and 5.
@@ -800,7 +835,8 @@ dots!(
 /// # Safety
 /// None beyond NEON, which every AArch64 CPU has.
 pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU), so every load and store stays inside the slices it names.
     unsafe {
         let n = x.len().min(w.len());
         let mut acc = [vdupq_n_f32(0.0); 4];
@@ -1068,7 +1104,8 @@ mod tests {
         /// # Safety
         /// Whole blocks; the CPU has what the kernel needs.
         unsafe fn run(self, w: &[u8], rows: usize, a: &[u8], m: usize) -> Vec<f32> {
-            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64 CPU), so every load and store stays inside the slices it names.
+            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every
+            // AArch64 CPU), so every load and store stays inside the slices it names.
             unsafe {
                 let (wb, ab) = (w.len() / rows, a.len() / m);
                 let mut out = vec![f32::NAN; m * rows];

@@ -28,7 +28,8 @@ fn f16_at(b: &[u8], off: usize) -> f32 {
 /// 16 signed codes as four vectors of f32, in order.
 #[inline(always)]
 unsafe fn widen(q: int8x16_t) -> [float32x4_t; 4] {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         let (lo, hi) = (vmovl_s8(vget_low_s8(q)), vmovl_high_s8(q));
         [
@@ -43,7 +44,8 @@ unsafe fn widen(q: int8x16_t) -> [float32x4_t; 4] {
 /// `out[i] = q[i] · d` for 16 codes (no `+ 0`: it would turn −0 into +0).
 #[inline(always)]
 unsafe fn store_mul(q: int8x16_t, d: f32, out: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         let out = &mut out[..16];
         for (i, v) in widen(q).into_iter().enumerate() {
@@ -56,7 +58,8 @@ unsafe fn store_mul(q: int8x16_t, d: f32, out: &mut [f32]) {
 /// `out[i] = q[i] · d + off` for 16 codes.
 #[inline(always)]
 unsafe fn store_mul_add(q: int8x16_t, d: f32, off: f32, out: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         let out = &mut out[..16];
         let off = vdupq_n_f32(off);
@@ -74,7 +77,8 @@ unsafe fn store_mul_add(q: int8x16_t, d: f32, off: f32, out: &mut [f32]) {
 /// `MIN`, an f16 minimum): `q · d` or `q · d + m`.
 #[inline(always)]
 unsafe fn legacy<const BLOCK: usize, const MIN: bool>(src: &[u8], dst: &mut [f32], unpack: Unpack) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         for (b, y) in src.chunks_exact(BLOCK).zip(dst.chunks_exact_mut(32)) {
             let d = f16_at(b, 0);
@@ -92,37 +96,44 @@ unsafe fn legacy<const BLOCK: usize, const MIN: bool>(src: &[u8], dst: &mut [f32
 }
 
 pub(super) unsafe fn dequant_q8_0(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe { legacy::<34, false>(src, dst, unpack_q8_0) }
 }
 
 pub(super) unsafe fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe { legacy::<18, false>(src, dst, unpack_q4_0) }
 }
 
 pub(super) unsafe fn dequant_q5_0(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe { legacy::<22, false>(src, dst, unpack_q5_0) }
 }
 
 pub(super) unsafe fn dequant_iq4_nl(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe { legacy::<18, false>(src, dst, unpack_iq4_nl) }
 }
 
 pub(super) unsafe fn dequant_q4_1(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe { legacy::<20, true>(src, dst, unpack_q4_1) }
 }
 
 pub(super) unsafe fn dequant_q5_1(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe { legacy::<24, true>(src, dst, unpack_q5_1) }
 }
 
 pub(super) unsafe fn dequant_f16(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         let src = &src[..2 * dst.len()];
         let s = src.chunks_exact(8);
@@ -140,7 +151,8 @@ pub(super) unsafe fn dequant_f16(src: &[u8], dst: &mut [f32]) {
 }
 
 pub(super) unsafe fn dequant_bf16(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         let src = &src[..2 * dst.len()];
         let s = src.chunks_exact(8);
@@ -161,7 +173,8 @@ pub(super) unsafe fn dequant_bf16(src: &[u8], dst: &mut [f32]) {
 }
 
 pub(super) unsafe fn dequant_iq4_xs(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         for (b, y) in src
             .chunks_exact(GgmlType::IQ4_XS.block_bytes())
@@ -186,7 +199,8 @@ pub(super) unsafe fn dequant_iq4_xs(src: &[u8], dst: &mut [f32]) {
 /// The 32 bytes at `b`, as two vectors.
 #[inline(always)]
 unsafe fn load32(b: &[u8]) -> [uint8x16_t; 2] {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         let b = &b[..32];
         // SAFETY: 32 bytes.
@@ -197,7 +211,8 @@ unsafe fn load32(b: &[u8]) -> [uint8x16_t; 2] {
 /// `(v >> shift) & mask` per byte.
 #[inline(always)]
 unsafe fn bits(v: [uint8x16_t; 2], shift: usize, mask: u8) -> [int8x16_t; 2] {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         let s = vdupq_n_s8(-(shift as i8));
         let m = vdupq_n_u8(mask);
@@ -206,7 +221,8 @@ unsafe fn bits(v: [uint8x16_t; 2], shift: usize, mask: u8) -> [int8x16_t; 2] {
 }
 
 pub(super) unsafe fn dequant_q2_k(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         for (b, y) in src
             .chunks_exact(GgmlType::Q2_K.block_bytes())
@@ -230,7 +246,8 @@ pub(super) unsafe fn dequant_q2_k(src: &[u8], dst: &mut [f32]) {
 }
 
 pub(super) unsafe fn dequant_q3_k(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         for (b, y) in src
             .chunks_exact(GgmlType::Q3_K.block_bytes())
@@ -262,7 +279,8 @@ pub(super) unsafe fn dequant_q3_k(src: &[u8], dst: &mut [f32]) {
 /// 32-element sub-block.
 #[inline(always)]
 unsafe fn dequant_k4<const FIVE_BITS: bool>(b: &[u8], y: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
         let qs = if FIVE_BITS { &b[48..176] } else { &b[16..144] };
@@ -287,7 +305,8 @@ unsafe fn dequant_k4<const FIVE_BITS: bool>(b: &[u8], y: &mut [f32]) {
 }
 
 pub(super) unsafe fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         for (b, y) in src
             .chunks_exact(GgmlType::Q4_K.block_bytes())
@@ -299,7 +318,8 @@ pub(super) unsafe fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
 }
 
 pub(super) unsafe fn dequant_q5_k(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         for (b, y) in src
             .chunks_exact(GgmlType::Q5_K.block_bytes())
@@ -311,7 +331,8 @@ pub(super) unsafe fn dequant_q5_k(src: &[u8], dst: &mut [f32]) {
 }
 
 pub(super) unsafe fn dequant_q6_k(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector load stays inside its bounds-checked block.
+    // SAFETY: as the module's `# Safety` says: NEON is part of every AArch64 CPU, and each vector
+    // load stays inside its bounds-checked block.
     unsafe {
         for (b, y) in src
             .chunks_exact(GgmlType::Q6_K.block_bytes())

@@ -51,7 +51,8 @@ unsafe fn act_group<const M: usize>(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and the pointers cover what the function reads and writes.
+    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): NEON is part
+    // of every AArch64 CPU, and the pointers cover what the function reads and writes.
     unsafe {
         let mut r = 0;
         while r + TILE_ROWS <= n {
@@ -83,7 +84,8 @@ unsafe fn tile<const R: usize, const M: usize>(
     w: *const f32,
     k: usize,
 ) -> [[f32; R]; M] {
-    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and the pointers cover what the function reads and writes.
+    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): NEON is part
+    // of every AArch64 CPU, and the pointers cover what the function reads and writes.
     unsafe {
         let mut acc = [[vdupq_n_f32(0.0); R]; M];
         let mut wv = [vdupq_n_f32(0.0); R];

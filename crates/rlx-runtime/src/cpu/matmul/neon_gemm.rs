@@ -58,7 +58,8 @@ pub(super) unsafe fn tile<const P: usize, const PAIRS: usize, const SBG: usize>(
     ds: *const f32,
     out: *mut [f32; LANES],
 ) {
-    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): the CPU has the tile's instructions, and the pointers cover the tiles read and written.
+    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): the CPU has
+    // the tile's instructions, and the pointers cover the tiles read and written.
     unsafe {
         let rows = 2 * PAIRS;
         let sb_bytes = SBG * LANES * WORD + PANEL_FACTORS;
@@ -141,7 +142,8 @@ pub(super) unsafe fn tile_sdot<const P: usize, const SBQ: usize>(
     ds: *const f32,
     out: *mut [f32; LANES],
 ) {
-    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): the CPU has the tile's instructions, and the pointers cover the tiles read and written.
+    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): the CPU has
+    // the tile's instructions, and the pointers cover the tiles read and written.
     unsafe {
         const R: usize = SDOT_ROWS;
         const V: usize = SDOT_LANES / 4;
@@ -191,7 +193,8 @@ pub(super) unsafe fn tile_sdot<const P: usize, const SBQ: usize>(
 #[inline]
 #[target_feature(enable = "neon")]
 unsafe fn vld1q_dup_pair(p: *const f32) -> float32x4_t {
-    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): the CPU has the tile's instructions, and the pointers cover the tiles read and written.
+    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): the CPU has
+    // the tile's instructions, and the pointers cover the tiles read and written.
     unsafe {
         let v = vld1_f32(p);
         vcombine_f32(v, v)
@@ -202,7 +205,8 @@ unsafe fn vld1q_dup_pair(p: *const f32) -> float32x4_t {
 #[inline]
 #[target_feature(enable = "neon")]
 unsafe fn vld1q_each_twice(p: *const f32) -> float32x4_t {
-    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): the CPU has the tile's instructions, and the pointers cover the tiles read and written.
+    // SAFETY: the caller upholds this function's contract (the module's `# Safety`): the CPU has
+    // the tile's instructions, and the pointers cover the tiles read and written.
     unsafe {
         let v = vld1_f32(p);
         vcombine_f32(vzip1_f32(v, v), vzip2_f32(v, v))

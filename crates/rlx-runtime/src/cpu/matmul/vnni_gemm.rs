@@ -37,7 +37,8 @@ pub(super) unsafe fn tile<const P: usize, const MT: usize, const SBQ: usize>(
     ds: *const f32,
     out: *mut [f32; LANES],
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VNNI, and the pointers cover the tiles read and written.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW +
+    // VNNI, and the pointers cover the tiles read and written.
     unsafe {
         let sb_bytes = SBQ * 64 + PANEL_FACTORS;
         let mut acc = [[_mm512_setzero_ps(); MT]; P];

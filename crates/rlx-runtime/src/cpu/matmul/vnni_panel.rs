@@ -45,7 +45,8 @@ unsafe fn tile<const TYPE: u8, const R: usize>(
     sums: *const i32,
     table: &[f32; 65536],
 ) -> [__m512; R] {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
+    // entry point checked the slice lengths the pointers walk.
     unsafe {
         let (wb_bytes, c) = layout(TYPE);
         // `vpdpbusd` reads the codes plus C as unsigned bytes: Σ (q + C)·x =
@@ -94,7 +95,8 @@ unsafe fn row_group<const TYPE: u8, const R: usize>(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
+    // entry point checked the slice lengths the pointers walk.
     unsafe {
         let nb = p.blocks;
         let mut lanes = [[0f32; LANES]; R];
@@ -132,7 +134,8 @@ pub(super) unsafe fn rows<const TYPE: u8>(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
+    // entry point checked the slice lengths the pointers walk.
     unsafe {
         let nb = row_bytes / layout(TYPE).0;
         let n = w.len() / row_bytes.max(1);

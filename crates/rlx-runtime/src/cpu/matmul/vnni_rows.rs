@@ -53,7 +53,8 @@ pub(super) const fn layout(ty: u8) -> (usize, i8) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn codes<const TYPE: u8>(wb: *const u8) -> __m256i {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
+    // entry point checked the slice lengths the pointers walk.
     unsafe {
         match TYPE {
             Q8_0 => _mm256_xor_si256(
@@ -98,7 +99,8 @@ unsafe fn tile<const TYPE: u8, const R: usize, const M: usize>(
     a_row_bytes: usize,
     table: &[f32; 65536],
 ) -> [[f32; R]; M] {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
+    // entry point checked the slice lengths the pointers walk.
     unsafe {
         let (wb_bytes, c) = layout(TYPE);
         let cv = _mm256_set1_epi8(c);
@@ -155,7 +157,8 @@ unsafe fn row_group<const TYPE: u8, const R: usize>(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
+    // entry point checked the slice lengths the pointers walk.
     unsafe {
         let done = out.len() / ACTS * ACTS;
         let mut groups = out.chunks_exact_mut(ACTS);
@@ -198,7 +201,8 @@ pub(super) unsafe fn rows<const TYPE: u8>(
     out: &mut [&mut [f32]],
     col: usize,
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
+    // entry point checked the slice lengths the pointers walk.
     unsafe {
         let nb = row_bytes / layout(TYPE).0;
         let n = w.len() / row_bytes.max(1);

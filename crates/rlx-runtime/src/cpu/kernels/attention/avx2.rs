@@ -35,28 +35,32 @@ impl Lanes for __m256 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load(p: *const f32) -> Self {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe { _mm256_loadu_ps(p) }
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn store(p: *mut f32, v: Self) {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe { _mm256_storeu_ps(p, v) }
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load_f16(p: *const u16) -> Self {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load_bf16(p: *const u16) -> Self {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe {
             let h = _mm_loadu_si128(p.cast());
             _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
@@ -75,7 +79,8 @@ impl Lanes for __m256 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load_part(m: __m256i, p: *const f32) -> Self {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe { _mm256_maskload_ps(p, m) }
     }
 
@@ -83,7 +88,8 @@ impl Lanes for __m256 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load_part_f16(m: __m256i, p: *const u16) -> Self {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe {
             let n = (_mm256_movemask_ps(_mm256_castsi256_ps(m)) as u32).trailing_ones() as usize;
             if n == 8 {
@@ -98,7 +104,8 @@ impl Lanes for __m256 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn store_part(m: __m256i, p: *mut f32, v: Self) {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX2 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe { _mm256_maskstore_ps(p, m, v) }
     }
 

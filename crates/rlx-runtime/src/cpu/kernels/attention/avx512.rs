@@ -39,28 +39,32 @@ impl Lanes for __m512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn load(p: *const f32) -> Self {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe { _mm512_loadu_ps(p) }
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn store(p: *mut f32, v: Self) {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe { _mm512_storeu_ps(p, v) }
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn load_f16(p: *const u16) -> Self {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn load_bf16(p: *const u16) -> Self {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe {
             let h = _mm256_loadu_si256(p.cast());
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
@@ -76,21 +80,24 @@ impl Lanes for __m512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn load_part(m: __mmask16, p: *const f32) -> Self {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe { _mm512_maskz_loadu_ps(m, p) }
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn load_part_f16(m: __mmask16, p: *const u16) -> Self {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast())) }
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn store_part(m: __mmask16, p: *mut f32, v: Self) {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe { _mm512_mask_storeu_ps(p, m, v) }
     }
 
@@ -172,7 +179,8 @@ impl Lanes for __m512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn reduce(v: &[Self]) -> Self {
-        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the module's `# Safety`), with pointers valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract: this runs inside a `tiles!` entry point for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
         unsafe {
             let v: &[Self; 16] = v.try_into().expect("16 vectors");
             // Per 128-bit lane: [x0 + x2, y0 + y2, x1 + x3, y1 + y3].

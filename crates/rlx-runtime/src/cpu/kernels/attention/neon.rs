@@ -25,37 +25,43 @@ impl Lanes for float32x4_t {
 
     #[inline]
     unsafe fn zero() -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vdupq_n_f32(0.0) }
     }
 
     #[inline]
     unsafe fn splat(x: f32) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vdupq_n_f32(x) }
     }
 
     #[inline]
     unsafe fn load(p: *const f32) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vld1q_f32(p) }
     }
 
     #[inline]
     unsafe fn store(p: *mut f32, v: Self) {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vst1q_f32(p, v) }
     }
 
     #[inline]
     unsafe fn load_f16(p: *const u16) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { f16x4_to_f32(vld1_u16(p)) }
     }
 
     #[inline]
     unsafe fn load_bf16(p: *const u16) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p))) }
     }
 
@@ -66,7 +72,8 @@ impl Lanes for float32x4_t {
 
     #[inline]
     unsafe fn load_part(n: usize, p: *const f32) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe {
             if n == 4 {
                 return vld1q_f32(p);
@@ -79,7 +86,8 @@ impl Lanes for float32x4_t {
 
     #[inline]
     unsafe fn load_part_f16(n: usize, p: *const u16) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe {
             if n == 4 {
                 return Self::load_f16(p);
@@ -92,7 +100,8 @@ impl Lanes for float32x4_t {
 
     #[inline]
     unsafe fn store_part(n: usize, p: *mut f32, v: Self) {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe {
             if n == 4 {
                 return vst1q_f32(p, v);
@@ -105,7 +114,8 @@ impl Lanes for float32x4_t {
 
     #[inline]
     unsafe fn select(bits: u32) -> uint32x4_t {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe {
             const B: [u32; 4] = [1, 2, 4, 8];
             vtstq_u32(vdupq_n_u32(bits), vld1q_u32(B.as_ptr()))
@@ -114,55 +124,64 @@ impl Lanes for float32x4_t {
 
     #[inline]
     unsafe fn blend(m: uint32x4_t, v: Self, other: Self) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vbslq_f32(m, v, other) }
     }
 
     #[inline]
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vfmaq_f32(c, a, b) }
     }
 
     #[inline]
     unsafe fn fnma(a: Self, b: Self, c: Self) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vfmsq_f32(c, a, b) }
     }
 
     #[inline]
     unsafe fn add(a: Self, b: Self) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vaddq_f32(a, b) }
     }
 
     #[inline]
     unsafe fn sub(a: Self, b: Self) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vsubq_f32(a, b) }
     }
 
     #[inline]
     unsafe fn mul(a: Self, b: Self) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vmulq_f32(a, b) }
     }
 
     #[inline]
     unsafe fn max(a: Self, b: Self) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vmaxq_f32(a, b) }
     }
 
     #[inline]
     unsafe fn min(a: Self, b: Self) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vminq_f32(a, b) }
     }
 
     #[inline]
     unsafe fn pow2(k: Self) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe {
             let e = vaddq_s32(vcvtnq_s32_f32(k), vdupq_n_s32(127));
             vreinterpretq_f32_s32(vshlq_n_s32::<23>(e))
@@ -171,20 +190,23 @@ impl Lanes for float32x4_t {
 
     #[inline]
     unsafe fn hsum(v: Self) -> f32 {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vaddvq_f32(v) }
     }
 
     #[inline]
     unsafe fn hmax(v: Self) -> f32 {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe { vmaxvq_f32(v) }
     }
 
     /// Pairwise adds, twice.
     #[inline]
     unsafe fn reduce(v: &[Self]) -> Self {
-        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64 CPU, and pointers are valid for the lanes read or written.
+        // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
+        // CPU, and pointers are valid for the lanes read or written.
         unsafe {
             let v: &[Self; 4] = v.try_into().expect("4 vectors");
             vpaddq_f32(vpaddq_f32(v[0], v[1]), vpaddq_f32(v[2], v[3]))

@@ -74,13 +74,17 @@ pub(super) trait Elem: Copy {
 impl Elem for f32 {
     #[inline(always)]
     unsafe fn load<V: Lanes>(p: *const f32) -> V {
-        // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+        // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a
+        // `tiles!` entry point compiled for the features of `V`, whose slice checks keep every
+        // pointer inside its slice.
         unsafe { V::load(p) }
     }
 
     #[inline(always)]
     unsafe fn load_part<V: Lanes>(m: V::Prefix, p: *const f32) -> V {
-        // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+        // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a
+        // `tiles!` entry point compiled for the features of `V`, whose slice checks keep every
+        // pointer inside its slice.
         unsafe { V::load_part(m, p) }
     }
 }
@@ -89,13 +93,17 @@ impl Elem for f32 {
 impl Elem for u16 {
     #[inline(always)]
     unsafe fn load<V: Lanes>(p: *const u16) -> V {
-        // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+        // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a
+        // `tiles!` entry point compiled for the features of `V`, whose slice checks keep every
+        // pointer inside its slice.
         unsafe { V::load_f16(p) }
     }
 
     #[inline(always)]
     unsafe fn load_part<V: Lanes>(m: V::Prefix, p: *const u16) -> V {
-        // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+        // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a
+        // `tiles!` entry point compiled for the features of `V`, whose slice checks keep every
+        // pointer inside its slice.
         unsafe { V::load_part_f16(m, p) }
     }
 }
@@ -139,7 +147,9 @@ macro_rules! tiles {
                 scale: f32,
                 s: &mut [f32],
             ) {
-                // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+                // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into
+                // a `tiles!` entry point compiled for the features of `V`, whose slice checks keep
+                // every pointer inside its slice.
                 unsafe {
                     simd::scores::<$v, E, $c4, $c2, $c1>(q, rows, hd, k, k_stride, nk, scale, s)
                 }
@@ -155,7 +165,9 @@ macro_rules! tiles {
                 l: &mut [f32],
                 alpha: &mut [f32],
             ) {
-                // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+                // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into
+                // a `tiles!` entry point compiled for the features of `V`, whose slice checks keep
+                // every pointer inside its slice.
                 unsafe { simd::softmax::<$v>(s, rows, nk, masks, m, l, alpha) }
             }
 
@@ -171,19 +183,25 @@ macro_rules! tiles {
                 alpha: &[f32],
                 o: &mut [f32],
             ) {
-                // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+                // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into
+                // a `tiles!` entry point compiled for the features of `V`, whose slice checks keep
+                // every pointer inside its slice.
                 unsafe { simd::pv::<$v, E, $n4, $n2, $n1>(p, rows, nk, v, v_stride, hdv, alpha, o) }
             }
 
             #[target_feature(enable = $features)]
             pub(super) unsafe fn widen_f16(src: &[u16], dst: &mut [f32]) {
-                // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+                // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into
+                // a `tiles!` entry point compiled for the features of `V`, whose slice checks keep
+                // every pointer inside its slice.
                 unsafe { simd::widen::<$v, false>(src, dst) }
             }
 
             #[target_feature(enable = $features)]
             pub(super) unsafe fn widen_bf16(src: &[u16], dst: &mut [f32]) {
-                // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+                // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into
+                // a `tiles!` entry point compiled for the features of `V`, whose slice checks keep
+                // every pointer inside its slice.
                 unsafe { simd::widen::<$v, true>(src, dst) }
             }
         }
@@ -213,7 +231,9 @@ pub(super) unsafe fn scores<
     scale: f32,
     s: &mut [f32],
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!`
+    // entry point compiled for the features of `V`, whose slice checks keep every pointer inside
+    // its slice.
     unsafe {
         assert!((1..=KEYS).contains(&nk) && hd >= 1);
         assert!(
@@ -242,7 +262,9 @@ unsafe fn scores_tiles<V: Lanes, const R: usize, const C: usize, E: Elem>(
     scale: f32,
     s: &mut [f32],
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!`
+    // entry point compiled for the features of `V`, whose slice checks keep every pointer inside
+    // its slice.
     unsafe {
         const MAX_TILE: usize = 16;
         let full = hd - hd % V::N;
@@ -307,7 +329,9 @@ unsafe fn scores_tiles<V: Lanes, const R: usize, const C: usize, E: Elem>(
 /// [`exp_f32`]: crate::cpu::kernels::elementwise::exp_f32
 #[inline(always)]
 unsafe fn exp<V: Lanes>(x: V) -> V {
-    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!`
+    // entry point compiled for the features of `V`, whose slice checks keep every pointer inside
+    // its slice.
     unsafe {
         let x = V::min(V::max(x, V::splat(-87.0)), V::splat(88.0));
         let round = V::splat(12_582_912.0);
@@ -341,7 +365,9 @@ pub(super) unsafe fn softmax<V: Lanes>(
     l: &mut [f32],
     alpha: &mut [f32],
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!`
+    // entry point compiled for the features of `V`, whose slice checks keep every pointer inside
+    // its slice.
     unsafe {
         /// Vectors per row at the narrowest (4 lanes).
         const MAX_VECS: usize = KEYS / 4;
@@ -407,7 +433,9 @@ pub(super) unsafe fn pv<V: Lanes, E: Elem, const N4: usize, const N2: usize, con
     alpha: &[f32],
     o: &mut [f32],
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!`
+    // entry point compiled for the features of `V`, whose slice checks keep every pointer inside
+    // its slice.
     unsafe {
         assert!((1..=KEYS).contains(&nk) && hdv >= 1);
         assert!(p.len() >= rows * KEYS && alpha.len() >= rows && o.len() >= rows * hdv);
@@ -434,7 +462,9 @@ unsafe fn pv_rows<V: Lanes, const R: usize, const NV: usize, E: Elem>(
     alpha: &[f32],
     o: &mut [f32],
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!`
+    // entry point compiled for the features of `V`, whose slice checks keep every pointer inside
+    // its slice.
     unsafe {
         let full = V::prefix(V::N);
         let mut c = 0;
@@ -470,7 +500,9 @@ unsafe fn pv_tile<V: Lanes, const R: usize, const NV: usize, E: Elem>(
     c: usize,
     last: V::Prefix,
 ) {
-    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!`
+    // entry point compiled for the features of `V`, whose slice checks keep every pointer inside
+    // its slice.
     unsafe {
         let mut mask = [V::prefix(V::N); NV];
         mask[NV - 1] = last;
@@ -511,7 +543,9 @@ unsafe fn pv_tile<V: Lanes, const R: usize, const NV: usize, E: Elem>(
 /// f16 (or with `BF16`, bf16) bits to f32: whole vectors, then the tail.
 #[inline(always)]
 pub(super) unsafe fn widen<V: Lanes, const BF16: bool>(src: &[u16], dst: &mut [f32]) {
-    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!` entry point compiled for the features of `V`, whose slice checks keep every pointer inside its slice.
+    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!`
+    // entry point compiled for the features of `V`, whose slice checks keep every pointer inside
+    // its slice.
     unsafe {
         let n = src.len().min(dst.len());
         let mut i = 0;
