@@ -693,6 +693,53 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 // One launch may cover up to three weights of one type and row length
 // (a fused q/k/v or gate/up product): rows below e0 are w0's, rows below e1
 // w1's (from row e0), the rest w2's, written to consecutive columns.
+// acc[t] += unit u of row q against activation row t (t < mt): dp4a on
+// the 8-bit blocks (xq, xd) or f32 on x.
+template <int T, int NX, bool Q8>
+__device__ __forceinline__ void unit_dot(const WUnit& q, int u, int units, int k, int mt,
+                                         const float* __restrict__ x,
+                                         const i8* __restrict__ xq,
+                                         const u16* __restrict__ xd, float* acc) {
+    if (Q8) {
+        #pragma unroll
+        for (int t = 0; t < NX; t++) {
+            if (t >= mt) continue;
+            const int4* xp = (const int4*)(xq + (size_t)t * k + 32 * u);
+            int4 a = xp[0], b = xp[1];
+            int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            int s0 = 0, s1 = 0;
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                s0 = __dp4a(q.q[i], xv[i], s0);
+                s1 = __dp4a(q.q[i + 4], xv[i + 4], s1);
+            }
+            float part = two_scales(T) ? q.s[0] * (float)s0 + q.s[1] * (float)s1
+                                       : q.s[0] * (float)(s0 + s1);
+            if (has_offset(T)) {
+                int x0 = 0, x1 = 0;
+                #pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    x0 = __dp4a(xv[i], 0x01010101, x0);
+                    x1 = __dp4a(xv[i + 4], 0x01010101, x1);
+                }
+                part += two_scales(T) ? q.m[0] * (float)x0 + q.m[1] * (float)x1
+                                      : q.m[0] * (float)(x0 + x1);
+            }
+            acc[t] += h2f(xd[(size_t)t * units + u]) * part;
+        }
+    } else {
+        float v[32];
+        #pragma unroll
+        for (int i = 0; i < 32; i++) {
+            int c = (int)(i8)(q.q[i >> 2] >> (8 * (i & 3)));
+            v[i] = q.s[i >> 4] * (float)c + q.m[i >> 4];
+        }
+        #pragma unroll
+        for (int t = 0; t < NX; t++)
+            if (t < mt) acc[t] += dot32(v, x + (size_t)t * k + 32 * u);
+    }
+}
+
 template <int T, int NX, bool Q8>
 __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
                          const u8* __restrict__ w2, int e0, int e1,
@@ -742,44 +789,7 @@ __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
         for (int j = 0; j < U; j++) {
             int u = u0 + 32 * j;
             if (u >= units) break;
-            if (Q8) {
-                #pragma unroll
-                for (int t = 0; t < NX; t++) {
-                    if (t >= mt) continue;
-                    const int4* xp = (const int4*)(xq + (size_t)t * k + 32 * u);
-                    int4 a = xp[0], b = xp[1];
-                    int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-                    int s0 = 0, s1 = 0;
-                    #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        s0 = __dp4a(q[j].q[i], xv[i], s0);
-                        s1 = __dp4a(q[j].q[i + 4], xv[i + 4], s1);
-                    }
-                    float part = two_scales(T) ? q[j].s[0] * (float)s0 + q[j].s[1] * (float)s1
-                                               : q[j].s[0] * (float)(s0 + s1);
-                    if (has_offset(T)) {
-                        int x0 = 0, x1 = 0;
-                        #pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            x0 = __dp4a(xv[i], 0x01010101, x0);
-                            x1 = __dp4a(xv[i + 4], 0x01010101, x1);
-                        }
-                        part += two_scales(T) ? q[j].m[0] * (float)x0 + q[j].m[1] * (float)x1
-                                              : q[j].m[0] * (float)(x0 + x1);
-                    }
-                    acc[t] += h2f(xd[(size_t)t * units + u]) * part;
-                }
-            } else {
-                float v[32];
-                #pragma unroll
-                for (int i = 0; i < 32; i++) {
-                    int c = (int)(i8)(q[j].q[i >> 2] >> (8 * (i & 3)));
-                    v[i] = q[j].s[i >> 4] * (float)c + q[j].m[i >> 4];
-                }
-                #pragma unroll
-                for (int t = 0; t < NX; t++)
-                    if (t < mt) acc[t] += dot32(v, x + (size_t)t * k + 32 * u);
-            }
+            unit_dot<T, NX, Q8>(q[j], u, units, k, mt, x, xq, xd, acc);
         }
     }
     if (!waited) pdl_begin();
@@ -802,6 +812,7 @@ __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
     extern "C" __global__ void mmvq1_##SUF(MMV_PARAMS) { mmv_body<T, 1, true>(MMV_ARGS); }  \
     extern "C" __global__ void mmvq8_##SUF(MMV_PARAMS) { mmv_body<T, 8, true>(MMV_ARGS); }
 FOR_EACH_TYPE(MMV)
+
 
 // out[i, :] = table[ids[i], :] dequantized; one thread per 32-element unit
 // (a float row's partial last unit element by element).
@@ -1304,110 +1315,221 @@ struct DenseKeys {
     __device__ int key_span(int, int) const { return 0; }
 };
 
-// One block of 4 warps per (query row, head) and split of the query's
-// listed key blocks (gridDim.y splits, each a contiguous share of them, so
-// that a few queries over a long context still fill the GPU). Query row qi
-// [hq, hd] of q [n, hq, hd] reads the keys `keys` gives it: row i of a block
-// holds the key at position lo + i, in row phys·BLOCK + i of kc [rows, hkv,
-// hd] and vc [rows, hkv, hdv]. The warps take every 4th row of each visible
-// block with an online softmax, and their partial results are merged at the
-// end. With one split the block writes out [n, hq, hdv] (a query that sees
-// no key gets zeros); with more it writes its unnormalized sum, maximum and
-// total into part (ATTN_PART floats a split), which attention_merge
-// merges. hd, hdv ≤ 512; keys of type KT and values of type VT
-// (`kv_load`).
+// Eight consecutive elements c .. c + 8 of a K/V buffer of type T (only
+// those below `lim` read; the others 0): one 16-byte load for f16/bf16 and
+// two for f32 where the row keeps that alignment (`vec`).
+template <int T>
+__device__ __forceinline__ void kv_load8(const void* base, size_t c, int lim, bool vec,
+                                         float* v) {
+    if (vec && lim >= 8 && (T == T_F16 || T == T_BF16)) {
+        uint4 a = *(const uint4*)((const u16*)base + c);
+        u32 h[4] = {a.x, a.y, a.z, a.w};
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            u16 lo = (u16)(h[e] & 0xFFFF), hi = (u16)(h[e] >> 16);
+            v[2 * e] = T == T_F16 ? h2f(lo) : bf2f(lo);
+            v[2 * e + 1] = T == T_F16 ? h2f(hi) : bf2f(hi);
+        }
+        return;
+    }
+    if (vec && lim >= 8 && T == T_F32) {
+        float4 a = *(const float4*)((const float*)base + c);
+        float4 b = *((const float4*)((const float*)base + c) + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        return;
+    }
+    #pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = e < lim ? kv_load<T>(base, c + e) : 0.0f;
+}
+
+// One block of 4 warps per (query row, group of gq query heads that share
+// a K/V head, split of the query's listed key blocks): each key and value
+// is read once for the gq heads, and a split is a contiguous share of the
+// listed blocks (gridDim.y splits, so that a few queries over a long
+// context still fill the GPU). Query row qi [hq, hd] of q [n, hq, hd] reads
+// the keys `keys` gives it: row i of a block holds the key at position
+// lo + i, in row phys·BLOCK + i of kc [rows, hkv, hd] and vc [rows, hkv,
+// hdv]. Per block of 32 keys: each warp scores 8 of them (their loads
+// issued together, lanes over 8-element pieces of a row), one softmax step
+// per head over the 32 scores, then every thread adds the 32 weighted
+// values to its columns (their loads issued together). With one split the
+// block writes out [n, hq, hdv] (a query that sees no key gets zeros); with
+// more it writes each head's unnormalized sum, maximum and total into part
+// (ATTN_PART floats a split), which attention_merge merges. hd, hdv ≤ 512,
+// gq ≤ ATTN_MAXG; keys of type KT and values of type VT (`kv_load`).
 #define AW 4
 #define ATTN_PART (512 + 2)
+#define ATTN_MAXG 4
 // The most splits of one query's context (the Rust side's ATTN_MAX_SPLITS).
 #define ATTN_MAX_SPLITS 128
-
+// Keys a warp scores at once.
+#define ATTN_KG 4
 
 template <int KT, int VT, class Keys>
 __device__ void attention_body(const float* q, const void* kc, const void* vc, Keys keys,
                                float* out, float* part, int hq, int hkv, int hd,
-                               int hdv, float scale, float softcap, int mask, int window) {
-    __shared__ float sm_m[AW], sm_l[AW];
-    __shared__ float sm_o[AW][512];
-    int qi = blockIdx.x / hq, h = blockIdx.x % hq;
-    int g = h / (hq / hkv);
+                               int hdv, int gq, float scale, float softcap, int mask,
+                               int window) {
+    __shared__ __align__(16) float sq[ATTN_MAXG * 512];
+    __shared__ float sp[ATTN_MAXG][BLOCK];
+    __shared__ float sm[ATTN_MAXG], sl[ATTN_MAXG], sa[ATTN_MAXG];
+    int per = hq / gq;
+    int qi = blockIdx.x / per, h0 = (blockIdx.x % per) * gq;
+    int g = h0 / (hq / hkv);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const float* qr = q + ((size_t)qi * hq + h) * hd;
-    float qv[16], acc[16];
-    #pragma unroll
-    for (int i = 0; i < 16; i++) {
-        int c = lane + 32 * i;
-        qv[i] = c < hd ? qr[c] : 0.0f;
-        acc[i] = 0.0f;
-    }
-    float m = NEG_INF, l = 0.0f;
     int qp, end, e0, e_end;
     keys.query(qi, &qp, &end, &e0, &e_end);
     int qs = keys.query_span(qi);
-    if (gridDim.y > 1) {
+    bool split = gridDim.y > 1;
+    if (split) {
         int share = (e_end - e0 + gridDim.y - 1) / gridDim.y;
         e0 += blockIdx.y * share;
         e_end = min(e_end, e0 + share);
     }
+    if (split && e0 >= e_end) {
+        // An empty share (most of them over a short context): the merge
+        // reads only its maximum.
+        if (threadIdx.x < gq) {
+            float* prow = part + (((size_t)qi * hq + h0 + threadIdx.x) * gridDim.y + blockIdx.y) *
+                                     ATTN_PART;
+            prow[512] = NEG_INF;
+            prow[513] = 0.0f;
+        }
+        return;
+    }
+    const float* qr = q + ((size_t)qi * hq + h0) * hd;
+    for (int i = threadIdx.x; i < gq * hd; i += blockDim.x) sq[i] = qr[i];
+    if (threadIdx.x < gq) {
+        sm[threadIdx.x] = NEG_INF;
+        sl[threadIdx.x] = 0.0f;
+    }
+    // Columns threadIdx.x + 128 j of each head's output.
+    float acc[ATTN_MAXG][4];
+    #pragma unroll
+    for (int h = 0; h < ATTN_MAXG; h++)
+        #pragma unroll
+        for (int j = 0; j < 4; j++) acc[h][j] = 0.0f;
+    bool kvec = hd % 8 == 0;
+    __syncthreads();
     for (int e = e0; e < e_end; e++) {
         int phys, lo;
         keys.block(e, &phys, &lo);
         // A query in a span may see any block's keys of its span.
         if (lo >= end || (qs == 0 && !block_visible(mask, window, qp, lo))) continue;
-        for (int i = warp; i < BLOCK; i += AW) {
-            int kp = lo + i;
-            if (kp >= end) continue;
-            if (!visible(mask, window, qp, kp) && (qs == 0 || keys.key_span(e, i) != qs))
-                continue;
-            size_t row = (size_t)phys * BLOCK + i;
-            size_t kr = (row * hkv + g) * hd;
-            float s = 0.0f;
+        int rows = min(BLOCK, end - lo);
+        // Scores: warp w takes rows 8w .. 8w + 8, ATTN_KG at a time.
+        #pragma unroll 1
+        for (int k0 = 0; k0 < BLOCK / AW; k0 += ATTN_KG) {
+            float kv[ATTN_KG][2][8];
             #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                int c = lane + 32 * j;
-                if (c < hd) s += qv[j] * kv_load<KT>(kc, kr + c);
+            for (int t = 0; t < ATTN_KG; t++) {
+                int i = warp * (BLOCK / AW) + k0 + t;
+                size_t kr = (((size_t)phys * BLOCK + min(i, rows - 1)) * hkv + g) * hd;
+                #pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    int c = 8 * (lane + 32 * j);
+                    kv_load8<KT>(kc, kr + c, hd - c, kvec, kv[t][j]);
+                }
             }
-            s = warp_sum(s) * scale;
-            if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
-            float m_new = fmaxf(m, s);
-            float alpha = expf(m - m_new), p = expf(s - m_new);
-            size_t vr = (row * hkv + g) * hdv;
             #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                int c = lane + 32 * j;
-                if (c < hdv) acc[j] = acc[j] * alpha + p * kv_load<VT>(vc, vr + c);
+            for (int t = 0; t < ATTN_KG; t++) {
+                int i = warp * (BLOCK / AW) + k0 + t;
+                int kp = lo + i;
+                bool seen = i < rows && (visible(mask, window, qp, kp) ||
+                                         (qs != 0 && keys.key_span(e, i) == qs));
+                #pragma unroll 1
+                for (int h = 0; h < gq; h++) {
+                    float s = 0.0f;
+                    #pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        int c = 8 * (lane + 32 * j);
+                        if (c >= hd) break;
+                        if (kvec) {
+                            const float4* qv = (const float4*)(sq + h * hd + c);
+                            float4 a = qv[0], b = qv[1];
+                            s += a.x * kv[t][j][0] + a.y * kv[t][j][1] + a.z * kv[t][j][2] +
+                                 a.w * kv[t][j][3] + b.x * kv[t][j][4] + b.y * kv[t][j][5] +
+                                 b.z * kv[t][j][6] + b.w * kv[t][j][7];
+                        } else {
+                            #pragma unroll
+                            for (int x = 0; x < 8; x++)
+                                if (c + x < hd) s += sq[h * hd + c + x] * kv[t][j][x];
+                        }
+                    }
+                    s = warp_sum(s) * scale;
+                    if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+                    if (lane == 0) sp[h][i] = seen ? s : NEG_INF;
+                }
             }
-            l = l * alpha + p;
-            m = m_new;
         }
-    }
-    if (lane == 0) {
-        sm_m[warp] = m;
-        sm_l[warp] = l;
+        __syncthreads();
+        // One online-softmax step per head: warp w takes heads w, w + 4.
+        for (int h = warp; h < gq; h += AW) {
+            float s = sp[h][lane];
+            float m_old = sm[h];
+            float m_new = fmaxf(m_old, warp_max(s));
+            float p = m_new == NEG_INF ? 0.0f : expf(s - m_new);
+            float alpha = m_new == NEG_INF ? 1.0f : expf(m_old - m_new);
+            float sum = warp_sum(p);
+            sp[h][lane] = p;
+            if (lane == 0) {
+                sm[h] = m_new;
+                sl[h] = sl[h] * alpha + sum;
+                sa[h] = alpha;
+            }
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int h = 0; h < ATTN_MAXG; h++) {
+            if (h >= gq) break;
+            float alpha = sa[h];
+            #pragma unroll
+            for (int j = 0; j < 4; j++) acc[h][j] *= alpha;
+        }
+        // Values: rows past the run's end are never read (their weight is 0,
+        // their memory may hold anything).
+        for (int i0 = 0; i0 < rows; i0 += 8) {
+            float vv[8][4];
+            #pragma unroll
+            for (int t = 0; t < 8; t++) {
+                size_t vr = (((size_t)phys * BLOCK + min(i0 + t, rows - 1)) * hkv + g) * hdv;
+                #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int c = threadIdx.x + 128 * j;
+                    vv[t][j] = c < hdv ? kv_load<VT>(vc, vr + c) : 0.0f;
+                }
+            }
+            #pragma unroll
+            for (int t = 0; t < 8; t++) {
+                if (i0 + t >= rows) break;
+                #pragma unroll
+                for (int h = 0; h < ATTN_MAXG; h++) {
+                    if (h >= gq) break;
+                    float p = sp[h][i0 + t];
+                    #pragma unroll
+                    for (int j = 0; j < 4; j++) acc[h][j] += p * vv[t][j];
+                }
+            }
+        }
+        __syncthreads();
     }
     #pragma unroll
-    for (int i = 0; i < 16; i++) {
-        int c = lane + 32 * i;
-        if (c < hdv) sm_o[warp][c] = acc[i];
-    }
-    __syncthreads();
-    float big = NEG_INF;
-    for (int w = 0; w < AW; w++) big = fmaxf(big, sm_m[w]);
-    float total = 0.0f;
-    for (int w = 0; w < AW; w++)
-        if (sm_m[w] > NEG_INF) total += expf(sm_m[w] - big) * sm_l[w];
-    bool split = gridDim.y > 1;
-    float* prow = part + ((size_t)blockIdx.x * gridDim.y + blockIdx.y) * ATTN_PART;
-    float* orow = split ? prow : out + ((size_t)qi * hq + h) * hdv;
-    for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
-        float o = 0.0f;
-        for (int w = 0; w < AW; w++)
-            if (sm_m[w] > NEG_INF) o += expf(sm_m[w] - big) * sm_o[w][c];
-        orow[c] = split ? o : total > 0.0f ? o / total : 0.0f;
-    }
-    if (!split) return;
-    if (threadIdx.x == 0) {
-        prow[512] = big;
-        prow[513] = total;
+    for (int h = 0; h < ATTN_MAXG; h++) {
+        if (h >= gq) break;
+        size_t oh = (size_t)qi * hq + h0 + h;
+        float* prow = part + (oh * gridDim.y + blockIdx.y) * ATTN_PART;
+        float* orow = split ? prow : out + oh * hdv;
+        float total = sl[h];
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int c = threadIdx.x + 128 * j;
+            if (c < hdv) orow[c] = split ? acc[h][j] : total > 0.0f ? acc[h][j] / total : 0.0f;
+        }
+        if (split && threadIdx.x == 0) {
+            prow[512] = sm[h];
+            prow[513] = total;
+        }
     }
 }
 
@@ -1459,11 +1581,11 @@ extern "C" __global__ void attention_merge(const float* part, float* out, int sp
     extern "C" __global__ void attention_##KS##_##VS(                                            \
         const float* q, const void* kc, const void* vc, const int* qpos, const int* run_of_row, \
         const int* run_end, const int* block_start, const int* table, const int* qspan,         \
-        const int* tspan, float* out, float* part, int hq, int hkv, int hd, int hdv,            \
+        const int* tspan, float* out, float* part, int hq, int hkv, int hd, int hdv, int gq,    \
         float scale, float softcap, int mask, int window) {                                     \
         pdl_begin();                                                                            \
         PagedKeys keys = {qpos, run_of_row, run_end, block_start, table, qspan, tspan};        \
-        attention_body<KT, VT>(q, kc, vc, keys, out, part, hq, hkv, hd, hdv, scale,             \
+        attention_body<KT, VT>(q, kc, vc, keys, out, part, hq, hkv, hd, hdv, gq, scale,         \
                                softcap, mask, window);                                          \
     }
 #define ATTN_K(KS, KT)                  \
@@ -1481,11 +1603,11 @@ ATTN_K(q4_0, T_Q4_0)
 // K/V from inputs: k [m, hkv, hd] and v [m, hkv, hdv] of this step, f32.
 extern "C" __global__ void attention_inputs(const float* q, const float* k, const float* v,
                                             int m, int n, float* out, int hq, int hkv, int hd,
-                                            int hdv, float scale, float softcap, int mask,
-                                            int window) {
+                                            int hdv, int gq, float scale, float softcap,
+                                            int mask, int window) {
     pdl_begin();
     DenseKeys keys = {m, n};
-    attention_body<T_F32, T_F32>(q, k, v, keys, out, nullptr, hq, hkv, hd, hdv, scale,
+    attention_body<T_F32, T_F32>(q, k, v, keys, out, nullptr, hq, hkv, hd, hdv, gq, scale,
                                  softcap, mask, window);
 }
 

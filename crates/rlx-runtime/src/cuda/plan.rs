@@ -222,21 +222,37 @@ const ATTN_MAX_SPLITS: usize = 128;
 /// Blocks per multiprocessor that attention over a long context aims for.
 const ATTN_BLOCKS_PER_SM: usize = 8;
 
+/// The most query heads an attention block scores against one K/V head
+/// (`ATTN_MAXG` in kernels.cu).
+const ATTN_MAX_GROUP: usize = 4;
+
 /// Into how many parts attention over the pool splits each query's listed
-/// blocks, for `blocks` (query rows × heads) on a GPU of `sms`
+/// blocks, for `blocks` kernel blocks (query rows × groups of heads that
+/// share K/V) and `heads` (query rows × heads) on a GPU of `sms`
 /// multiprocessors: enough for about [`ATTN_BLOCKS_PER_SM`] blocks per
 /// multiprocessor, so one query over a long context runs on the whole GPU
-/// with enough warps to hide the latency of its key loads (and `blocks ×
-/// splits` stays below `(ATTN_BLOCKS_PER_SM + 2) × sms`). Fixed per step
-/// shape, so captured graphs hold.
-fn attention_splits(blocks: usize, sms: usize) -> usize {
+/// with enough warps to hide the latency of its key loads, while `heads ×
+/// splits` stays within `(ATTN_BLOCKS_PER_SM + 2) × sms` (the partial
+/// results' buffer). Fixed per step shape, so captured graphs hold.
+pub(super) fn attention_splits(blocks: usize, heads: usize, sms: usize) -> usize {
     if blocks >= 2 * sms {
         1
     } else {
         (ATTN_BLOCKS_PER_SM * sms)
             .div_ceil(blocks.max(1))
             .min(ATTN_MAX_SPLITS)
+            .min((ATTN_BLOCKS_PER_SM + 2) * sms / heads.max(1))
+            .max(1)
     }
+}
+
+/// How many query heads one attention block takes: the most, up to
+/// [`ATTN_MAX_GROUP`], that divides the heads sharing a K/V head (`group`).
+pub(super) fn attention_group(group: usize) -> usize {
+    (1..=ATTN_MAX_GROUP.min(group.max(1)))
+        .rev()
+        .find(|g| group.is_multiple_of(*g))
+        .unwrap_or(1)
 }
 
 /// Float weights: decode products read them against f32 activations.
@@ -1801,10 +1817,19 @@ impl CudaPlan {
             Op::Attention(spec) => {
                 let qd = in_dims(0);
                 let (nq, hq) = (qd[0], qd[1]);
+                let hkv = match spec.kv {
+                    KvSource::Inputs => in_dims(1)[1],
+                    KvSource::Cache(slot) => {
+                        let kv = kv.ok_or(RunError::NoCache)?;
+                        kv.pool.owner(slot)?.1.kv_heads
+                    }
+                };
+                let gq = attention_group(hq / hkv.max(1));
+                let blocks = nq * hq / gq;
                 // Over the pool, a few queries split their context.
                 let (splits, part) = match (&spec.kv, &self.attn_part) {
                     (KvSource::Cache(_), Some(p)) => (
-                        attention_splits(nq * hq, self.device.sms),
+                        attention_splits(blocks, nq * hq, self.device.sms),
                         self.device.ptr(p),
                     ),
                     _ => (1, 0),
@@ -1836,6 +1861,7 @@ impl CudaPlan {
                             Arg::I32(kd[1] as i32),
                             Arg::I32(kd[2] as i32),
                             Arg::I32(vd[2] as i32),
+                            Arg::I32(gq as i32),
                         ];
                         (&k.attention_inputs, args)
                     }
@@ -1866,13 +1892,14 @@ impl CudaPlan {
                             Arg::I32(lspec.kv_heads as i32),
                             Arg::I32(lspec.head_dim as i32),
                             Arg::I32(lspec.v_head_dim as i32),
+                            Arg::I32(gq as i32),
                         ];
                         let f = &k.attention[super::attention_index(l.types.k, l.types.v)];
                         (f, args)
                     }
                 };
                 let args: Vec<Arg> = args.into_iter().chain(tail).collect();
-                self.launch(f, grid(nq * hq, splits, 128), &args)?;
+                self.launch(f, grid(blocks, splits, 128), &args)?;
                 if splits > 1 {
                     self.launch(
                         &k.attention_merge,

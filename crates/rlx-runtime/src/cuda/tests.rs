@@ -1386,3 +1386,27 @@ fn span_attention_matches_the_cpu() {
         }
     }
 }
+
+/// Attention blocks take the query heads that share a K/V head together
+/// (up to four), and the splits of a long context fill the GPU without
+/// overrunning the buffer of partial results. Needs no GPU.
+#[test]
+fn attention_blocks_group_heads_and_fit_their_splits() {
+    use super::plan::{attention_group, attention_splits};
+    for (group, want) in [(1, 1), (2, 2), (3, 3), (4, 4), (5, 1), (6, 3), (8, 4), (16, 4)] {
+        assert_eq!(attention_group(group), want, "{group} heads a K/V head");
+    }
+    let sms = 132;
+    for (rows, hq, hkv) in [(1, 8, 4), (1, 4, 1), (1, 16, 8), (8, 8, 4), (64, 8, 4), (1, 32, 16)] {
+        let gq = attention_group(hq / hkv);
+        let blocks = rows * hq / gq;
+        let splits = attention_splits(blocks, rows * hq, sms);
+        assert!(splits >= 1 && splits <= 128, "{rows}×{hq}: {splits}");
+        assert!(rows * hq * splits <= 10 * sms, "{rows}×{hq}: {splits} splits");
+        if blocks * 8 <= sms {
+            // One sequence: the GPU is filled, up to the most splits a
+            // query's context takes.
+            assert!(blocks * splits >= (4 * sms).min(blocks * 128), "{rows}×{hq}: {splits}");
+        }
+    }
+}
