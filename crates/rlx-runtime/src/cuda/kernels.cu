@@ -685,14 +685,6 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
     q8_store(x[i], qs + i, d + (i >> 5));
 }
 
-// y[t, y_off + r] = Σ_k x[t, k] · w[r, k] for rows r < n and activation
-// rows t < mt ≤ NX; k a multiple of 32; x (or xq) 16-byte aligned rows.
-// Q8: the activations as quantize_q8 wrote them (float weight types read x
-// in both modes).
-//
-// One launch may cover up to three weights of one type and row length
-// (a fused q/k/v or gate/up product): rows below e0 are w0's, rows below e1
-// w1's (from row e0), the rest w2's, written to consecutive columns.
 // acc[t] += unit u of row q against activation row t (t < mt): dp4a on
 // the 8-bit blocks (xq, xd) or f32 on x.
 template <int T, int NX, bool Q8>
@@ -740,7 +732,16 @@ __device__ __forceinline__ void unit_dot(const WUnit& q, int u, int units, int k
     }
 }
 
-template <int T, int NX, bool Q8>
+// y[t, y_off + r] = Σ_k x[t, k] · w[r, k] for rows r < n and activation
+// rows t < mt ≤ NX; k a multiple of 32; x (or xq) 16-byte aligned rows.
+// Q8: the activations as quantize_q8 wrote them (float weight types read x
+// in both modes).
+//
+// One launch may cover up to three weights of one type and row length
+// (a fused q/k/v or gate/up product): rows below e0 are w0's, rows below e1
+// w1's (from row e0), the rest w2's, written to consecutive columns.
+// UB: units a lane loads at once.
+template <int T, int NX, bool Q8, int UB = 4>
 __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
                          const u8* __restrict__ w2, int e0, int e1,
                          const float* __restrict__ x, const i8* __restrict__ xq,
@@ -759,7 +760,7 @@ __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
     // U units a lane at a time, all their weight loads issued before any
     // arithmetic (past the row's end a lane reloads its last unit and
     // drops it): a warp waits for memory once per U units, not once per unit.
-    constexpr int U = is_float(T) ? 2 : 4;
+    constexpr int U = is_float(T) ? 2 : UB;
     // No kernel writes weights: the first units' loads go out before the
     // wait for the kernel before (pdl_begin), and overlap its end.
     bool waited = false;
@@ -1113,6 +1114,37 @@ extern "C" __global__ void rope(const float* x, const int* pos, const float* inv
     y[idx] = rope_elem(x[head + i], x[head + i + half], pos[t], inv[i], c < half);
 }
 
+// Head x [hd] RMS-normed with gamma (where `norm`; else copied) into the
+// shared `normed`, with rms_norm's arithmetic; the block's threads share it.
+__device__ void norm_head(const float* xr, const float* gamma, bool norm, int hd, float eps,
+                          float* part, float* normed) {
+    float v[NORM_HELD], g[NORM_HELD];
+    hold_row(xr, gamma, hd, v, g);
+    float inv_rms = norm ? row_inv_rms(v, xr, hd, eps, part) : 1.0f;
+    #pragma unroll
+    for (int c = 0; c < NORM_HELD; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        if (i < hd) normed[i] = norm ? v[c] * inv_rms * g[c] : v[c];
+    }
+    for (int i = threadIdx.x + NORM_HELD * blockDim.x; i < hd; i += blockDim.x)
+        normed[i] = norm ? xr[i] * inv_rms * (gamma ? gamma[i] : 1.0f) : xr[i];
+    __syncthreads();
+}
+
+// The normed head rotated as `rope` rotates it into y (global or shared).
+__device__ __forceinline__ void rope_head(const float* normed, float* y, int hd, int p,
+                                          const float* inv, int n_rot) {
+    int half = n_rot / 2;
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+        if (c >= n_rot) {
+            y[c] = normed[c];
+            continue;
+        }
+        int i = c < half ? c : c - half;
+        y[c] = rope_elem(normed[i], normed[i + half], p, inv[i], c < half);
+    }
+}
+
 // rms_norm over each head of x [n, heads, hd] (one block per head, as
 // rms_norm runs), then rope of the normed head: bit for bit the two kernels
 // one after the other, in one launch. The normed head goes through shared
@@ -1125,28 +1157,8 @@ extern "C" __global__ void rms_norm_rope(const float* x, const float* gamma, flo
     pdl_begin();
     __shared__ float part[32];
     __shared__ float normed[512];
-    const float* xr = x + (size_t)blockIdx.x * hd;
-    float v[NORM_HELD], g[NORM_HELD];
-    hold_row(xr, gamma, hd, v, g);
-    float inv_rms = row_inv_rms(v, xr, hd, eps, part);
-    #pragma unroll
-    for (int c = 0; c < NORM_HELD; c++) {
-        int i = threadIdx.x + c * blockDim.x;
-        if (i < hd) normed[i] = v[c] * inv_rms * g[c];
-    }
-    for (int i = threadIdx.x + NORM_HELD * blockDim.x; i < hd; i += blockDim.x)
-        normed[i] = xr[i] * inv_rms * (gamma ? gamma[i] : 1.0f);
-    __syncthreads();
-    int half = n_rot / 2, p = pos[blockIdx.x / heads];
-    float* yr = y + (size_t)blockIdx.x * hd;
-    for (int c = threadIdx.x; c < hd; c += blockDim.x) {
-        if (c >= n_rot) {
-            yr[c] = normed[c];
-            continue;
-        }
-        int i = c < half ? c : c - half;
-        yr[c] = rope_elem(normed[i], normed[i + half], p, inv[i], c < half);
-    }
+    norm_head(x + (size_t)blockIdx.x * hd, gamma, true, hd, eps, part, normed);
+    rope_head(normed, y + (size_t)blockIdx.x * hd, hd, pos[blockIdx.x / heads], inv, n_rot);
 }
 
 // K/V buffers hold rows of f32, f16 or bf16 elements, or of ggml's Q8_0
@@ -1239,6 +1251,60 @@ extern "C" __global__ void kv_write(const float* k, const float* v, void* kc, vo
     else
         kv_store_unit(vc, vt, row, vd, u - ku, v + (size_t)t * vd + 32 * (u - ku),
                       min(32, vd - 32 * (u - ku)));
+}
+
+// A layer's heads made ready for attention in one launch, per row t: the q
+// heads normed (qn) and rotated into qy [n, hq, hd]; the k heads normed (kn)
+// and rotated, and the v heads normed (vn, gamma vg or none), stored at
+// physical row rows[t] of the layer's K/V buffers as kv_write stores them.
+// One block per (row, head), hq + 2 hkv a row; hd ≤ 512 and a multiple of
+// 32, so that each head is whole K/V units. Every value is what the
+// separate norm, rope and kv_write kernels give, bit for bit.
+struct HeadPart {
+    const float* x;
+    const float* gamma;
+    int norm;
+    float eps;
+    const int* pos;
+    const float* inv;
+    int n_rot;
+};
+
+extern "C" __global__ void head_prep(const float* qx, const float* qg, int qn, float qeps,
+                                     const int* qpos, const float* qinv, int qrot, float* qy,
+                                     const float* kx, const float* kg, int kn, float keps,
+                                     const int* kpos, const float* kinv, int krot,
+                                     const float* vx, const float* vg, int vn, float veps,
+                                     void* kc, void* vc, const int* rows, int kt, int vt, int hq,
+                                     int hkv, int hd) {
+    pdl_begin();
+    HeadPart qp = {qx, qg, qn, qeps, qpos, qinv, qrot};
+    HeadPart kp = {kx, kg, kn, keps, kpos, kinv, krot};
+    HeadPart vp = {vx, vg, vn, veps, nullptr, nullptr, 0};
+    __shared__ float part[32];
+    __shared__ float normed[512], roped[512];
+    int per = hq + 2 * hkv;
+    int t = blockIdx.x / per, j = blockIdx.x % per;
+    bool is_q = j < hq, is_k = !is_q && j < hq + hkv;
+    int head = is_q ? j : is_k ? j - hq : j - hq - hkv;
+    const HeadPart& hp = is_q ? qp : is_k ? kp : vp;
+    int heads = is_q ? hq : hkv;
+    norm_head(hp.x + ((size_t)t * heads + head) * hd, hp.gamma, hp.norm, hd, hp.eps, part,
+              normed);
+    if (is_q) {
+        rope_head(normed, qy + ((size_t)t * hq + head) * hd, hd, hp.pos[t], hp.inv, hp.n_rot);
+        return;
+    }
+    const float* src = normed;
+    if (is_k) {
+        rope_head(normed, roped, hd, hp.pos[t], hp.inv, hp.n_rot);
+        __syncthreads();
+        src = roped;
+    }
+    int units = hd >> 5;
+    for (int u = threadIdx.x; u < units; u += blockDim.x)
+        kv_store_unit(is_k ? kc : vc, is_k ? kt : vt, (size_t)rows[t], hkv * hd, head * units + u,
+                      src + 32 * u, 32);
 }
 
 // Rows of a K/V block; the Rust side's BLOCK_TOKENS.

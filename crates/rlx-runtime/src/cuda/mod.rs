@@ -185,6 +185,8 @@ struct Kernels {
     geglu: CudaFunction,
     rope: CudaFunction,
     rms_norm_rope: CudaFunction,
+    /// A layer's q/k norms and ropes, v norm and K/V write in one launch.
+    head_prep: CudaFunction,
     kv_write: CudaFunction,
     /// Per (key type, value type) of [`KvDType::ALL`]: `attention_<k>_<v>`,
     /// at [`attention_index`].
@@ -341,6 +343,7 @@ impl CudaDevice {
             geglu: f("geglu")?,
             rope: f("rope")?,
             rms_norm_rope: f("rms_norm_rope")?,
+            head_prep: f("head_prep")?,
             kv_write: f("kv_write")?,
             attention: KvDType::ALL
                 .iter()

@@ -389,6 +389,11 @@ pub struct CudaPlan {
     /// (see [`find_norm_ropes`]): norm → rope, and the ropes so covered.
     norm_ropes: HashMap<NodeId, NodeId>,
     roped: std::collections::HashSet<NodeId>,
+    /// Layers whose attention inputs are made ready in one launch (see
+    /// [`find_head_preps`]), by the step that launches it, and every step
+    /// so covered.
+    head_preps: HashMap<NodeId, HeadPrep>,
+    prepped: std::collections::HashSet<NodeId>,
     /// The mixture-of-experts steps' scratch, if the graph has any.
     moe: Option<MoeScratch>,
     /// Page-locked host memory that outputs are copied into (a copy into
@@ -581,6 +586,160 @@ pub(super) fn find_norm_ropes(
     found
 }
 
+/// A layer's attention inputs made ready in one launch (`head_prep`): the q
+/// heads normed (where `q_norm`) and rotated, the k heads normed and
+/// rotated, the v heads normed (where `v_norm`), and the K/V write. Only the
+/// q rope's output is written to the arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct HeadPrep {
+    pub q_norm: Option<NodeId>,
+    pub q_rope: NodeId,
+    pub k_norm: Option<NodeId>,
+    pub k_rope: NodeId,
+    pub v_norm: Option<NodeId>,
+    pub write: NodeId,
+}
+
+impl HeadPrep {
+    fn steps(&self) -> impl Iterator<Item = NodeId> {
+        [
+            self.q_norm,
+            Some(self.q_rope),
+            self.k_norm,
+            Some(self.k_rope),
+            self.v_norm,
+            Some(self.write),
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
+/// The layers whose q/k norms and ropes, v norm and K/V write run as one
+/// [`HeadPrep`], keyed by the first of those steps (where it launches).
+/// Only where they are consecutive launches in `steps` (so that nothing in
+/// between reads or reuses their memory), every folded value has its
+/// step as only user, heads are whole K/V units (a multiple of 32, at most
+/// 512) of one size for q, k and v, and the q output overlaps neither the
+/// k nor the v input (nor the q input, unless it starts where it does: a
+/// block reads its head before writing it).
+pub(super) fn find_head_preps(
+    g: &Graph,
+    steps: &[NodeId],
+    locs: &[Loc],
+    max: &Bindings,
+) -> HashMap<NodeId, HeadPrep> {
+    let uses = StepUses::new(g, steps, locs);
+    let at: HashMap<NodeId, usize> = uses
+        .order
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| (id, i))
+        .collect();
+    // A rope and the per-head norm before it, if the rope is all that reads it.
+    let roped = |rope: NodeId| -> Option<(Option<NodeId>, NodeId)> {
+        if !matches!(g.node(rope).op, Op::Rope(_)) {
+            return None;
+        }
+        let x = g.node(rope).inputs[0];
+        let norm = matches!(g.node(x).op, Op::RmsNorm(_)) && uses.only_user(x, rope);
+        Some((
+            norm.then_some(x),
+            if norm { g.node(x).inputs[0] } else { x },
+        ))
+    };
+    let heads = |id: NodeId| -> Option<(usize, usize)> {
+        match g.node(id).shape.resolve(max)?.as_slice() {
+            &[_, h, d] => Some((h, d)),
+            _ => None,
+        }
+    };
+    let mut found = HashMap::new();
+    for &write in &uses.order {
+        if !matches!(g.node(write).op, Op::KvWrite { .. }) {
+            continue;
+        }
+        let (k_rope, v) = (g.node(write).inputs[0], g.node(write).inputs[1]);
+        let Some((k_norm, k_in)) = roped(k_rope) else {
+            continue;
+        };
+        let v_norm =
+            (matches!(g.node(v).op, Op::RmsNorm(_)) && uses.only_user(v, write)).then_some(v);
+        let v_in = v_norm.map_or(v, |n| g.node(n).inputs[0]);
+        if !uses.only_user(k_rope, write) {
+            continue;
+        }
+        // The q rope of the attention that reads this write right after it.
+        for &a in &uses.users[write.index()] {
+            let Op::Attention(_) = g.node(a).op else {
+                continue;
+            };
+            let q_rope = g.node(a).inputs[0];
+            let Some((q_norm, q_in)) = roped(q_rope) else {
+                continue;
+            };
+            let prep = HeadPrep {
+                q_norm,
+                q_rope,
+                k_norm,
+                k_rope,
+                v_norm,
+                write,
+            };
+            let mut pos: Vec<usize> = match prep.steps().map(|id| at.get(&id).copied()).collect() {
+                Some(p) => p,
+                None => continue,
+            };
+            pos.sort_unstable();
+            let consecutive = pos.windows(2).all(|w| w[1] == w[0] + 1);
+            let sizes = (heads(q_rope), heads(k_rope), heads(v));
+            let whole = match sizes {
+                (Some((_, dq)), Some((_, dk)), Some((_, dv))) => {
+                    dq == dk && dk == dv && dq % 32 == 0 && dq <= NORM_ROPE_MAX_HEAD
+                }
+                _ => false,
+            };
+            let span = |id| arena_span(locs, id);
+            let apart = |a: Option<(usize, usize)>, b: Option<(usize, usize)>| match (a, b) {
+                (Some((a0, a1)), Some((b0, b1))) => a1 <= b0 || b1 <= a0,
+                _ => false,
+            };
+            let out = span(q_rope);
+            let safe = apart(out, span(k_in))
+                && apart(out, span(v_in))
+                && (apart(out, span(q_in)) || out.map(|o| o.0) == span(q_in).map(|i| i.0));
+            if consecutive && whole && safe {
+                found.insert(uses.order[pos[0]], prep);
+                break;
+            }
+        }
+    }
+    found
+}
+
+/// A narrow of a value whose shape is fixed (every symbol at most 1, as in
+/// decode) with nothing before its axis is a contiguous range: read in
+/// place rather than copied (the q/k/v and gate/up splits of a step). Its
+/// source and the element it starts at.
+pub(super) fn narrow_view(g: &Graph, max: &Bindings, id: NodeId) -> Option<(NodeId, usize)> {
+    let n = g.node(id);
+    let Op::Narrow { axis, start, len } = n.op else {
+        return None;
+    };
+    let src = g.node(n.inputs[0]);
+    let fixed = src.shape.dims().iter().all(|d| match *d {
+        Dim::Fixed(_) => true,
+        Dim::Sym(s) => max.get(s) == Some(1),
+    });
+    let dims = src.shape.resolve(max)?;
+    if !fixed || dims[..axis].iter().product::<usize>() != 1 {
+        return None;
+    }
+    let from = narrow_from(start, dims[axis], len).ok()?;
+    let inner: usize = dims[axis + 1..].iter().product();
+    Some((n.inputs[0], from * inner))
+}
+
 /// Compiles `graph` for the GPU of `weights`, which holds `store`'s weights.
 pub fn compile_cuda(
     graph: &Graph,
@@ -589,27 +748,7 @@ pub fn compile_cuda(
     opts: &CompileOptions,
 ) -> Result<CudaPlan, CudaError> {
     let g = prepare(graph, store, opts)?;
-    // A narrow of a value whose shape is fixed (every symbol at most 1, as in
-    // decode) with nothing before its axis is a contiguous range: read in
-    // place rather than copied (the q/k/v and gate/up splits of a step).
-    let view = |id: NodeId| -> Option<(NodeId, usize)> {
-        let n = g.node(id);
-        let Op::Narrow { axis, start, len } = n.op else {
-            return None;
-        };
-        let src = g.node(n.inputs[0]);
-        let fixed = src.shape.dims().iter().all(|d| match *d {
-            Dim::Fixed(_) => true,
-            Dim::Sym(s) => opts.max.get(s) == Some(1),
-        });
-        let dims = src.shape.resolve(&opts.max)?;
-        if !fixed || dims[..axis].iter().product::<usize>() != 1 {
-            return None;
-        }
-        let from = narrow_from(start, dims[axis], len).ok()?;
-        let inner: usize = dims[axis + 1..].iter().product();
-        Some((n.inputs[0], from * inner))
-    };
+    let view = |id: NodeId| narrow_view(&g, &opts.max, id);
     for id in g.ids() {
         if let (Op::Weight { id: w, name }, DType::Ggml(ty)) = (&g.node(id).op, g.node(id).dtype) {
             if type_code(ty).is_some() || g.node(id).shape.rank() == 1 {
@@ -619,7 +758,11 @@ pub fn compile_cuda(
     }
     let sched = schedule(&g, &opts.max, &view)?;
     let (prologues, folded) = find_prologues(&g, &sched.steps, &sched.locs);
-    let norm_ropes = find_norm_ropes(&g, &sched.steps, &sched.locs, &opts.max);
+    let head_preps = find_head_preps(&g, &sched.steps, &sched.locs, &opts.max);
+    let prepped: std::collections::HashSet<NodeId> =
+        head_preps.values().flat_map(|p| p.steps()).collect();
+    let mut norm_ropes = find_norm_ropes(&g, &sched.steps, &sched.locs, &opts.max);
+    norm_ropes.retain(|norm, _| !prepped.contains(norm));
     let device = Arc::clone(weights.device());
     let s = &device.stream;
     let mut rope_tables = HashMap::new();
@@ -838,6 +981,8 @@ pub fn compile_cuda(
         folded,
         roped: norm_ropes.values().copied().collect(),
         norm_ropes,
+        head_preps,
+        prepped,
         host: None,
         max: opts.max.clone(),
     })
@@ -1385,6 +1530,12 @@ impl CudaPlan {
         let n = g.node(id);
         if matches!(self.locs[id.index()], Loc::Alias { .. }) {
             // Reshapes and in-place narrows: nothing to compute.
+            return Ok(());
+        }
+        if let Some(prep) = self.head_preps.get(&id) {
+            return self.head_prep(prep, b, kv);
+        }
+        if self.prepped.contains(&id) {
             return Ok(());
         }
         let k = &self.device.kernels;
@@ -2018,6 +2169,91 @@ impl CudaPlan {
             Op::Moe { top_k } => self.moe(n, *top_k, &dims, out)?,
         }
         Ok(())
+    }
+
+    /// The launch of a [`HeadPrep`].
+    fn head_prep(&self, p: &HeadPrep, b: &Bindings, kv: Option<&KvCtx>) -> Result<(), CudaError> {
+        let g = &self.graph_ir;
+        let kv = kv.ok_or(RunError::NoCache)?;
+        let Op::KvWrite { slot } = g.node(p.write).op else {
+            unreachable!("found as a K/V write")
+        };
+        let (group, l) = kv.layer(slot)?;
+        let qd = g.node(p.q_rope).shape.resolve(b).expect("bound");
+        let kd = g.node(p.k_rope).shape.resolve(b).expect("bound");
+        let (rows, hq, hd, hkv) = (qd[0], qd[1], qd[2], kd[1]);
+        if l.k_width != hkv * hd || l.v_width != hkv * hd {
+            return Err(node_err(
+                g,
+                p.write,
+                format!(
+                    "K/V rows of {} and {} elements for {hkv} heads of {hd}",
+                    l.k_width, l.v_width
+                ),
+            )
+            .into());
+        }
+        // x, gamma, whether normed, eps of a part whose input is `x` unless
+        // `norm` is there.
+        let part = |norm: Option<NodeId>, x: NodeId| -> [Arg; 4] {
+            match norm {
+                Some(n) => {
+                    let Op::RmsNorm(spec) = &g.node(n).op else {
+                        unreachable!("found as a norm")
+                    };
+                    let inputs = &g.node(n).inputs;
+                    let gamma = if spec.has_gamma {
+                        self.addr(inputs[1])
+                    } else {
+                        0
+                    };
+                    [
+                        Arg::Ptr(self.addr(inputs[0])),
+                        Arg::Ptr(gamma),
+                        Arg::I32(1),
+                        Arg::F32(spec.eps),
+                    ]
+                }
+                None => [
+                    Arg::Ptr(self.addr(x)),
+                    Arg::Ptr(0),
+                    Arg::I32(0),
+                    Arg::F32(0.0),
+                ],
+            }
+        };
+        let rope = |r: NodeId| -> [Arg; 3] {
+            let Op::Rope(spec) = &g.node(r).op else {
+                unreachable!("found as a rope")
+            };
+            [
+                Arg::Ptr(self.addr(g.node(r).inputs[1])),
+                Arg::Ptr(self.device.ptr(&self.rope_tables[&r])),
+                Arg::I32(spec.n_rot as i32),
+            ]
+        };
+        let mut args = Vec::with_capacity(28);
+        args.extend(part(p.q_norm, g.node(p.q_rope).inputs[0]));
+        args.extend(rope(p.q_rope));
+        args.push(Arg::Ptr(self.addr(p.q_rope)));
+        args.extend(part(p.k_norm, g.node(p.k_rope).inputs[0]));
+        args.extend(rope(p.k_rope));
+        args.extend(part(p.v_norm, g.node(p.write).inputs[1]));
+        args.extend([
+            Arg::Ptr(l.k),
+            Arg::Ptr(l.v),
+            Arg::Ptr(self.meta_addr(self.meta_layout.write_rows(group))),
+            Arg::I32(kv_code(l.types.k) as i32),
+            Arg::I32(kv_code(l.types.v) as i32),
+            Arg::I32(hq as i32),
+            Arg::I32(hkv as i32),
+            Arg::I32(hd as i32),
+        ]);
+        self.launch(
+            &self.device.kernels.head_prep,
+            norm_rows(rows * (hq + 2 * hkv), hd),
+            &args,
+        )
     }
 
     /// A mixture-of-experts step: route on the device, list each expert's

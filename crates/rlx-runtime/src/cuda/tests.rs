@@ -1393,20 +1393,68 @@ fn span_attention_matches_the_cpu() {
 #[test]
 fn attention_blocks_group_heads_and_fit_their_splits() {
     use super::plan::{attention_group, attention_splits};
-    for (group, want) in [(1, 1), (2, 2), (3, 3), (4, 4), (5, 1), (6, 3), (8, 4), (16, 4)] {
+    for (group, want) in [
+        (1, 1),
+        (2, 2),
+        (3, 3),
+        (4, 4),
+        (5, 1),
+        (6, 3),
+        (8, 4),
+        (16, 4),
+    ] {
         assert_eq!(attention_group(group), want, "{group} heads a K/V head");
     }
     let sms = 132;
-    for (rows, hq, hkv) in [(1, 8, 4), (1, 4, 1), (1, 16, 8), (8, 8, 4), (64, 8, 4), (1, 32, 16)] {
+    for (rows, hq, hkv) in [
+        (1, 8, 4),
+        (1, 4, 1),
+        (1, 16, 8),
+        (8, 8, 4),
+        (64, 8, 4),
+        (1, 32, 16),
+    ] {
         let gq = attention_group(hq / hkv);
         let blocks = rows * hq / gq;
         let splits = attention_splits(blocks, rows * hq, sms);
-        assert!(splits >= 1 && splits <= 128, "{rows}×{hq}: {splits}");
-        assert!(rows * hq * splits <= 10 * sms, "{rows}×{hq}: {splits} splits");
+        assert!((1..=128).contains(&splits), "{rows}×{hq}: {splits}");
+        assert!(
+            rows * hq * splits <= 10 * sms,
+            "{rows}×{hq}: {splits} splits"
+        );
         if blocks * 8 <= sms {
             // One sequence: the GPU is filled, up to the most splits a
             // query's context takes.
-            assert!(blocks * splits >= (4 * sms).min(blocks * 128), "{rows}×{hq}: {splits}");
+            assert!(
+                blocks * splits >= (4 * sms).min(blocks * 128),
+                "{rows}×{hq}: {splits}"
+            );
         }
+    }
+}
+
+/// A decode step's q/k norms and ropes and the K/V write after them run as
+/// one launch in each layer that writes K/V; a layer reading another's K/V
+/// keeps its own q norm and rope. Needs no GPU.
+#[test]
+fn attention_inputs_are_made_ready_in_one_launch() {
+    use super::plan::find_head_preps;
+    let s = store();
+    let max = Bindings::new().with(Sym::SEQ, 1).with(Sym::ROWS, 1);
+    let g = super::super::compile::prepare(&model_graph(&s), &s, &CompileOptions::new(max.clone()))
+        .unwrap();
+    // Decode reads the q/k/v splits of the product in place, as the plan does.
+    let view = |id| super::plan::narrow_view(&g, &max, id);
+    let sched = super::super::compile::schedule(&g, &max, &view).unwrap();
+    let preps = find_head_preps(&g, &sched.steps, &sched.locs, &max);
+    assert_eq!(preps.len(), LAYERS - 1, "{preps:?}");
+    let mut k_normed: Vec<bool> = preps.values().map(|p| p.k_norm.is_some()).collect();
+    k_normed.sort();
+    // Layer 0 norms its keys, layer 1 only rotates them.
+    assert_eq!(k_normed, [false, true]);
+    for p in preps.values() {
+        assert!(p.q_norm.is_some() && p.v_norm.is_none(), "{p:?}");
+        assert!(matches!(g.node(p.write).op, rlx_ir::Op::KvWrite { .. }));
+        assert_eq!(g.node(p.write).inputs[0], p.k_rope);
     }
 }
