@@ -779,18 +779,18 @@ __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
                 for (int t = 0; t < NX; t++)
                     if (t < mt) acc[t] += dot32(v[j], x + (size_t)t * k + 32 * u);
             }
-            continue;
-        }
-        WUnit q[U];
-        #pragma unroll
-        for (int j = 0; j < U; j++) wunit<T>(row, min(u0 + 32 * j, units - 1), q[j]);
-        if (!waited) pdl_begin();
-        waited = true;
-        #pragma unroll
-        for (int j = 0; j < U; j++) {
-            int u = u0 + 32 * j;
-            if (u >= units) break;
-            unit_dot<T, NX, Q8>(q[j], u, units, k, mt, x, xq, xd, acc);
+        } else {
+            WUnit q[U];
+            #pragma unroll
+            for (int j = 0; j < U; j++) wunit<T>(row, min(u0 + 32 * j, units - 1), q[j]);
+            if (!waited) pdl_begin();
+            waited = true;
+            #pragma unroll
+            for (int j = 0; j < U; j++) {
+                int u = u0 + 32 * j;
+                if (u >= units) break;
+                unit_dot<T, NX, Q8>(q[j], u, units, k, mt, x, xq, xd, acc);
+            }
         }
     }
     if (!waited) pdl_begin();
@@ -802,7 +802,9 @@ __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
 }
 
 // Per type: mmv<n>_<type> (exact, f32 activations) and mmvq<n>_<type> (q8
-// activations), for one activation row (n = 1) and up to eight (n = 8).
+// activations), for one activation row (n = 1) and up to eight (n = 8);
+// mmvq1u<U>_<type> load U units a lane at once instead of four (rows of up
+// to 32 U units in one pass with fewer registers, so more warps on an SM).
 #define MMV_PARAMS                                                                      \
     const u8 *w0, const u8 *w1, const u8 *w2, int e0, int e1, const float *x, const i8 *xq, \
         const u16 *xd, float *y, int mt, int n, int k, int ldy, int y_off
@@ -811,7 +813,9 @@ __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
     extern "C" __global__ void mmv1_##SUF(MMV_PARAMS) { mmv_body<T, 1, false>(MMV_ARGS); }  \
     extern "C" __global__ void mmv8_##SUF(MMV_PARAMS) { mmv_body<T, 8, false>(MMV_ARGS); }  \
     extern "C" __global__ void mmvq1_##SUF(MMV_PARAMS) { mmv_body<T, 1, true>(MMV_ARGS); }  \
-    extern "C" __global__ void mmvq8_##SUF(MMV_PARAMS) { mmv_body<T, 8, true>(MMV_ARGS); }
+    extern "C" __global__ void mmvq8_##SUF(MMV_PARAMS) { mmv_body<T, 8, true>(MMV_ARGS); }  \
+    extern "C" __global__ void mmvq1u2_##SUF(MMV_PARAMS) { mmv_body<T, 1, true, 2>(MMV_ARGS); } \
+    extern "C" __global__ void mmvq1u3_##SUF(MMV_PARAMS) { mmv_body<T, 1, true, 3>(MMV_ARGS); }
 FOR_EACH_TYPE(MMV)
 
 
@@ -1422,7 +1426,9 @@ __device__ __forceinline__ void kv_load8(const void* base, size_t c, int lim, bo
 // values to its columns (their loads issued together). With one split the
 // block writes out [n, hq, hdv] (a query that sees no key gets zeros); with
 // more it writes each head's unnormalized sum, maximum and total into part
-// (ATTN_PART floats a split), which attention_merge merges. hd, hdv ≤ 512,
+// (ATTN_PART floats a split), which attention_merge merges. With qs, the
+// output goes out as the next product's 8-bit blocks instead (as
+// quantize_q8 writes them; hdv a multiple of 32). hd, hdv ≤ 512,
 // gq ≤ ATTN_MAXG; keys of type KT and values of type VT (`kv_load`).
 #define AW 4
 #define ATTN_PART (512 + 2)
@@ -1434,8 +1440,8 @@ __device__ __forceinline__ void kv_load8(const void* base, size_t c, int lim, bo
 
 template <int KT, int VT, class Keys>
 __device__ void attention_body(const float* q, const void* kc, const void* vc, Keys keys,
-                               float* out, float* part, int hq, int hkv, int hd,
-                               int hdv, int gq, float scale, float softcap, int mask,
+                               float* out, i8* qs, u16* qd, float* part, int hq, int hkv,
+                               int hd, int hdv, int gq, float scale, float softcap, int mask,
                                int window) {
     __shared__ __align__(16) float sq[ATTN_MAXG * 512];
     __shared__ float sp[ATTN_MAXG][BLOCK];
@@ -1446,7 +1452,7 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int qp, end, e0, e_end;
     keys.query(qi, &qp, &end, &e0, &e_end);
-    int qs = keys.query_span(qi);
+    int qspan = keys.query_span(qi);
     bool split = gridDim.y > 1;
     if (split) {
         int share = (e_end - e0 + gridDim.y - 1) / gridDim.y;
@@ -1482,7 +1488,7 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
         int phys, lo;
         keys.block(e, &phys, &lo);
         // A query in a span may see any block's keys of its span.
-        if (lo >= end || (qs == 0 && !block_visible(mask, window, qp, lo))) continue;
+        if (lo >= end || (qspan == 0 && !block_visible(mask, window, qp, lo))) continue;
         int rows = min(BLOCK, end - lo);
         // Scores: warp w takes rows 8w .. 8w + 8, ATTN_KG at a time.
         #pragma unroll 1
@@ -1503,7 +1509,7 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
                 int i = warp * (BLOCK / AW) + k0 + t;
                 int kp = lo + i;
                 bool seen = i < rows && (visible(mask, window, qp, kp) ||
-                                         (qs != 0 && keys.key_span(e, i) == qs));
+                                         (qspan != 0 && keys.key_span(e, i) == qspan));
                 #pragma unroll 1
                 for (int h = 0; h < gq; h++) {
                     float s = 0.0f;
@@ -1590,7 +1596,14 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
         #pragma unroll
         for (int j = 0; j < 4; j++) {
             int c = threadIdx.x + 128 * j;
-            if (c < hdv) orow[c] = split ? acc[h][j] : total > 0.0f ? acc[h][j] / total : 0.0f;
+            if (c >= hdv) break;
+            float o = split ? acc[h][j] : total > 0.0f ? acc[h][j] / total : 0.0f;
+            if (!split && qs) {
+                size_t i = oh * hdv + c;
+                q8_store(o, qs + i, qd + (i >> 5));
+            } else {
+                orow[c] = o;
+            }
         }
         if (split && threadIdx.x == 0) {
             prow[512] = sm[h];
@@ -1603,8 +1616,10 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
 // each split's sum scaled from its own maximum to the largest, over the
 // scaled totals (zeros where no split saw a key). Splits that saw no key
 // (most of them over a short context) are dropped before the columns are
-// summed, in split order.
-extern "C" __global__ void attention_merge(const float* part, float* out, int splits, int hdv) {
+// summed, in split order. With qs, the output goes out as 8-bit blocks
+// (see attention_body).
+extern "C" __global__ void attention_merge(const float* part, float* out, i8* qs, u16* qd,
+                                           int splits, int hdv) {
     pdl_begin();
     __shared__ float sm_w[ATTN_MAX_SPLITS], sm_l[ATTN_MAX_SPLITS];
     __shared__ int sm_s[ATTN_MAX_SPLITS];
@@ -1637,7 +1652,13 @@ extern "C" __global__ void attention_merge(const float* part, float* out, int sp
     for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
         float o = 0.0f;
         for (int j = 0; j < seen; j++) o += sm_w[j] * p[sm_s[j] * ATTN_PART + c];
-        orow[c] = total > 0.0f ? o / total : 0.0f;
+        o = total > 0.0f ? o / total : 0.0f;
+        if (qs) {
+            size_t i = (size_t)blockIdx.x * hdv + c;
+            q8_store(o, qs + i, qd + (i >> 5));
+        } else {
+            orow[c] = o;
+        }
     }
 }
 
@@ -1647,11 +1668,11 @@ extern "C" __global__ void attention_merge(const float* part, float* out, int sp
     extern "C" __global__ void attention_##KS##_##VS(                                            \
         const float* q, const void* kc, const void* vc, const int* qpos, const int* run_of_row, \
         const int* run_end, const int* block_start, const int* table, const int* qspan,         \
-        const int* tspan, float* out, float* part, int hq, int hkv, int hd, int hdv, int gq,    \
-        float scale, float softcap, int mask, int window) {                                     \
+        const int* tspan, float* out, i8* qs, u16* qd, float* part, int hq, int hkv, int hd,    \
+        int hdv, int gq, float scale, float softcap, int mask, int window) {                    \
         pdl_begin();                                                                            \
         PagedKeys keys = {qpos, run_of_row, run_end, block_start, table, qspan, tspan};        \
-        attention_body<KT, VT>(q, kc, vc, keys, out, part, hq, hkv, hd, hdv, gq, scale,         \
+        attention_body<KT, VT>(q, kc, vc, keys, out, qs, qd, part, hq, hkv, hd, hdv, gq, scale, \
                                softcap, mask, window);                                          \
     }
 #define ATTN_K(KS, KT)                  \
@@ -1668,13 +1689,13 @@ ATTN_K(q4_0, T_Q4_0)
 
 // K/V from inputs: k [m, hkv, hd] and v [m, hkv, hdv] of this step, f32.
 extern "C" __global__ void attention_inputs(const float* q, const float* k, const float* v,
-                                            int m, int n, float* out, int hq, int hkv, int hd,
-                                            int hdv, int gq, float scale, float softcap,
-                                            int mask, int window) {
+                                            int m, int n, float* out, i8* qs, u16* qd, int hq,
+                                            int hkv, int hd, int hdv, int gq, float scale,
+                                            float softcap, int mask, int window) {
     pdl_begin();
     DenseKeys keys = {m, n};
-    attention_body<T_F32, T_F32>(q, k, v, keys, out, nullptr, hq, hkv, hd, hdv, gq, scale,
-                                 softcap, mask, window);
+    attention_body<T_F32, T_F32>(q, k, v, keys, out, qs, qd, nullptr, hq, hkv, hd, hdv, gq,
+                                 scale, softcap, mask, window);
 }
 
 // Sum of v over the block (all threads get it), in f64 as the CPU sums

@@ -155,8 +155,10 @@ struct Kernels {
     gather: Vec<CudaFunction>,
     /// Per weight type code, the products of up to eight activation rows:
     /// `mmv1_`, `mmv8_` (f32 activations, one row and up to eight), then
-    /// `mmvq1_`, `mmvq8_` (8-bit activation blocks), each `_<type>`.
-    mmv: Vec<[CudaFunction; 4]>,
+    /// `mmvq1_`, `mmvq8_` (8-bit activation blocks), then `mmvq1u2_`,
+    /// `mmvq1u3_` (one row, two or three units a lane at once), each
+    /// `_<type>`.
+    mmv: Vec<[CudaFunction; 6]>,
     quantize_q8: CudaFunction,
     /// Per weight type code: `dequant_<type>`, rows into f32 or bf16 for a
     /// cuBLAS product.
@@ -312,12 +314,14 @@ impl CudaDevice {
             mmv: TYPES
                 .iter()
                 .map(
-                    |(_, t)| -> Result<[CudaFunction; 4], cudarc::driver::DriverError> {
+                    |(_, t)| -> Result<[CudaFunction; 6], cudarc::driver::DriverError> {
                         Ok([
                             f(&format!("mmv1_{t}"))?,
                             f(&format!("mmv8_{t}"))?,
                             f(&format!("mmvq1_{t}"))?,
                             f(&format!("mmvq8_{t}"))?,
+                            f(&format!("mmvq1u2_{t}"))?,
+                            f(&format!("mmvq1u3_{t}"))?,
                         ])
                     },
                 )

@@ -255,6 +255,20 @@ pub(super) fn attention_group(group: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// Which one-row `q8` product kernel (index into `Kernels::mmv`) reads rows
+/// of `units` 32-element units: a row in one pass of 32 lanes with the
+/// fewest units a lane, so the fewest registers (`mmvq1u2_`, `mmvq1u3_`,
+/// `mmvq1_` for four); longer rows in passes of two (measured fastest for
+/// 10,240 and as fast for 6,912).
+pub(super) fn mmvq1_variant(units: usize) -> usize {
+    match units {
+        0..=64 => 4,
+        65..=96 => 5,
+        97..=128 => 2,
+        _ => 4,
+    }
+}
+
 /// Float weights: decode products read them against f32 activations.
 fn is_float(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
@@ -444,6 +458,10 @@ pub(super) enum Prologue {
     /// the input of a product with a folded norm; with `norm`, one operand
     /// of the add is an `RmsNorm` used only by it, run inside it.
     AddNorm { norm: Option<NodeId> },
+    /// `Attention` whose output (reshaped to rows) only the product reads,
+    /// heads of whole 32-element units: the attention (or its merge) writes
+    /// the blocks.
+    Attention,
 }
 
 /// Where a value lives in the arena: the element its data starts at, and
@@ -522,6 +540,18 @@ pub(super) fn find_prologues(
             (Op::GeGlu, None) if only_user(p, mm) && before(p, mm) => {
                 prologues.insert(mm, Prologue::GeGlu);
                 folded.insert(p, mm);
+            }
+            (Op::Reshape { .. }, None) if only_user(p, mm) => {
+                let a = g.node(p).inputs[0];
+                let whole = g.node(a).shape.dims().last().and_then(|d| d.fixed());
+                if matches!(g.node(a).op, Op::Attention(_))
+                    && whole.is_some_and(|d| d.is_multiple_of(32))
+                    && only_user(a, p)
+                    && before(a, mm)
+                {
+                    prologues.insert(mm, Prologue::Attention);
+                    folded.insert(a, mm);
+                }
             }
             (Op::Add, Some(_)) if before(p, mm) => {
                 let add = g.node(p);
@@ -1649,7 +1679,10 @@ impl CudaPlan {
                             ],
                         )?;
                     }
-                    let variant = usize::from(q8.is_some()) * 2 + usize::from(m > 1);
+                    let variant = match (q8.is_some(), m > 1) {
+                        (true, false) => mmvq1_variant(kin / 32),
+                        (q8, many) => usize::from(q8) * 2 + usize::from(many),
+                    };
                     // Runs of up to three weights of one type, one launch each.
                     let mut off = 0;
                     for run in weights_of.chunk_by(|a, b| a.0 == b.0) {
@@ -1977,6 +2010,8 @@ impl CudaPlan {
                 };
                 let gq = attention_group(hq / hkv.max(1));
                 let blocks = nq * hq / gq;
+                // The product after it may take its output as 8-bit blocks.
+                let (xq, xd) = folded.unwrap_or((0, 0));
                 // Over the pool, a few queries split their context.
                 let (splits, part) = match (&spec.kv, &self.attn_part) {
                     (KvSource::Cache(_), Some(p)) => (
@@ -2008,6 +2043,8 @@ impl CudaPlan {
                             Arg::I32(kd[0] as i32),
                             Arg::I32(nq as i32),
                             Arg::Ptr(out),
+                            Arg::Ptr(xq),
+                            Arg::Ptr(xd),
                             Arg::I32(hq as i32),
                             Arg::I32(kd[1] as i32),
                             Arg::I32(kd[2] as i32),
@@ -2038,6 +2075,8 @@ impl CudaPlan {
                                 0
                             }),
                             Arg::Ptr(out),
+                            Arg::Ptr(if splits > 1 { 0 } else { xq }),
+                            Arg::Ptr(xd),
                             Arg::Ptr(part),
                             Arg::I32(hq as i32),
                             Arg::I32(lspec.kv_heads as i32),
@@ -2058,6 +2097,8 @@ impl CudaPlan {
                         &[
                             Arg::Ptr(part),
                             Arg::Ptr(out),
+                            Arg::Ptr(xq),
+                            Arg::Ptr(xd),
                             Arg::I32(splits as i32),
                             Arg::I32(dims[2] as i32),
                         ],

@@ -998,7 +998,9 @@ fn decode_products_match_the_reference() {
             let w = s.clone_htod(&bytes).unwrap();
             let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
             for (variant, kernel) in dev.kernels.mmv[code].iter().enumerate() {
-                if variant % 2 == 0 && m > 1 {
+                // mmv1_, mmvq1_, mmvq1u2_, mmvq1u3_ take one activation row.
+                let one_row = matches!(variant, 0 | 2 | 4 | 5);
+                if one_row && m > 1 {
                     continue;
                 }
                 let q8 = variant >= 2 && !float;
@@ -1121,7 +1123,7 @@ fn split_attention_merges_as_the_reference() {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let args = [dev.ptr(&pg), dev.ptr(&out), splits as u64, hdv as u64];
+        let args = [dev.ptr(&pg), dev.ptr(&out), 0, 0, splits as u64, hdv as u64];
         launch_raw(s, &dev.kernels.attention_merge, cfg, &args);
         let got = s.clone_dtoh(&out).unwrap();
         let want = merged_attention(&part, splits, hdv);
@@ -1138,6 +1140,29 @@ fn split_attention_merges_as_the_reference() {
             got[4 * hdv..].iter().all(|&v| v == 0.0),
             "{splits} splits: a query that saw no key"
         );
+        // As 8-bit blocks: what quantize_q8 makes of the f32 output.
+        let n = queries * hdv;
+        let (q1, d1) = (
+            s.alloc_zeros::<i8>(n).unwrap(),
+            s.alloc_zeros::<u16>(n / 32).unwrap(),
+        );
+        let (q2, d2) = (
+            s.alloc_zeros::<i8>(n).unwrap(),
+            s.alloc_zeros::<u16>(n / 32).unwrap(),
+        );
+        let args = [
+            dev.ptr(&pg),
+            0,
+            dev.ptr(&q1),
+            dev.ptr(&d1),
+            splits as u64,
+            hdv as u64,
+        ];
+        launch_raw(s, &dev.kernels.attention_merge, cfg, &args);
+        let qargs = [dev.ptr(&out), dev.ptr(&q2), dev.ptr(&d2), (n / 32) as u64];
+        launch_raw(s, &dev.kernels.quantize_q8, super::plan::linear(n), &qargs);
+        assert_eq!(s.clone_dtoh(&q1).unwrap(), s.clone_dtoh(&q2).unwrap());
+        assert_eq!(s.clone_dtoh(&d1).unwrap(), s.clone_dtoh(&d2).unwrap());
     }
 }
 
@@ -1434,8 +1459,9 @@ fn attention_blocks_group_heads_and_fit_their_splits() {
 }
 
 /// A decode step's q/k norms and ropes and the K/V write after them run as
-/// one launch in each layer that writes K/V; a layer reading another's K/V
-/// keeps its own q norm and rope. Needs no GPU.
+/// one launch in each layer that writes K/V (a layer reading another's K/V
+/// keeps its own q norm and rope), and each attention writes its product's
+/// 8-bit blocks. Needs no GPU.
 #[test]
 fn attention_inputs_are_made_ready_in_one_launch() {
     use super::plan::find_head_preps;
@@ -1452,6 +1478,14 @@ fn attention_inputs_are_made_ready_in_one_launch() {
     k_normed.sort();
     // Layer 0 norms its keys, layer 1 only rotates them.
     assert_eq!(k_normed, [false, true]);
+    // And every layer's attention writes the output projection's 8-bit
+    // input blocks.
+    let (prologues, _) = super::plan::find_prologues(&g, &sched.steps, &sched.locs);
+    let attention = prologues
+        .values()
+        .filter(|p| **p == super::plan::Prologue::Attention)
+        .count();
+    assert_eq!(attention, LAYERS, "{prologues:?}");
     for p in preps.values() {
         assert!(p.q_norm.is_some() && p.v_norm.is_none(), "{p:?}");
         assert!(matches!(g.node(p.write).op, rlx_ir::Op::KvWrite { .. }));
