@@ -103,6 +103,9 @@ pub struct ModelOptions {
     pub batch_invariant: bool,
     /// On an accelerator: which layers and experts stay on the CPU.
     pub offload: Offload,
+    /// Where a GPU backend keeps its compiled kernels between runs (`None`:
+    /// compiled at every start).
+    pub kernel_cache: Option<std::path::PathBuf>,
 }
 
 impl Default for ModelOptions {
@@ -113,6 +116,7 @@ impl Default for ModelOptions {
             device: Device::Cpu,
             batch_invariant: false,
             offload: Offload::default(),
+            kernel_cache: None,
         }
     }
 }
@@ -166,7 +170,10 @@ impl Model {
         }
         let config = GemmaConfig::from_gguf(&file)?;
         let store = Arc::new(WeightStore::new(Arc::new(file)));
-        let threads = BackendOptions::threads(options.threads);
+        let threads = BackendOptions {
+            kernel_cache: options.kernel_cache.clone(),
+            ..BackendOptions::threads(options.threads)
+        };
         let off = &options.offload;
         let model = |backend, split| Model {
             config: config.clone(),

@@ -61,6 +61,9 @@ pub struct BackendOptions {
     /// memory holds; all when `None`. The CPU reads every weight where it
     /// is mapped.
     pub weights: Option<Vec<bool>>,
+    /// Where a device that compiles its kernels at start keeps them between
+    /// runs; `None`: compiled at every start.
+    pub kernel_cache: Option<std::path::PathBuf>,
 }
 
 impl BackendOptions {
@@ -69,6 +72,7 @@ impl BackendOptions {
         BackendOptions {
             threads,
             weights: None,
+            kernel_cache: None,
         }
     }
 }
@@ -213,6 +217,7 @@ pub fn open(
             ordinal,
             Arc::clone(store),
             opts.weights.as_deref(),
+            opts.kernel_cache.as_deref(),
         )?)),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => Err(RunError::Device {

@@ -134,6 +134,11 @@ impl ModelArgs {
         };
         opts.batch_invariant = self.batch_invariant;
         opts.offload = self.offload(kv_tokens, opts.device)?;
+        // Compiled GPU kernels are kept beside rlx's models (NVRTC takes
+        // tens of seconds at every start otherwise).
+        opts.kernel_cache = std::env::var_os("HOME")
+            .filter(|h| !h.is_empty())
+            .map(|h| std::path::PathBuf::from(h).join(".cache/rlx/kernels"));
         let model = match &self.quantize {
             None => Model::load(&path, opts),
             Some(ty) => {

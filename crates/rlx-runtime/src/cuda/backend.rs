@@ -21,15 +21,17 @@ pub struct CudaBackend {
 
 impl CudaBackend {
     /// Opens GPU `ordinal` (shared with anything else in the process using
-    /// it) and uploads the weights of `store` that `keep` lists (all when
-    /// `None`).
+    /// it; its compiled kernels kept in `kernel_cache` between runs) and
+    /// uploads the weights of `store` that `keep` lists (all when `None`).
     pub fn new(
         ordinal: usize,
         store: Arc<WeightStore>,
         keep: Option<&[bool]>,
+        kernel_cache: Option<&std::path::Path>,
     ) -> Result<Self, RunError> {
         let label = format!("cuda:{ordinal}");
-        let device = CudaDevice::new(ordinal).map_err(|e| e.into_run(&label))?;
+        let device =
+            CudaDevice::with_kernel_cache(ordinal, kernel_cache).map_err(|e| e.into_run(&label))?;
         let weights = CudaWeights::upload(&device, &store, keep).map_err(|e| e.into_run(&label))?;
         Ok(CudaBackend {
             store,

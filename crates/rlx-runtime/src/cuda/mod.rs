@@ -148,6 +148,71 @@ pub fn compile_kernels(major: i32, minor: i32) -> Result<Ptx, CudaError> {
     .map_err(|e| CudaError::Compile(format!("{e:?}")))
 }
 
+/// [`compile_kernels`] through a directory of earlier results: the PTX for
+/// the same source and architecture is read back instead of compiled again
+/// (NVRTC takes tens of seconds over kernels.cu). Without a directory, or
+/// when it cannot be read or written, the kernels are compiled as usual.
+pub fn compile_kernels_cached(
+    major: i32,
+    minor: i32,
+    cache: Option<&std::path::Path>,
+) -> Result<Ptx, CudaError> {
+    let arch = format!("compute_{major}{minor}");
+    match cache {
+        Some(dir) => Ok(Ptx::from_src(cached_text(
+            dir,
+            &kernels_key(&arch),
+            || compile_kernels(major, minor).map(|p| p.to_src()),
+        )?)),
+        None => compile_kernels(major, minor),
+    }
+}
+
+/// What a compiled kernels.cu depends on: its source (by hash and length),
+/// the target architecture and the rlx version that compiled it.
+fn kernels_key(arch: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let src = include_str!("kernels.cu");
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    src.hash(&mut h);
+    format!(
+        "rlx {} kernels.cu {:016x} {} bytes {arch}",
+        env!("CARGO_PKG_VERSION"),
+        h.finish(),
+        src.len()
+    )
+}
+
+/// The text kept under `key` in `dir` (a file named by the key's hash whose
+/// first line is the key itself, so a different key never matches), or
+/// `make`'s, which is then written there for next time. A cache that
+/// cannot be read or written only costs the work.
+fn cached_text<E>(
+    dir: &std::path::Path,
+    key: &str,
+    make: impl FnOnce() -> Result<String, E>,
+) -> Result<String, E> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    let path = dir.join(format!("{:016x}.ptx", h.finish()));
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        if let Some(body) = text.strip_prefix(key).and_then(|t| t.strip_prefix('\n')) {
+            return Ok(body.to_string());
+        }
+    }
+    let body = make()?;
+    // Written beside and renamed into place, so a reader never sees half.
+    let tmp = dir.join(format!(".{:016x}.{}.tmp", h.finish(), std::process::id()));
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|_| std::fs::write(&tmp, format!("{key}\n{body}")))
+        .and_then(|_| std::fs::rename(&tmp, &path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    Ok(body)
+}
+
 /// The kernels of `kernels.cu`, looked up once.
 struct Kernels {
     /// Per weight type code: `matmul_<type>` and `gather_<type>`.
@@ -254,6 +319,15 @@ impl CudaDevice {
     /// the first call opens it and compiles the kernels (seconds), later
     /// ones return the same device while it is in use.
     pub fn new(ordinal: usize) -> Result<Arc<CudaDevice>, CudaError> {
+        Self::with_kernel_cache(ordinal, None)
+    }
+
+    /// [`CudaDevice::new`], keeping compiled kernels in `cache` between
+    /// runs (see [`compile_kernels_cached`]).
+    pub fn with_kernel_cache(
+        ordinal: usize,
+        cache: Option<&std::path::Path>,
+    ) -> Result<Arc<CudaDevice>, CudaError> {
         static OPEN: Mutex<Vec<(usize, Weak<CudaDevice>)>> = Mutex::new(Vec::new());
         let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
         open.retain(|(_, d)| d.strong_count() > 0);
@@ -264,12 +338,12 @@ impl CudaDevice {
         {
             return Ok(d);
         }
-        let d = Self::open(ordinal)?;
+        let d = Self::open(ordinal, cache)?;
         open.push((ordinal, Arc::downgrade(&d)));
         Ok(d)
     }
 
-    fn open(ordinal: usize) -> Result<Arc<CudaDevice>, CudaError> {
+    fn open(ordinal: usize, cache: Option<&std::path::Path>) -> Result<Arc<CudaDevice>, CudaError> {
         // SAFETY: these only try to open the shared libraries.
         let (driver, nvrtc) = unsafe {
             (
@@ -301,7 +375,7 @@ impl CudaDevice {
         // into a graph.
         let stream = ctx.new_stream()?;
         let (major, minor) = ctx.compute_capability()?;
-        let module = ctx.load_module(compile_kernels(major, minor)?)?;
+        let module = ctx.load_module(compile_kernels_cached(major, minor, cache)?)?;
         let f = |name: &str| module.load_function(name);
         let per_type = |kind: &str| -> Result<Vec<CudaFunction>, _> {
             TYPES

@@ -621,11 +621,33 @@ fn a_pool_of_another_device_is_an_error() {
 #[test]
 #[ignore = "needs libnvrtc"]
 fn kernels_compile_with_nvrtc() {
+    let cache = std::env::temp_dir().join(format!("rlx-nvrtc-cache-{}", std::process::id()));
     for (major, minor) in [(8, 0), (9, 0)] {
-        let ptx = match super::compile_kernels(major, minor) {
+        // Through a kernel cache: compiled the first time and kept whole,
+        // read back (not compiled) the second.
+        let ptx = match super::compile_kernels_cached(major, minor, Some(&cache)) {
             Ok(ptx) => ptx.to_src(),
             Err(e) => panic!("sm_{major}{minor}: {e}"),
         };
+        let arch = format!("compute_{major}{minor}");
+        let kept = std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                std::fs::read_to_string(p)
+                    .unwrap()
+                    .lines()
+                    .next()
+                    .unwrap()
+                    .ends_with(&arch)
+            })
+            .unwrap();
+        let text = std::fs::read_to_string(&kept).unwrap();
+        let (key, body) = text.split_once('\n').unwrap();
+        assert_eq!(body, ptx, "sm_{major}{minor}: the kept PTX");
+        std::fs::write(&kept, format!("{key}\nmarker")).unwrap();
+        let again = super::compile_kernels_cached(major, minor, Some(&cache)).unwrap();
+        assert_eq!(again.to_src(), "marker", "sm_{major}{minor}: not read back");
         // Plans on sm_90 launch every kernel as a programmatic dependent of
         // the one before: a kernel that touched memory without waiting for
         // its predecessor would read values not yet written.
@@ -645,6 +667,7 @@ fn kernels_compile_with_nvrtc() {
             );
         }
     }
+    std::fs::remove_dir_all(&cache).unwrap();
 }
 
 /// Launches kernel `f` with `args` as u64 values, which the kernels read as
@@ -1491,4 +1514,54 @@ fn attention_inputs_are_made_ready_in_one_launch() {
         assert!(matches!(g.node(p.write).op, rlx_ir::Op::KvWrite { .. }));
         assert_eq!(g.node(p.write).inputs[0], p.k_rope);
     }
+}
+
+/// Compiled kernels are made once per key and read back after; another key
+/// (another source or architecture) makes its own; a cache directory that
+/// cannot be written only costs the work. Needs no GPU.
+#[test]
+fn compiled_kernels_are_kept_by_key() {
+    let dir = std::env::temp_dir().join(format!("rlx-kernel-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut made = 0;
+    let mut get = |key: &str| {
+        super::cached_text::<()>(&dir, key, || {
+            made += 1;
+            Ok(format!("ptx of {key}\nsecond line"))
+        })
+        .unwrap()
+    };
+    assert_eq!(get("a"), "ptx of a\nsecond line");
+    assert_eq!(get("a"), "ptx of a\nsecond line");
+    assert_eq!(get("b"), "ptx of b\nsecond line");
+    assert_eq!(get("a"), "ptx of a\nsecond line");
+    assert_eq!(made, 2);
+    // A file under the key's name whose first line is another key is not
+    // taken (made again, and replaced).
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| std::fs::read_to_string(p).unwrap().starts_with("a\n"))
+        .unwrap();
+    std::fs::write(&file, "not a\nstale").unwrap();
+    let mut again = 0;
+    let text = super::cached_text::<()>(&dir, "a", || {
+        again += 1;
+        Ok("fresh".into())
+    })
+    .unwrap();
+    assert_eq!((text.as_str(), again), ("fresh", 1));
+    // A cache where a directory cannot be made: the text, every time.
+    let blocked = dir.join("a-file");
+    std::fs::write(&blocked, "").unwrap();
+    let mut n = 0;
+    for _ in 0..2 {
+        let t = super::cached_text::<()>(&blocked.join("sub"), "k", || {
+            n += 1;
+            Ok("t".into())
+        });
+        assert_eq!(t.unwrap(), "t");
+    }
+    assert_eq!(n, 2);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
