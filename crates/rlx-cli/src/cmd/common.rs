@@ -134,11 +134,9 @@ impl ModelArgs {
         };
         opts.batch_invariant = self.batch_invariant;
         opts.offload = self.offload(kv_tokens, opts.device)?;
-        // Compiled GPU kernels are kept beside rlx's models (NVRTC takes
-        // tens of seconds at every start otherwise).
-        opts.kernel_cache = std::env::var_os("HOME")
-            .filter(|h| !h.is_empty())
-            .map(|h| std::path::PathBuf::from(h).join(".cache/rlx/kernels"));
+        // NVRTC takes tens of seconds over the GPU kernels at every start
+        // without a cache.
+        opts.kernel_cache = super::stores::Roots::from_env().kernels;
         let model = match &self.quantize {
             None => Model::load(&path, opts),
             Some(ty) => {

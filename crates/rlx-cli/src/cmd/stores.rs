@@ -20,6 +20,8 @@ pub struct Roots {
     /// The Hugging Face hub cache: `$HF_HUB_CACHE`, else `$HF_HOME/hub`,
     /// else `~/.cache/huggingface/hub`.
     pub hf: Option<PathBuf>,
+    /// Where a GPU backend keeps its compiled kernels: `~/.cache/rlx/kernels`.
+    pub kernels: Option<PathBuf>,
 }
 
 impl Roots {
@@ -45,6 +47,7 @@ impl Roots {
             hf: var("HF_HUB_CACHE")
                 .or_else(|| var("HF_HOME").map(|h| h.join("hub")))
                 .or_else(|| under_home(".cache/huggingface/hub")),
+            kernels: under_home(".cache/rlx/kernels"),
         }
     }
 }

@@ -480,6 +480,16 @@ fn arena_span(locs: &[Loc], mut id: NodeId) -> Option<(usize, usize)> {
     }
 }
 
+/// Whether a kernel may write `out` while it reads `input` (both in the
+/// arena): they do not overlap, or, `in_place`, they start at the same
+/// element (each block reads its own head before writing it).
+fn may_write(locs: &[Loc], out: NodeId, input: NodeId, in_place: bool) -> bool {
+    match (arena_span(locs, input), arena_span(locs, out)) {
+        (Some((a0, a1)), Some((b0, b1))) => a1 <= b0 || b1 <= a0 || (in_place && a0 == b0),
+        _ => false,
+    }
+}
+
 /// What the fusion passes ask of a schedule: each node's users, the graph's
 /// outputs, and the steps that launch kernels (views aside), in order.
 struct StepUses {
@@ -605,11 +615,7 @@ pub(super) fn find_norm_ropes(
             && dims.len() == 3
             && dims[2] <= NORM_ROPE_MAX_HEAD;
         let x = g.node(norm).inputs[0];
-        let safe = match (arena_span(locs, x), arena_span(locs, rope)) {
-            (Some((a0, a1)), Some((b0, b1))) => a1 <= b0 || b1 <= a0 || a0 == b0,
-            _ => false,
-        };
-        if fits && safe {
+        if fits && may_write(locs, rope, x, true) {
             found.insert(norm, rope);
         }
     }
@@ -729,15 +735,9 @@ pub(super) fn find_head_preps(
                 }
                 _ => false,
             };
-            let span = |id| arena_span(locs, id);
-            let apart = |a: Option<(usize, usize)>, b: Option<(usize, usize)>| match (a, b) {
-                (Some((a0, a1)), Some((b0, b1))) => a1 <= b0 || b1 <= a0,
-                _ => false,
-            };
-            let out = span(q_rope);
-            let safe = apart(out, span(k_in))
-                && apart(out, span(v_in))
-                && (apart(out, span(q_in)) || out.map(|o| o.0) == span(q_in).map(|i| i.0));
+            let safe = may_write(locs, q_rope, k_in, false)
+                && may_write(locs, q_rope, v_in, false)
+                && may_write(locs, q_rope, q_in, true);
             if consecutive && whole && safe {
                 found.insert(uses.order[pos[0]], prep);
                 break;
