@@ -16,6 +16,7 @@ use crate::batch::Batch;
 use crate::compile::{CompileOptions, HostTensor, Precision, RunError, StepOutputs, Tap};
 use crate::cpu::CpuBackend;
 use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet, StepLayout};
+use crate::reduce::{LogitRows, RowReduce};
 use crate::weights::WeightStore;
 
 /// Where a model runs.
@@ -196,6 +197,30 @@ pub trait Executable: Send {
     ) -> Result<StepOutputs, RunError> {
         let _ = tap;
         self.run(batch, kv)
+    }
+    /// Like `run`, with the f32 output `name` (`[rows × vocab]`) reduced
+    /// row by row as `rows` asks (one request per row) where the device
+    /// can, its rows then kept on the device for [`Executable::fetch_row`]
+    /// until the next step; a device that cannot returns them whole (the
+    /// CPU: they are in host memory already). The other outputs come back
+    /// as `run` returns them.
+    fn run_reduced(
+        &mut self,
+        batch: &Batch,
+        kv: Option<&mut KvPool>,
+        name: &str,
+        rows: &[RowReduce],
+    ) -> Result<(StepOutputs, LogitRows), RunError> {
+        let _ = rows;
+        let mut out = self.run(batch, kv)?;
+        let full = out.take_f32(name)?;
+        Ok((out, LogitRows::Full(full)))
+    }
+    /// Row `row` of output `name` of the last [`Executable::run_reduced`]
+    /// step, where it was kept on the device.
+    fn fetch_row(&mut self, name: &str, row: usize) -> Result<Vec<f32>, RunError> {
+        let _ = row;
+        Err(RunError::NoOutput(name.into()))
     }
     /// The optimised graph it runs.
     fn graph(&self) -> &Graph;

@@ -19,6 +19,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod kv;
 pub mod memory;
+pub mod reduce;
 pub mod split;
 pub mod weights;
 
@@ -33,5 +34,6 @@ pub use kv::{
     KvChoice, KvDType, KvError, KvGroup, KvLayerSpec, KvPool, KvPoolConfig, KvStorage, KvTypes,
     SlotSet, StepLayout, BLOCK_TOKENS,
 };
+pub use reduce::{LogitRows, RowDigest, RowReduce};
 pub use split::{Placement, SplitBackend};
 pub use weights::{WeightError, WeightInfo, WeightStore};

@@ -7,10 +7,11 @@ use rlx_gguf::GgmlType;
 use rlx_ir::{Graph, Op};
 
 use super::{compile_cuda, supports, CudaDevice, CudaError, CudaKvStorage, CudaPlan, CudaWeights};
-use crate::backend::{kv_dtype_for, Backend, Device, Executable, MemoryReport, PreparedKv};
+use crate::backend::{kv_dtype_for, step, Backend, Device, Executable, MemoryReport, PreparedKv};
 use crate::batch::Batch;
 use crate::compile::{CompileOptions, HostTensor, Precision, RunError, StepOutputs};
 use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet};
+use crate::reduce::{LogitRows, RowReduce};
 use crate::weights::WeightStore;
 
 /// A GPU with a model's weights on it.
@@ -158,8 +159,43 @@ impl Executable for CudaPlan {
             self.record_spans(batch, k.pool, k.layout)
                 .map_err(|e| e.into_run(&label))?;
         }
-        self.run_inner(batch, kv.map(|k| (&*k.pool, k.layout)), values)
+        self.run_inner(batch, kv.map(|k| (&*k.pool, k.layout)), values, None)
+            .map(|(outs, _)| outs)
             .map_err(|e| e.into_run(&label))
+    }
+
+    fn run_reduced(
+        &mut self,
+        batch: &Batch,
+        kv: Option<&mut KvPool>,
+        name: &str,
+        rows: &[RowReduce],
+    ) -> Result<(StepOutputs, LogitRows), RunError> {
+        self.check(batch, kv.as_deref())?;
+        let label = self.cuda_label();
+        let mut digests = Vec::new();
+        let outs = step(batch, kv, |mut kv| {
+            if let Some(k) = kv.as_mut() {
+                self.record_spans(batch, k.pool, k.layout)
+                    .map_err(|e| e.into_run(&label))?;
+            }
+            let (outs, d) = self
+                .run_inner(
+                    batch,
+                    kv.map(|k| (&*k.pool, k.layout)),
+                    &[],
+                    Some((name, rows)),
+                )
+                .map_err(|e| e.into_run(&label))?;
+            digests = d.unwrap_or_default();
+            Ok(outs)
+        })?;
+        Ok((outs, LogitRows::Reduced(digests)))
+    }
+
+    fn fetch_row(&mut self, name: &str, row: usize) -> Result<Vec<f32>, RunError> {
+        self.fetch_kept_row(name, row)
+            .map_err(|e| e.into_run(&self.cuda_label()))
     }
 
     fn check(&self, batch: &Batch, pool: Option<&KvPool>) -> Result<(), RunError> {

@@ -1922,3 +1922,324 @@ extern "C" __global__ void concat_part(const float* x, float* y, long long outer
     long long o = i / (len * inner), r = i % (len * inner);
     y[o * y_len * inner + off * inner + r] = x[i];
 }
+
+// ---------------------------------------------------------------------------
+// Logit rows reduced on the device (see rlx-runtime's `reduce` module): one
+// block of RD_WARPS warps per row. Each warp walks a contiguous share of the
+// row 32 tokens at a time, applies the row's logit changes (sorted by token,
+// so a warp-uniform pointer meets them in order) with the sampler's f64
+// arithmetic, counts live tokens, keeps an online max and Σ exp, and keeps
+// its best candidates: tokens better than its current last one wait in a
+// pending area and join by a sort of 128 entries when it fills. Warp 0 then
+// merges every warp's list. A draw walks the shares again.
+
+#define RD_WARPS 16
+#define RD_TOP 64
+#define RD_NONE 0xffffffffu
+
+struct RdReq {  // 64 bytes, as the host writes it
+    double repeat, frequency, presence;
+    double inv_temp;  // 1 / temperature (0: no draw)
+    double ln_min_p;
+    double u;
+    u32 adj_start, adj_len, top, pad;
+};
+
+struct RdAdj {  // 16 bytes
+    double bias;
+    u32 token, count;
+};
+
+// Output per row (RD_OUT_BYTES): sum_exp (f64), then u32 live, drawn,
+// invalid token, invalid value bits, listed; then RD_TOP f64 values and
+// RD_TOP u32 tokens.
+#define RD_OUT_BYTES (8 + 5 * 4 + 4 + RD_TOP * 8 + RD_TOP * 4)
+
+__device__ __forceinline__ bool rd_better(double av, u32 ai, double bv, u32 bi) {
+    return av > bv || (av == bv && ai < bi);
+}
+
+// Sorts a warp's 128 entries, better first.
+__device__ void rd_sort128(double* v, u32* id, int lane) {
+    for (int k = 2; k <= 128; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int t = lane; t < 128; t += 32) {
+                int p = t ^ j;
+                if (p > t) {
+                    double a = v[t], b = v[p];
+                    u32 ia = id[t], ib = id[p];
+                    bool first = (t & k) == 0;
+                    bool swap = first ? rd_better(b, ib, a, ia) : rd_better(a, ia, b, ib);
+                    if (swap) {
+                        v[t] = b;
+                        v[p] = a;
+                        id[t] = ib;
+                        id[p] = ia;
+                    }
+                }
+            }
+            __syncwarp();
+        }
+    }
+}
+
+__device__ __forceinline__ double rd_warp_sum(double x) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+    return x;
+}
+
+// The sampler's adjustment of one change, in correctly rounded f64.
+__device__ __forceinline__ double rd_apply(double v, const RdAdj& a, const RdReq& r) {
+    v = __dadd_rn(v, a.bias);
+    if (a.count > 0) {
+        v = v > 0.0 ? __ddiv_rn(v, r.repeat) : __dmul_rn(v, r.repeat);
+        v = __dsub_rn(v, __dadd_rn(__dmul_rn((double)a.count, r.frequency), r.presence));
+    }
+    return v;
+}
+
+// Row `row`'s adjusted logit at token i of a 32-token step starting at
+// base, with the warp's change pointer *p advanced past the step.
+__device__ __forceinline__ double rd_value(const float* __restrict__ x, long long V, int i,
+                                           int base, const RdAdj* __restrict__ adj, u32 n,
+                                           u32* p, const RdReq& r, float* raw) {
+    float l = i < V ? x[i] : NEG_INF;
+    *raw = l;
+    double v = __dadd_rn((double)l, 0.0);
+    while (*p < n && adj[*p].token < (u32)base + 32) {
+        if (adj[*p].token == (u32)i) v = rd_apply(v, adj[*p], r);
+        (*p)++;
+    }
+    return v;
+}
+
+// First change at or after token t (binary search, warp-uniform).
+__device__ __forceinline__ u32 rd_first(const RdAdj* adj, u32 n, u32 t) {
+    u32 lo = 0, hi = n;
+    while (lo < hi) {
+        u32 mid = (lo + hi) / 2;
+        if (adj[mid].token < t) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+extern "C" __global__ void __launch_bounds__(RD_WARPS * 32)
+reduce_logits(const float* __restrict__ logits, long long V, const RdReq* __restrict__ reqs,
+              const RdAdj* __restrict__ adj_all, u8* __restrict__ out) {
+    pdl_begin();
+    __shared__ double sv[RD_WARPS][128];
+    __shared__ u32 si[RD_WARPS][128];
+    __shared__ double wm[RD_WARPS], ws[RD_WARPS];
+    __shared__ u32 wlive[RD_WARPS];
+    __shared__ u32 s_invalid;
+    __shared__ double s_target;
+    __shared__ int s_warp;
+    __shared__ double s_before;
+    const int row = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const RdReq r = reqs[row];
+    const RdAdj* adj = adj_all + r.adj_start;
+    const float* x = logits + (long long)row * V;
+    const int N = r.top;
+    if (threadIdx.x == 0) s_invalid = RD_NONE;
+    __syncthreads();
+    // Each warp's share: whole 32-token steps.
+    const long long steps = (V + 31) / 32;
+    const int share = (int)((steps + RD_WARPS - 1) / RD_WARPS) * 32;
+    const int lo = w * share;
+    const int hi = (int)min((long long)lo + share, V);
+    double* bv = sv[w];
+    u32* bi = si[w];
+    for (int t = lane; t < 128; t += 32) {
+        bv[t] = NEG_INF;
+        bi[t] = RD_NONE;
+    }
+    __syncwarp();
+    int nb = 0, np = 0;  // listed (sorted, at 0..) and pending (at 64..)
+    double m = NEG_INF, s = 0.0;
+    u32 live = 0;
+    u32 p = rd_first(adj, r.adj_len, (u32)max(lo, 0));
+    for (int base = lo; base < hi; base += 32) {
+        const int i = base + lane;
+        float raw;
+        double v = rd_value(x, hi, i, base, adj, r.adj_len, &p, r, &raw);
+        if (i < hi && (isnan(raw) || raw == __int_as_float(0x7f800000))) atomicMin(&s_invalid, (u32)i);
+        const bool ok = i < hi && v != (double)NEG_INF && !isnan(v);
+        if (ok) {
+            live++;
+            if (v > m) {
+                s = (m == (double)NEG_INF ? 0.0 : s * (double)__expf((float)(m - v))) + 1.0;
+                m = v;
+            } else {
+                s += (double)__expf((float)(v - m));
+            }
+        }
+        const bool better = ok && (nb < N || rd_better(v, (u32)i, bv[N - 1], bi[N - 1]));
+        const unsigned mask = __ballot_sync(0xffffffff, better);
+        if (mask == 0) continue;
+        const int n = __popc(mask);
+        if (np + n > 64) {
+            rd_sort128(bv, bi, lane);
+            nb = min(N, nb + np);
+            for (int t = nb + lane; t < 128; t += 32) {
+                bv[t] = NEG_INF;
+                bi[t] = RD_NONE;
+            }
+            __syncwarp();
+            np = 0;
+        }
+        if (better) {
+            const int at = 64 + np + __popc(mask & ((1u << lane) - 1));
+            bv[at] = v;
+            bi[at] = (u32)i;
+        }
+        np += n;
+        __syncwarp();
+    }
+    if (np > 0) {
+        rd_sort128(bv, bi, lane);
+        nb = min(N, nb + np);
+    }
+    // The warp's live count and (max, Σ exp) over its lanes.
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        live += __shfl_xor_sync(0xffffffff, live, o);
+        const double m2 = __shfl_xor_sync(0xffffffff, m, o);
+        const double s2 = __shfl_xor_sync(0xffffffff, s, o);
+        const double mm = fmax(m, m2);
+        if (mm != (double)NEG_INF) {
+            s = (m == (double)NEG_INF ? 0.0 : s * (double)__expf((float)(m - mm))) +
+                (m2 == (double)NEG_INF ? 0.0 : s2 * (double)__expf((float)(m2 - mm)));
+        }
+        m = mm;
+    }
+    if (lane == 0) {
+        wm[w] = m;
+        ws[w] = s;
+        wlive[w] = live;
+    }
+    for (int t = nb + lane; t < 128; t += 32) {
+        bv[t] = NEG_INF;
+        bi[t] = RD_NONE;
+    }
+    __syncthreads();
+    u8* o = out + (size_t)row * RD_OUT_BYTES;
+    if (s_invalid != RD_NONE) {
+        if (threadIdx.x == 0) {
+            *(double*)o = 0.0;
+            u32* h = (u32*)(o + 8);
+            h[0] = 0;
+            h[1] = RD_NONE;
+            h[2] = s_invalid;
+            h[3] = __float_as_uint(x[s_invalid]);
+            h[4] = 0;
+        }
+        return;
+    }
+    if (w == 0) {
+        // Merge every warp's list into warp 0's.
+        for (int from = 1; from < RD_WARPS; from++) {
+            for (int t = lane; t < 64; t += 32) {
+                bv[64 + t] = sv[from][t];
+                bi[64 + t] = si[from][t];
+            }
+            __syncwarp();
+            rd_sort128(bv, bi, lane);
+            for (int t = 64 + lane; t < 128; t += 32) {
+                bv[t] = NEG_INF;
+                bi[t] = RD_NONE;
+            }
+            __syncwarp();
+        }
+        double M = NEG_INF, S = 0.0;
+        u32 L = 0;
+        for (int k = 0; k < RD_WARPS; k++) {
+            M = fmax(M, wm[k]);
+            L += wlive[k];
+        }
+        for (int k = 0; k < RD_WARPS; k++)
+            if (wm[k] != (double)NEG_INF) S += ws[k] * (double)__expf((float)(wm[k] - M));
+        const u32 listed = min((u32)N, L);
+        if (lane == 0) {
+            *(double*)o = S;
+            u32* h = (u32*)(o + 8);
+            h[0] = L;
+            h[1] = RD_NONE;
+            h[2] = RD_NONE;
+            h[3] = 0;
+            h[4] = listed;
+        }
+        double* ov = (double*)(o + 32);
+        u32* oi = (u32*)(o + 32 + RD_TOP * 8);
+        for (int t = lane; t < RD_TOP; t += 32) {
+            ov[t] = t < (int)listed ? bv[t] : (double)NEG_INF;
+            oi[t] = t < (int)listed ? bi[t] : RD_NONE;
+        }
+    }
+    if (r.inv_temp == 0.0) return;
+    __syncthreads();
+    // A draw: weights exp((v − max) / T) of the tokens at or above the
+    // floor, each warp's share summed 32 tokens at a time; the share where
+    // u × total falls is walked again the same way to the token.
+    const double M = sv[0][0];
+    if (M == (double)NEG_INF) return;
+    const double floor_v = __dadd_rn(M, r.ln_min_p);
+    const float inv_t = (float)r.inv_temp;
+    double acc = 0.0;
+    p = rd_first(adj, r.adj_len, (u32)max(lo, 0));
+    for (int base = lo; base < hi; base += 32) {
+        float raw;
+        const double v = rd_value(x, hi, base + lane, base, adj, r.adj_len, &p, r, &raw);
+        const double wt = base + lane < hi && v >= floor_v && v != (double)NEG_INF
+                              ? (double)__expf((float)(v - M) * inv_t) : 0.0;
+        acc += rd_warp_sum(wt);
+    }
+    if (lane == 0) ws[w] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0.0;
+        for (int k = 0; k < RD_WARPS; k++) total += ws[k];
+        const double target = r.u * total;
+        double before = 0.0;
+        int pick = -1, last = -1;
+        for (int k = 0; k < RD_WARPS; k++) {
+            if (ws[k] > 0.0) last = k;
+            if (pick < 0 && before + ws[k] > target) pick = k;
+            if (pick < 0) before += ws[k];
+        }
+        if (pick < 0) {
+            pick = last;
+            before = total - ws[last];
+        }
+        s_warp = pick;
+        s_before = before;
+        s_target = target;
+    }
+    __syncthreads();
+    if (w != s_warp) return;
+    double run = s_before;
+    u32 found = RD_NONE, last_pos = RD_NONE;
+    p = rd_first(adj, r.adj_len, (u32)max(lo, 0));
+    for (int base = lo; base < hi && found == RD_NONE; base += 32) {
+        float raw;
+        const double v = rd_value(x, hi, base + lane, base, adj, r.adj_len, &p, r, &raw);
+        const double wt = base + lane < hi && v >= floor_v && v != (double)NEG_INF
+                              ? (double)__expf((float)(v - M) * inv_t) : 0.0;
+        const double chunk = rd_warp_sum(wt);
+        const unsigned pos = __ballot_sync(0xffffffff, wt > 0.0);
+        if (pos) last_pos = (u32)base + 31 - __clz(pos);
+        if (run + chunk > s_target) {
+            double incl = wt;
+            #pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const double y = __shfl_up_sync(0xffffffff, incl, d);
+                if (lane >= d) incl += y;
+            }
+            const unsigned hit = __ballot_sync(0xffffffff, wt > 0.0 && run + incl > s_target);
+            found = hit ? (u32)base + __ffs(hit) - 1 : last_pos;
+        }
+        run += chunk;
+    }
+    if (found == RD_NONE) found = last_pos;
+    if (lane == 0) ((u32*)(o + 8))[1] = found;
+}

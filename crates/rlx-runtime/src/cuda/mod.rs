@@ -33,6 +33,7 @@
 mod backend;
 mod kv;
 mod plan;
+mod reduce;
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -265,6 +266,7 @@ struct Kernels {
     take_rows: CudaFunction,
     narrow: CudaFunction,
     concat_part: CudaFunction,
+    reduce_logits: CudaFunction,
     _module: Arc<CudaModule>,
 }
 
@@ -433,6 +435,7 @@ impl CudaDevice {
             take_rows: f("take_rows")?,
             narrow: f("narrow")?,
             concat_part: f("concat_part")?,
+            reduce_logits: f("reduce_logits")?,
             _module: module,
         };
         // SAFETY: only tries to open the shared library.

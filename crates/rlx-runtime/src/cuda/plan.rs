@@ -20,6 +20,7 @@ use crate::compile::{
     CompileOptions, HostTensor, Loc, RunError, StepInput, StepInputs, StepOutputs,
 };
 use crate::kv::{KvError, KvPool, StepLayout, BLOCK_TOKENS};
+use crate::reduce::{RowDigest, RowReduce};
 use crate::weights::WeightStore;
 
 /// Where each part of a step's metadata lives in the plan's metadata
@@ -414,8 +415,24 @@ pub struct CudaPlan {
     /// pageable memory goes through the driver's own staging at a fraction
     /// of the speed: logits of a 64-sequence step are 64 MiB).
     host: Option<PinnedHostSlice<f32>>,
+    /// Requests and digests of [`reduce_logits`](CudaPlan::reduce_rows).
+    reduce_in: Option<CudaSlice<u8>>,
+    reduce_out: Option<CudaSlice<u8>>,
+    /// The output the last step reduced, left in the arena.
+    kept: Option<Kept>,
     max: Bindings,
 }
+
+/// Where a reduced output lies until the next step.
+struct Kept {
+    name: String,
+    offset: usize,
+    rows: usize,
+    vocab: usize,
+}
+
+/// Threads of a `reduce_logits` block (`RD_WARPS` warps).
+const REDUCE_THREADS: u32 = 16 * 32;
 
 /// The weight type code and device address of a weight node, or of the
 /// weight a reshape views (a stack of matrices read as one).
@@ -1014,6 +1031,9 @@ pub fn compile_cuda(
         head_preps,
         prepped,
         host: None,
+        reduce_in: None,
+        reduce_out: None,
+        kept: None,
         max: opts.max.clone(),
     })
 }
@@ -1281,7 +1301,9 @@ impl CudaPlan {
         batch: &Batch,
         kv: Option<(&KvPool, &StepLayout)>,
         values: &[(String, HostTensor)],
-    ) -> Result<StepOutputs, CudaError> {
+        reduce: Option<(&str, &[RowReduce])>,
+    ) -> Result<(StepOutputs, Option<Vec<RowDigest>>), CudaError> {
+        self.kept = None;
         let inputs = StepInputs::new(batch, values);
         let b = bind(&self.graph_ir, &self.max, &inputs)?;
         self.check_indices(&b, &inputs)?;
@@ -1347,7 +1369,8 @@ impl CudaPlan {
             }
         }
         let mut outs = Vec::new();
-        for (name, id) in self.graph_ir.outputs() {
+        let mut digests = None;
+        for (name, id) in &self.graph_ir.outputs().to_vec() {
             let dims = self.graph_ir.node(*id).shape.resolve(&b).expect("bound");
             let len: usize = dims.iter().product();
             let Some((offset, _)) = arena_span(&self.locs, *id) else {
@@ -1355,6 +1378,10 @@ impl CudaPlan {
                     node_err(&self.graph_ir, *id, "outputs must be computed values").into(),
                 );
             };
+            if let Some((_, rows)) = reduce.filter(|(n, _)| n == name) {
+                digests = Some(self.reduce_rows(name, offset, &dims, rows)?);
+                continue;
+            }
             let src = self.arena.slice(offset..offset + len);
             let data = if len == 0 {
                 Vec::new()
@@ -1378,7 +1405,105 @@ impl CudaPlan {
             };
             outs.push((name.clone(), HostTensor::f32(data, &dims)));
         }
-        Ok(outs.into())
+        if let (Some((name, _)), None) = (reduce, &digests) {
+            return Err(RunError::NoOutput(name.into()).into());
+        }
+        Ok((outs.into(), digests))
+    }
+
+    /// Reduces the rows of output `name` (`dims` = rows × vocab, at arena
+    /// element `offset`) on the device as `rows` asks, and keeps it there
+    /// for [`CudaPlan::fetch_kept_row`] until the next step.
+    fn reduce_rows(
+        &mut self,
+        name: &str,
+        offset: usize,
+        dims: &[usize],
+        rows: &[RowReduce],
+    ) -> Result<Vec<RowDigest>, CudaError> {
+        let [n, vocab] = dims else {
+            return Err(CudaError::Unsupported(format!(
+                "output {name:?} is {dims:?}; only [rows, vocab] reduces"
+            )));
+        };
+        if rows.len() != *n {
+            return Err(CudaError::Unsupported(format!(
+                "output {name:?} has {n} rows, {} reductions asked for",
+                rows.len()
+            )));
+        }
+        if let Some(e) = rows.iter().find_map(|r| r.check().err()) {
+            return Err(CudaError::Unsupported(format!("reducing {name:?}: {e}")));
+        }
+        self.kept = Some(Kept {
+            name: name.to_string(),
+            offset,
+            rows: *n,
+            vocab: *vocab,
+        });
+        if *n == 0 {
+            return Ok(Vec::new());
+        }
+        let (bytes, adj_at) = super::reduce::encode(rows);
+        let out_len = n * super::reduce::OUT_BYTES;
+        let stream = Arc::clone(&self.device.stream);
+        let fits =
+            |s: &Option<CudaSlice<u8>>, len: usize| s.as_ref().is_some_and(|s| s.len() >= len);
+        if !fits(&self.reduce_in, bytes.len()) {
+            self.reduce_in = Some(stream.alloc_zeros(bytes.len().next_power_of_two())?);
+        }
+        if !fits(&self.reduce_out, out_len) {
+            self.reduce_out = Some(stream.alloc_zeros(out_len.next_power_of_two())?);
+        }
+        let input = self.reduce_in.as_mut().expect("sized above");
+        stream.memcpy_htod(&bytes, &mut input.slice_mut(..bytes.len()))?;
+        let (inp, outp) = (
+            self.device
+                .ptr(self.reduce_in.as_ref().expect("sized above")),
+            self.device
+                .ptr(self.reduce_out.as_ref().expect("sized above")),
+        );
+        let logits = self.device.ptr(&self.arena) + 4 * offset as u64;
+        let cfg = LaunchConfig {
+            grid_dim: (*n as u32, 1, 1),
+            block_dim: (REDUCE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(
+            &self.device.kernels.reduce_logits,
+            cfg,
+            &[
+                Arg::Ptr(logits),
+                Arg::I64(*vocab as i64),
+                Arg::Ptr(inp),
+                Arg::Ptr(inp + adj_at as u64),
+                Arg::Ptr(outp),
+            ],
+        )?;
+        let out = stream.clone_dtoh(
+            &self
+                .reduce_out
+                .as_ref()
+                .expect("sized above")
+                .slice(..out_len),
+        )?;
+        Ok(super::reduce::decode(&out, *n))
+    }
+
+    /// Row `row` of the output the last step reduced and kept.
+    pub(super) fn fetch_kept_row(&self, name: &str, row: usize) -> Result<Vec<f32>, CudaError> {
+        let Some(k) = self
+            .kept
+            .as_ref()
+            .filter(|k| k.name == name && row < k.rows)
+        else {
+            return Err(RunError::NoOutput(format!("{name}[{row}]")).into());
+        };
+        let at = k.offset + row * k.vocab;
+        Ok(self
+            .device
+            .stream
+            .clone_dtoh(&self.arena.slice(at..at + k.vocab))?)
     }
 
     /// The label of this plan's GPU, for errors.

@@ -1565,3 +1565,272 @@ fn compiled_kernels_are_kept_by_key() {
     assert_eq!(n, 2);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Digests of `rows` (each `vocab` long) by `reduce_logits`.
+fn reduce_on_gpu(
+    dev: &super::CudaDevice,
+    logits: &[f32],
+    vocab: usize,
+    reqs: &[crate::reduce::RowReduce],
+) -> Vec<crate::reduce::RowDigest> {
+    let s = &dev.stream;
+    let (bytes, adj_at) = super::reduce::encode(reqs);
+    let x = s.clone_htod(logits).unwrap();
+    let b = s.clone_htod(&bytes).unwrap();
+    let out = s
+        .alloc_zeros::<u8>(reqs.len() * super::reduce::OUT_BYTES)
+        .unwrap();
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (reqs.len() as u32, 1, 1),
+        block_dim: (16 * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let args = [
+        dev.ptr(&x),
+        vocab as u64,
+        dev.ptr(&b),
+        dev.ptr(&b) + adj_at as u64,
+        dev.ptr(&out),
+    ];
+    launch_raw(s, &dev.kernels.reduce_logits, cfg, &args);
+    super::reduce::decode(&s.clone_dtoh(&out).unwrap(), reqs.len())
+}
+
+/// The weights a draw of `r` gives the tokens of `row` (the reference's
+/// arithmetic), in token order.
+fn draw_weights(row: &[f32], r: &crate::reduce::RowReduce) -> Vec<f64> {
+    let d = r.draw.unwrap();
+    let v: Vec<f64> = (0..row.len())
+        .map(|i| {
+            let changes: Vec<_> = r
+                .adjust
+                .iter()
+                .filter(|a| a.token as usize == i)
+                .copied()
+                .collect();
+            crate::reduce::adjusted(row[i], &changes, &r.penalties)
+        })
+        .collect();
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    v.iter()
+        .map(|&x| {
+            if x == f64::NEG_INFINITY || x < max + d.ln_min_p {
+                0.0
+            } else {
+                ((x - max) / d.temperature).exp()
+            }
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn logit_rows_reduce_as_the_reference() {
+    use crate::reduce::{reduce_row, Adjust, Draw, Penalties, RowReduce};
+    let dev = super::CudaDevice::new(0).unwrap();
+    let mut r = Rng(11);
+    for vocab in [262_144usize, 1000, 33, 5] {
+        let rows = 9;
+        let mut logits = vec![0f32; rows * vocab];
+        let mut reqs = Vec::new();
+        for (i, row) in logits.chunks_exact_mut(vocab).enumerate() {
+            for x in row.iter_mut() {
+                *x = r.next() * 8.0;
+            }
+            match i {
+                // Ties everywhere: values on a coarse grid, or all equal.
+                1 => row.iter_mut().for_each(|x| *x = (*x * 2.0).round() / 2.0),
+                2 => row.fill(0.0),
+                // Mostly banned by the model itself.
+                3 => row.iter_mut().skip(3).for_each(|x| *x = f32::NEG_INFINITY),
+                // Invalid values: the first is reported.
+                4 => {
+                    row[vocab / 2] = f32::NAN;
+                    row[vocab - 1] = f32::INFINITY;
+                }
+                _ => {}
+            }
+            let mut adjust: Vec<Adjust> = (0..(i * 7) % 40)
+                .map(|k| Adjust {
+                    token: ((k * 7919 + i * 104_729) % vocab) as u32,
+                    bias: match k % 5 {
+                        0 => f64::NEG_INFINITY,
+                        1 => 0.0,
+                        _ => f64::from(r.next()) * 3.0,
+                    },
+                    count: (k % 3) as u32,
+                })
+                .collect();
+            adjust.sort_by_key(|a| a.token);
+            reqs.push(RowReduce {
+                adjust,
+                penalties: Penalties {
+                    repeat: 1.3,
+                    frequency: 0.25,
+                    presence: 0.5,
+                },
+                top: [1, 40, 64, 7, 64, 2, 64, 33, 64][i],
+                draw: (i % 2 == 0 || i == 5).then(|| Draw {
+                    temperature: [0.7, 1.0, 0.05][i % 3],
+                    ln_min_p: if i == 6 {
+                        0.05f64.ln()
+                    } else {
+                        f64::NEG_INFINITY
+                    },
+                    u: f64::from(r.next().abs()).min(0.999),
+                }),
+            });
+        }
+        let got = reduce_on_gpu(&dev, &logits, vocab, &reqs);
+        for (i, (g, req)) in got.iter().zip(&reqs).enumerate() {
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let want = reduce_row(row, req);
+            let at = format!("vocab {vocab}, row {i}");
+            assert_eq!(g.invalid.map(|v| v.0), want.invalid.map(|v| v.0), "{at}");
+            if want.invalid.is_some() {
+                continue;
+            }
+            assert_eq!(g.top, want.top, "{at}");
+            assert_eq!(g.live, want.live, "{at}");
+            let rel = (g.sum_exp - want.sum_exp).abs() / want.sum_exp.max(1e-300);
+            assert!(
+                rel < 1e-5,
+                "{at}: Σ exp {} against {}",
+                g.sum_exp,
+                want.sum_exp
+            );
+            match (req.draw, want.live) {
+                (None, _) | (_, 0) => assert_eq!(g.drawn, None, "{at}"),
+                (Some(d), _) => {
+                    // The drawn token's cumulative range holds the target,
+                    // up to the rounding of another order of addition.
+                    let w = draw_weights(row, req);
+                    let t = g.drawn.expect("a live row draws") as usize;
+                    let total: f64 = w.iter().sum();
+                    let target = d.u * total;
+                    let before: f64 = w[..t].iter().sum();
+                    let slack = 1e-5 * total;
+                    assert!(w[t] > 0.0, "{at}: drew token {t} of weight 0");
+                    assert!(
+                        before <= target + slack && before + w[t] >= target - slack,
+                        "{at}: token {t} covers {before}..{} of {total}, target {target}",
+                        before + w[t]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Seeded draws on the GPU follow the sampler's distribution: 20,000 rows of
+/// one small vocabulary, counted against the probabilities the CPU
+/// sampler's arithmetic gives (chi-square at p = 0.001).
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_draws_follow_the_samplers_distribution() {
+    use crate::reduce::{Draw, RowReduce};
+    let dev = super::CudaDevice::new(0).unwrap();
+    let vocab = 16;
+    let row: Vec<f32> = (0..vocab)
+        .map(|i| ((i * 37) % 11) as f32 * 0.3 - 1.0)
+        .collect();
+    let mut r = Rng(5);
+    for (temperature, min_p) in [(0.7f64, 0.0f64), (1.0, 0.2)] {
+        let n = 20_000;
+        let reqs: Vec<RowReduce> = (0..n)
+            .map(|_| RowReduce {
+                draw: Some(Draw {
+                    temperature,
+                    ln_min_p: if min_p > 0.0 {
+                        min_p.ln()
+                    } else {
+                        f64::NEG_INFINITY
+                    },
+                    u: (f64::from(r.next()) * 0.5 + 0.5).clamp(0.0, 0.999_999),
+                }),
+                ..RowReduce::top(1)
+            })
+            .collect();
+        // Uniform u: Rng::next is uniform in [-1, 1).
+        let logits: Vec<f32> = (0..n).flat_map(|_| row.iter().copied()).collect();
+        let got = reduce_on_gpu(&dev, &logits, vocab, &reqs);
+        let mut counts = vec![0usize; vocab];
+        for g in &got {
+            counts[g.drawn.unwrap() as usize] += 1;
+        }
+        let w = draw_weights(&row, &reqs[0]);
+        let total: f64 = w.iter().sum();
+        let mut chi2 = 0.0;
+        let mut cells = 0;
+        for (c, w) in counts.iter().zip(&w) {
+            if *w == 0.0 {
+                assert_eq!(*c, 0, "a token below min_p was drawn");
+                continue;
+            }
+            let e = n as f64 * w / total;
+            chi2 += (*c as f64 - e).powi(2) / e;
+            cells += 1;
+        }
+        // The 0.999 quantile of chi-square with cells − 1 degrees of freedom
+        // (Wilson–Hilferty).
+        let k = (cells - 1) as f64;
+        let z = 3.09;
+        let limit = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
+        assert!(
+            chi2 < limit,
+            "T {temperature}, min_p {min_p}: chi-square {chi2:.1} over {cells} tokens (limit {limit:.1}); counts {counts:?}"
+        );
+    }
+}
+
+/// A step whose logits are reduced on the GPU leaves them there: each row
+/// fetched afterwards is the CPU's, and its digest is the reference's of it.
+#[test]
+#[ignore = "needs a GPU"]
+fn reduced_steps_keep_their_rows_on_the_gpu() {
+    use crate::reduce::{reduce_row, LogitRows, RowReduce};
+    let s = store();
+    let (cpu, gpu) = cpu_and_gpu(&s);
+    let want = scenario(&*cpu, KvDType::F16);
+    let g = model_graph(gpu.store());
+    let compile = |rows: usize| -> Box<dyn Executable> {
+        let max = Bindings::new().with(Sym::SEQ, rows).with(Sym::ROWS, rows);
+        gpu.compile(&g, &CompileOptions::new(max)).unwrap()
+    };
+    let (mut prefill, mut decode) = (compile(64), compile(3));
+    let mut got = Vec::new();
+    drive(&mut pool_of(&*gpu, KvDType::F16), &mut |kv, b| {
+        let p = if b.len() <= 3 {
+            &mut decode
+        } else {
+            &mut prefill
+        };
+        let reqs: Vec<RowReduce> = (0..b.logit_rows().len())
+            .map(|i| RowReduce::top(1 + (i * 13) % 64))
+            .collect();
+        let (outs, rows) = p.run_reduced(b, Some(kv), "logits", &reqs).unwrap();
+        assert!(outs.get("logits").is_err(), "reduced rows came back whole");
+        let LogitRows::Reduced(digests) = rows else {
+            panic!("the GPU returned whole rows")
+        };
+        let mut step = Vec::new();
+        for (i, (d, req)) in digests.iter().zip(&reqs).enumerate() {
+            let row = p.fetch_row("logits", i).unwrap();
+            let r = reduce_row(&row, req);
+            assert_eq!(
+                (&d.top, d.live, d.drawn),
+                (&r.top, r.live, r.drawn),
+                "row {i}"
+            );
+            assert!((d.sum_exp - r.sum_exp).abs() < 1e-5 * r.sum_exp, "row {i}");
+            step.extend(row);
+        }
+        assert!(p.fetch_row("logits", reqs.len()).is_err());
+        got.push(step);
+    });
+    assert_eq!(want.len(), got.len());
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        let err = rel_l2(g, w);
+        assert!(err < 1e-3, "step {i}: CUDA vs CPU relative L2 {err}");
+    }
+}

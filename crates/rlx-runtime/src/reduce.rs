@@ -1,0 +1,360 @@
+//! Logit rows reduced where they were computed: what a sampler needs of a
+//! row — its best candidates, the softmax's denominator, or one token
+//! drawn from it — instead of the whole row. A Gemma row is 262,144 f32
+//! (1 MiB); a digest is a few hundred bytes, so a GPU step can leave its
+//! logits where they are and send back only this.
+//!
+//! The adjusted logit of a token is the sampler's: the row's f32 value in
+//! f64, each bias added in turn, then (for tokens the penalties count) the
+//! repeat penalty (dividing a positive logit, multiplying a negative one)
+//! and `count × frequency + presence` subtracted. A device computes it with
+//! the same correctly rounded f64 operations, so a greedy choice is the
+//! same token everywhere. Sums and draws may round differently (another
+//! order of addition); they sample the same distribution.
+
+/// Most candidates a digest lists.
+pub const TOP_MAX: usize = 64;
+
+/// The penalties of a row's counted tokens.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Penalties {
+    /// A positive logit is divided by it, a negative one multiplied.
+    pub repeat: f64,
+    /// Subtracted once per count.
+    pub frequency: f64,
+    /// Subtracted once.
+    pub presence: f64,
+}
+
+impl Default for Penalties {
+    fn default() -> Self {
+        Penalties {
+            repeat: 1.0,
+            frequency: 0.0,
+            presence: 0.0,
+        }
+    }
+}
+
+/// A change to one token's logit: `bias` added, then, where `count > 0`,
+/// the row's penalties for a token seen `count` times.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adjust {
+    pub token: u32,
+    pub bias: f64,
+    pub count: u32,
+}
+
+/// One token drawn from a row: the tokens whose adjusted logit is at least
+/// the maximum plus `ln_min_p` (`-inf`: all), weighted by
+/// `exp(logit / temperature)`, chosen by the inverse of their cumulative
+/// sum in token order at `u` × the total.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Draw {
+    pub temperature: f64,
+    pub ln_min_p: f64,
+    pub u: f64,
+}
+
+/// What one row's digest holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowReduce {
+    /// Sorted by token (stably: a token's changes apply in this order).
+    pub adjust: Vec<Adjust>,
+    pub penalties: Penalties,
+    /// Candidates to list, 1 to [`TOP_MAX`].
+    pub top: usize,
+    pub draw: Option<Draw>,
+}
+
+impl RowReduce {
+    /// A row reduced to its best `top` candidates, nothing adjusted.
+    pub fn top(top: usize) -> RowReduce {
+        RowReduce {
+            adjust: Vec::new(),
+            penalties: Penalties::default(),
+            top,
+            draw: None,
+        }
+    }
+
+    /// Why this request cannot be run, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=TOP_MAX).contains(&self.top) {
+            return Err(format!(
+                "a digest lists 1 to {TOP_MAX} candidates, not {}",
+                self.top
+            ));
+        }
+        if self.adjust.windows(2).any(|w| w[0].token > w[1].token) {
+            return Err("logit changes must be sorted by token".into());
+        }
+        if let Some(d) = self.draw {
+            if !(d.temperature > 0.0 && d.temperature.is_finite()) {
+                return Err(format!(
+                    "a draw needs a finite temperature above 0, not {}",
+                    d.temperature
+                ));
+            }
+            if !(0.0..1.0).contains(&d.u) {
+                return Err(format!("a draw's uniform must be in [0, 1), not {}", d.u));
+            }
+            if d.ln_min_p.is_nan() || d.ln_min_p > 0.0 {
+                return Err(format!(
+                    "a draw's ln(min_p) must be at most 0, not {}",
+                    d.ln_min_p
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One row, reduced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowDigest {
+    /// The best candidates by adjusted logit (ties: the lower token
+    /// first), banned (`-inf`) tokens left out: `min(top, live)` of them.
+    pub top: Vec<(u32, f64)>,
+    /// Tokens not banned.
+    pub live: usize,
+    /// `Σ exp(logit − max)` over the tokens not banned.
+    pub sum_exp: f64,
+    /// The token drawn, where the request asked for one and a token is live.
+    pub drawn: Option<u32>,
+    /// The first token whose logit is NaN or +inf, and that value; the
+    /// rest of the digest is then empty.
+    pub invalid: Option<(u32, f32)>,
+}
+
+impl RowDigest {
+    /// The largest adjusted logit (`-inf` when every token is banned).
+    pub fn max(&self) -> f64 {
+        self.top.first().map_or(f64::NEG_INFINITY, |t| t.1)
+    }
+}
+
+/// A step's logit rows as they came back.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LogitRows {
+    /// Every row whole (`[rows × vocab]`): the device did not reduce them.
+    Full(Vec<f32>),
+    /// One digest per row; the rows stay on the device until its next
+    /// step ([`crate::Executable::fetch_row`]).
+    Reduced(Vec<RowDigest>),
+}
+
+/// `logit` adjusted by `changes` (the row's entries for this token, in
+/// order): the sampler's arithmetic, in f64.
+pub fn adjusted(logit: f32, changes: &[Adjust], p: &Penalties) -> f64 {
+    // `+ 0.0` turns -0.0 into +0.0, as the sampler does.
+    let mut v = f64::from(logit) + 0.0;
+    for a in changes {
+        v += a.bias;
+        if a.count > 0 {
+            if v > 0.0 {
+                v /= p.repeat;
+            } else {
+                v *= p.repeat;
+            }
+            v -= f64::from(a.count) * p.frequency + p.presence;
+        }
+    }
+    v
+}
+
+/// The digest of one row, on the host: the reference every device's
+/// reduction is checked against.
+pub fn reduce_row(logits: &[f32], r: &RowReduce) -> RowDigest {
+    let mut digest = RowDigest {
+        top: Vec::new(),
+        live: 0,
+        sum_exp: 0.0,
+        drawn: None,
+        invalid: None,
+    };
+    if let Some((i, &l)) = logits
+        .iter()
+        .enumerate()
+        .find(|(_, l)| l.is_nan() || **l == f32::INFINITY)
+    {
+        digest.invalid = Some((i as u32, l));
+        return digest;
+    }
+    let mut v: Vec<f64> = Vec::with_capacity(logits.len());
+    let mut at = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        while at < r.adjust.len() && (r.adjust[at].token as usize) < i {
+            at += 1;
+        }
+        let end = at
+            + r.adjust[at..]
+                .iter()
+                .take_while(|a| a.token as usize == i)
+                .count();
+        v.push(adjusted(l, &r.adjust[at..end], &r.penalties));
+        at = end;
+    }
+    let mut live: Vec<(u32, f64)> = v
+        .iter()
+        .enumerate()
+        .filter(|(_, &x)| x != f64::NEG_INFINITY)
+        .map(|(i, &x)| (i as u32, x))
+        .collect();
+    digest.live = live.len();
+    if live.is_empty() {
+        return digest;
+    }
+    let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let k = r.top.min(live.len());
+    let mut best = live.clone();
+    if k < best.len() {
+        best.select_nth_unstable_by(k - 1, order);
+        best.truncate(k);
+    }
+    best.sort_unstable_by(order);
+    digest.top = best;
+    let max = digest.max();
+    digest.sum_exp = live.iter().map(|&(_, x)| (x - max).exp()).sum();
+    if let Some(d) = r.draw {
+        let floor = max + d.ln_min_p;
+        live.retain(|&(_, x)| x >= floor);
+        let top = max / d.temperature;
+        let w: Vec<f64> = live
+            .iter()
+            .map(|&(_, x)| (x / d.temperature - top).exp())
+            .collect();
+        let target = d.u * w.iter().sum::<f64>();
+        let mut cum = 0.0;
+        let mut drawn = live
+            .iter()
+            .zip(&w)
+            .rev()
+            .find(|(_, &w)| w > 0.0)
+            .map(|(t, _)| t.0);
+        for (t, &w) in live.iter().zip(&w) {
+            cum += w;
+            if cum > target {
+                drawn = Some(t.0);
+                break;
+            }
+        }
+        digest.drawn = drawn;
+    }
+    digest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_the_best_with_ties_to_the_lower_token() {
+        let row = [1.0, 3.0, 3.0, f32::NEG_INFINITY, 2.0, 3.0];
+        let d = reduce_row(&row, &RowReduce::top(4));
+        assert_eq!(d.top, vec![(1, 3.0), (2, 3.0), (5, 3.0), (4, 2.0)]);
+        assert_eq!(d.live, 5);
+        let want: f64 = [-2.0f64, 0.0, 0.0, -1.0, 0.0].iter().map(|x| x.exp()).sum();
+        assert_eq!(d.sum_exp, want);
+        assert_eq!(d.invalid, None);
+    }
+
+    #[test]
+    fn adjusts_as_the_sampler_does() {
+        let p = Penalties {
+            repeat: 2.0,
+            frequency: 0.5,
+            presence: 0.25,
+        };
+        let changes = [
+            Adjust {
+                token: 0,
+                bias: 1.0,
+                count: 0,
+            },
+            Adjust {
+                token: 0,
+                bias: 0.0,
+                count: 2,
+            },
+        ];
+        // (1.5 + 1) / 2 − (2 × 0.5 + 0.25)
+        assert_eq!(adjusted(1.5, &changes, &p), 0.0);
+        // −1 × 2 − 1.25
+        assert_eq!(adjusted(-1.0, &changes[1..], &p), -3.25);
+        let banned = [Adjust {
+            token: 1,
+            bias: f64::NEG_INFINITY,
+            count: 0,
+        }];
+        let r = RowReduce {
+            adjust: banned.to_vec(),
+            ..RowReduce::top(2)
+        };
+        let d = reduce_row(&[0.0, 9.0, 1.0], &r);
+        assert_eq!(d.top, vec![(2, 1.0), (0, 0.0)]);
+        assert_eq!(d.live, 2);
+    }
+
+    #[test]
+    fn reports_the_first_invalid_logit() {
+        let d = reduce_row(&[0.0, f32::INFINITY, f32::NAN], &RowReduce::top(1));
+        assert_eq!(d.invalid, Some((1, f32::INFINITY)));
+        let d = reduce_row(&[f32::NEG_INFINITY; 3], &RowReduce::top(1));
+        assert_eq!((d.live, d.top.len(), d.invalid), (0, 0, None));
+    }
+
+    #[test]
+    fn draws_by_the_cumulative_weight_in_token_order() {
+        // Weights 1, 1, 2 at temperature 1 (logits 0, 0, ln 2).
+        let row = [0.0, 0.0, std::f32::consts::LN_2];
+        let draw = |u: f64, ln_min_p: f64| {
+            let r = RowReduce {
+                draw: Some(Draw {
+                    temperature: 1.0,
+                    ln_min_p,
+                    u,
+                }),
+                ..RowReduce::top(1)
+            };
+            reduce_row(&row, &r).drawn
+        };
+        assert_eq!(draw(0.0, f64::NEG_INFINITY), Some(0));
+        assert_eq!(draw(0.3, f64::NEG_INFINITY), Some(1));
+        assert_eq!(draw(0.6, f64::NEG_INFINITY), Some(2));
+        // min_p 0.75 keeps only the largest.
+        assert_eq!(draw(0.0, 0.75f64.ln()), Some(2));
+    }
+
+    #[test]
+    fn checks_requests() {
+        assert!(RowReduce::top(0).check().is_err());
+        assert!(RowReduce::top(TOP_MAX + 1).check().is_err());
+        let unsorted = RowReduce {
+            adjust: vec![
+                Adjust {
+                    token: 2,
+                    bias: 0.0,
+                    count: 1,
+                },
+                Adjust {
+                    token: 1,
+                    bias: 0.0,
+                    count: 1,
+                },
+            ],
+            ..RowReduce::top(1)
+        };
+        assert!(unsorted.check().is_err());
+        let hot = RowReduce {
+            draw: Some(Draw {
+                temperature: 0.0,
+                ln_min_p: f64::NEG_INFINITY,
+                u: 0.5,
+            }),
+            ..RowReduce::top(1)
+        };
+        assert!(hot.check().is_err());
+        assert!(RowReduce::top(TOP_MAX).check().is_ok());
+    }
+}
