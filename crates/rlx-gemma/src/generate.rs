@@ -10,7 +10,9 @@ use std::time::Instant;
 use rlx_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::model::{ModelError, Result};
-use crate::sampling::Sampler;
+use rlx_runtime::{LogitRows, RowDigest, RowReduce};
+
+use crate::sampling::{Sampler, SamplingError};
 use crate::sequences::Session;
 use crate::stop::StopFilter;
 
@@ -28,6 +30,18 @@ pub enum Finish {
     /// Whoever takes the output asked to stop (an interrupt, or a client
     /// that went away).
     Cancelled,
+}
+
+/// A step's logit row for [`Generation::next_row`].
+pub enum Row<'a> {
+    /// The whole row.
+    Whole(&'a [f32]),
+    /// Reduced on the device as `req` asked; `fetch` reads the row back.
+    Reduced {
+        req: &'a RowReduce,
+        digest: &'a RowDigest,
+        fetch: &'a mut dyn FnMut() -> std::result::Result<Vec<f32>, String>,
+    },
 }
 
 /// What generated text must match (structured output): it rules out the
@@ -193,6 +207,32 @@ impl Generation {
     pub fn next(
         &mut self,
         logits: &[f32],
+        constraint: Option<&mut dyn Constraint>,
+        tok: Option<&Tokenizer>,
+        out: &mut dyn FnMut(Piece) -> bool,
+    ) -> std::result::Result<Option<Finish>, GenerationError> {
+        self.next_row(Row::Whole(logits), constraint, tok, out)
+    }
+
+    /// Whether the next step's logit row must come back whole: a
+    /// constraint masks it, log-probabilities read it.
+    pub fn needs_whole_row(&self, constrained: bool) -> bool {
+        constrained || self.opts.logprobs.is_some()
+    }
+
+    /// What the device should reduce the next logit row to (see
+    /// [`Sampler::request`]); then [`Generation::next_row`] with its digest.
+    pub fn request(&mut self) -> RowReduce {
+        self.sampler.request()
+    }
+
+    /// [`Generation::next`] on a row as the step returned it: whole, or
+    /// reduced on the device as [`Generation::request`] asked (read back
+    /// whole only where the digest cannot decide, or where
+    /// [`Generation::needs_whole_row`]).
+    pub fn next_row(
+        &mut self,
+        row: Row<'_>,
         mut constraint: Option<&mut dyn Constraint>,
         tok: Option<&Tokenizer>,
         out: &mut dyn FnMut(Piece) -> bool,
@@ -201,18 +241,35 @@ impl Generation {
         if self.tokens.len() >= self.opts.max_tokens {
             return Ok(Some(Finish::Length));
         }
-        let sampled = match constraint.as_deref_mut() {
-            Some(c) => {
+        let fetched;
+        let (logits, digest) = match row {
+            Row::Whole(l) => (Some(l), None),
+            Row::Reduced { req, digest, fetch } => {
+                if self.needs_whole_row(constraint.is_some()) {
+                    fetched = fetch().map_err(GenerationError::Sampling)?;
+                    (Some(&fetched[..]), None)
+                } else {
+                    (None, Some((req, digest, fetch)))
+                }
+            }
+        };
+        let sampled = match (constraint.as_deref_mut(), logits, digest) {
+            (Some(c), Some(logits), _) => {
                 self.masked.clear();
                 self.masked.extend_from_slice(logits);
                 c.mask(&mut self.masked)
                     .map_err(GenerationError::Constraint)?;
                 self.sampler.sample(&self.masked)
             }
-            None => self.sampler.sample(logits),
+            (_, Some(logits), _) => self.sampler.sample(logits),
+            (_, None, Some((req, digest, fetch))) => {
+                let mut full = || fetch().map_err(SamplingError::Fetch);
+                self.sampler.sample_digest(req, digest, &mut full)
+            }
+            (_, None, None) => unreachable!("a row is whole or reduced"),
         }
         .map_err(|e| GenerationError::Sampling(e.to_string()))?;
-        if let Some(finish) = self.emit(sampled, Some(logits), &mut constraint, tok, out)? {
+        if let Some(finish) = self.emit(sampled, logits, &mut constraint, tok, out)? {
             return Ok(Some(finish));
         }
         self.pending.push(sampled);
@@ -358,15 +415,39 @@ pub fn generate_constrained(
     stats.prefill_secs = t0.elapsed().as_secs_f64();
     stats.prefilled = session.computed_tokens() - before;
     let t1 = Instant::now();
+    let mut row = LogitRows::Full(std::mem::take(&mut logits));
+    let mut req = None;
     loop {
         let c = constraint.as_mut().map(|c| &mut **c as &mut dyn Constraint);
-        let step = generation.next(&logits, c, tok, out)?;
+        let step = match (&row, &req) {
+            (LogitRows::Reduced(d), Some(req)) => {
+                let mut fetch = || session.fetch_last().map_err(|e| e.to_string());
+                let row = Row::Reduced {
+                    req,
+                    digest: &d[0],
+                    fetch: &mut fetch,
+                };
+                generation.next_row(row, c, tok, out)?
+            }
+            (LogitRows::Full(l), _) => generation.next(l, c, tok, out)?,
+            (LogitRows::Reduced(_), None) => unreachable!("reduced rows were asked for"),
+        };
         if let Some(finish) = step {
             stats.generated = generation.tokens().len();
             stats.decode_secs = t1.elapsed().as_secs_f64();
             return Ok((generation.tokens().to_vec(), finish, stats));
         }
-        logits = session.feed(generation.pending())?;
+        let pending = generation.pending();
+        if generation.needs_whole_row(constraint.is_some())
+            || pending.len() > session.max_step_tokens()
+        {
+            req = None;
+            row = LogitRows::Full(session.feed(pending)?);
+        } else {
+            let r = generation.request();
+            row = session.feed_reduced(generation.pending(), &r)?;
+            req = Some(r);
+        }
     }
 }
 

@@ -22,5 +22,7 @@ pub use builder::build_graph;
 pub use config::{Arch, AttentionKind, ConfigError, GemmaConfig, LayerSpec, MoeSpec};
 pub use model::{Model, ModelError, ModelOptions, Opener};
 pub use offload::{GpuLayers, Offload, Split};
-pub use rlx_runtime::{Device, KvDType, KvTypes, Precision, SeqId};
+pub use rlx_runtime::{
+    Device, KvDType, KvTypes, LogitRows, Precision, RowDigest, RowReduce, SeqId,
+};
 pub use sequences::{Feed, Sequences, SequencesOptions, Session, SessionOptions, StepLogits, Want};

@@ -10,6 +10,8 @@
 use std::cmp::Ordering;
 use std::collections::VecDeque;
 
+use rlx_runtime::reduce::{Adjust, Draw, Penalties, RowDigest, RowReduce, TOP_MAX};
+
 /// Errors from configuring or running the sampler.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum SamplingError {
@@ -27,6 +29,8 @@ pub enum SamplingError {
     AllBanned,
     #[error("vocabulary of {0} tokens does not fit u32 token ids")]
     VocabTooLarge(usize),
+    #[error("reading a logit row back from the device: {0}")]
+    Fetch(String),
 }
 
 /// Sampler options. Every option has an "off" value; see the field comments.
@@ -206,6 +210,8 @@ struct Candidate {
 pub struct Sampler {
     cfg: SamplerConfig,
     rng: Xoshiro256StarStar,
+    /// The uniform of the next draw, taken by [`Sampler::request`].
+    next_u: Option<f64>,
     /// The last `penalty_last_n` accepted tokens.
     history: VecDeque<u32>,
     /// Reused between calls; a Gemma vocabulary is 262,144 entries.
@@ -218,6 +224,7 @@ impl Sampler {
         cfg.validate()?;
         Ok(Self {
             rng: Xoshiro256StarStar::seed_from_u64(cfg.seed),
+            next_u: None,
             history: VecDeque::with_capacity(cfg.penalty_last_n.min(4096)),
             cfg,
             candidates: Vec::new(),
@@ -230,6 +237,9 @@ impl Sampler {
         let mut cands = std::mem::take(&mut self.candidates);
         let result = self.sample_with(logits, &mut cands);
         self.candidates = cands;
+        if result.is_err() {
+            self.next_u = None;
+        }
         result
     }
 
@@ -252,12 +262,155 @@ impl Sampler {
             return Ok(greedy(cands));
         }
         top_k(cands, self.cfg.top_k);
+        Ok(self.finish(cands))
+    }
+
+    /// The chain after top-k: typical, top-p, min-p, temperature, softmax,
+    /// and the draw (with the uniform `request` took, if it took one).
+    fn finish(&mut self, cands: &mut Vec<Candidate>) -> u32 {
         typical_p(cands, self.cfg.typical_p);
         top_p(cands, self.cfg.top_p);
+        self.after_top_p(cands)
+    }
+
+    fn after_top_p(&mut self, cands: &mut Vec<Candidate>) -> u32 {
         min_p(cands, self.cfg.min_p);
         temperature(cands, self.cfg.temperature);
         softmax(cands);
-        Ok(draw(cands, self.rng.next_f64()))
+        let u = self.next_u.take().unwrap_or_else(|| self.rng.next_f64());
+        draw(cands, u)
+    }
+
+    /// What a device should reduce the next logit row to for this sampler
+    /// (see [`rlx_runtime::reduce`]); takes the uniform the choice will
+    /// use now, as [`Sampler::sample`] would take it later, so both give
+    /// the same stream of tokens for a seed. Follow with
+    /// [`Sampler::sample_digest`].
+    pub fn request(&mut self) -> RowReduce {
+        let cfg = &self.cfg;
+        let mut adjust: Vec<Adjust> = cfg
+            .logit_bias
+            .iter()
+            .map(|&(token, bias)| Adjust {
+                token,
+                bias: f64::from(bias),
+                count: 0,
+            })
+            .collect();
+        if cfg.penalties_enabled() {
+            count_history(&mut self.counts, &self.history);
+            adjust.extend(self.counts.chunks_exact(2).map(|p| Adjust {
+                token: p[0],
+                bias: 0.0,
+                count: p[1],
+            }));
+        }
+        // Stable: a token's biases in order, then its penalties.
+        adjust.sort_by_key(|a| a.token);
+        let penalties = Penalties {
+            repeat: f64::from(cfg.repeat_penalty),
+            frequency: f64::from(cfg.frequency_penalty),
+            presence: f64::from(cfg.presence_penalty),
+        };
+        let (top, draw) = if cfg.temperature <= 0.0 {
+            (1, None)
+        } else if (1..=TOP_MAX).contains(&cfg.top_k) {
+            (cfg.top_k, None)
+        } else if cfg.typical_p < 1.0 {
+            // Typical sampling ranks by distance from the entropy: the
+            // whole row comes back.
+            (1, None)
+        } else if cfg.top_p < 1.0 {
+            (TOP_MAX, None)
+        } else {
+            let ln_min_p = if cfg.min_p > 0.0 {
+                f64::from(cfg.min_p).ln()
+            } else {
+                f64::NEG_INFINITY
+            };
+            let draw = Draw {
+                temperature: f64::from(cfg.temperature),
+                ln_min_p,
+                u: 0.0,
+            };
+            (1, Some(draw))
+        };
+        self.next_u = (cfg.temperature > 0.0).then(|| self.rng.next_f64());
+        RowReduce {
+            adjust,
+            penalties,
+            top,
+            draw: draw.map(|d| Draw {
+                u: self.next_u.expect("taken above"),
+                ..d
+            }),
+        }
+    }
+
+    /// The next token from the digest of a row reduced as `req` (from
+    /// [`Sampler::request`]) asked: the same token [`Sampler::sample`]
+    /// gives on the whole row wherever the digest decides it (greedy, top-k
+    /// up to [`TOP_MAX`], top-p whose mass the listed candidates reach) and
+    /// a draw from the same distribution where the device drew; otherwise
+    /// the whole row, which `full` reads back. Does not record the token.
+    pub fn sample_digest(
+        &mut self,
+        req: &RowReduce,
+        d: &RowDigest,
+        full: &mut dyn FnMut() -> Result<Vec<f32>, SamplingError>,
+    ) -> Result<u32, SamplingError> {
+        if let Some((token, value)) = d.invalid {
+            self.next_u = None;
+            return Err(SamplingError::InvalidLogit {
+                token: token as usize,
+                value,
+            });
+        }
+        if d.live == 0 {
+            self.next_u = None;
+            return Err(SamplingError::AllBanned);
+        }
+        if self.cfg.temperature <= 0.0 {
+            return Ok(d.top[0].0);
+        }
+        let listed = |n: usize| -> Vec<Candidate> {
+            d.top[..n]
+                .iter()
+                .map(|&(id, logit)| Candidate {
+                    id,
+                    logit,
+                    p: 0.0,
+                    score: 0.0,
+                })
+                .collect()
+        };
+        let k = self.cfg.top_k;
+        if k > 0 && k < d.live {
+            if k <= d.top.len() {
+                let mut cands = listed(k);
+                return Ok(self.finish(&mut cands));
+            }
+        } else if self.cfg.typical_p < 1.0 {
+            // The whole row (below).
+        } else if self.cfg.top_p < 1.0 {
+            let mut cands = listed(d.top.len());
+            let max = d.max();
+            for c in &mut cands {
+                c.p = (c.logit - max).exp() / d.sum_exp;
+            }
+            let mass: f64 = cands.iter().map(|c| c.p).sum();
+            if mass >= f64::from(self.cfg.top_p) || d.top.len() == d.live {
+                if cands.len() > 1 {
+                    keep_by_logit_mass(&mut cands, self.cfg.top_p);
+                }
+                return Ok(self.after_top_p(&mut cands));
+            }
+        } else if let (Some(t), Some(_)) = (d.drawn, req.draw) {
+            self.next_u = None;
+            return Ok(t);
+        }
+        let row = full()?;
+        self.sample(&row)
     }
 
     /// Records a token in the history the penalties look at (prompt tokens too).
@@ -275,6 +428,7 @@ impl Sampler {
     /// Clears the history and re-seeds the RNG, so the same calls replay the same tokens.
     pub fn reset(&mut self) {
         self.history.clear();
+        self.next_u = None;
         self.rng = Xoshiro256StarStar::seed_from_u64(self.cfg.seed);
     }
 
@@ -410,6 +564,11 @@ fn top_p(cands: &mut Vec<Candidate>, p: f32) {
         return;
     }
     softmax(cands);
+    keep_by_logit_mass(cands, p);
+}
+
+/// The most likely tokens whose probabilities (`p`, set) reach `p`.
+fn keep_by_logit_mass(cands: &mut Vec<Candidate>, p: f32) {
     for c in cands.iter_mut() {
         c.score = -c.logit;
     }
@@ -715,6 +874,49 @@ mod tests {
                 reference.truncate(k);
             }
             prop_assert_eq!(ids(&c), ids(&reference));
+        }
+
+        /// A row reduced as the sampler asks (by the host reference every
+        /// device is checked against) gives the token the whole row gives,
+        /// step after step, for every kind of chain; rows the digest cannot
+        /// decide are read whole.
+        #[test]
+        fn digests_sample_as_whole_rows(
+            rows in prop::collection::vec(prop::collection::vec(-6.0f32..6.0, 300), 6),
+            coarse in any::<bool>(),
+            chain in 0usize..7,
+            seed in any::<u64>(),
+            bias in prop::collection::vec((0u32..320, prop_oneof![Just(f32::NEG_INFINITY), -3.0f32..3.0]), 0..6),
+        ) {
+            let cfg = SamplerConfig {
+                temperature: if chain == 0 { 0.0 } else { 0.8 },
+                top_k: [0, 40, 0, 0, 0, 100, 40][chain],
+                top_p: [1.0, 0.95, 0.9, 1.0, 1.0, 1.0, 1.0][chain],
+                min_p: [0.0, 0.05, 0.0, 0.1, 0.0, 0.0, 0.0][chain],
+                typical_p: if chain == 4 { 0.9 } else { 1.0 },
+                repeat_penalty: 1.2,
+                presence_penalty: 0.3,
+                frequency_penalty: 0.1,
+                penalty_last_n: 16,
+                logit_bias: bias,
+                seed,
+            };
+            let mut whole = Sampler::new(cfg.clone()).unwrap();
+            let mut reduced = Sampler::new(cfg).unwrap();
+            for row in &rows {
+                // A coarse grid makes ties.
+                let row: Vec<f32> = row.iter().map(|&x| if coarse { (x * 2.0).round() / 2.0 } else { x }).collect();
+                let want = whole.sample(&row);
+                let req = reduced.request();
+                let digest = rlx_runtime::reduce::reduce_row(&row, &req);
+                let mut fetch = || Ok(row.clone());
+                let got = reduced.sample_digest(&req, &digest, &mut fetch);
+                prop_assert_eq!(&got, &want);
+                if let Ok(t) = want {
+                    whole.accept(t);
+                    reduced.accept(t);
+                }
+            }
         }
     }
 }

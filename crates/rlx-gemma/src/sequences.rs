@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use rlx_runtime::{Batch as StepBatch, Executable, KvPool, KvTypes, SeqId};
+use rlx_runtime::{Batch as StepBatch, Executable, KvPool, KvTypes, LogitRows, RowReduce, SeqId};
 
 use crate::model::{Model, ModelError, Result};
 
@@ -124,6 +124,14 @@ struct Plans {
     score: Option<Box<dyn Executable>>,
 }
 
+/// The plan of the last step.
+#[derive(Clone, Copy, Debug)]
+enum Last {
+    Decode,
+    Step,
+    Score,
+}
+
 /// Sequences sharing one model and one K/V pool.
 pub struct Sequences<'m> {
     model: &'m Model,
@@ -136,6 +144,7 @@ pub struct Sequences<'m> {
     /// Tokens run through the model so far.
     computed: usize,
     batch: StepBatch,
+    last: Option<Last>,
 }
 
 impl Model {
@@ -190,6 +199,7 @@ impl Model {
             context,
             computed: 0,
             batch: StepBatch::new(),
+            last: None,
         })
     }
 }
@@ -331,6 +341,53 @@ impl<'m> Sequences<'m> {
     /// one pass over the weights. Returns, per feed, the logits it asked for
     /// (`[rows × vocab]`: none, its last token's, or all of its tokens').
     pub fn step(&mut self, feeds: &[Feed]) -> Result<StepLogits> {
+        match self.run_step(feeds, None)? {
+            LogitRows::Full(data) => Ok(self.split_rows(feeds, data)),
+            LogitRows::Reduced(_) => unreachable!("no reduction was asked for"),
+        }
+    }
+
+    /// Like [`Sequences::step`], with every logit row (in feed order) reduced
+    /// as `rows` asks where the device can (a GPU: the rows stay there,
+    /// and [`Sequences::fetch_row`] reads one back until the next step);
+    /// elsewhere the rows come back whole, in one `[rows × vocab]` buffer.
+    pub fn step_reduced(&mut self, feeds: &[Feed], rows: &[RowReduce]) -> Result<LogitRows> {
+        self.run_step(feeds, Some(rows))
+    }
+
+    /// Logit row `row` of the last [`Sequences::step_reduced`], whose rows
+    /// stayed on the device.
+    pub fn fetch_row(&mut self, row: usize) -> Result<Vec<f32>> {
+        let plan = match self.last {
+            Some(Last::Decode) => &mut self.plans.decode,
+            Some(Last::Step) => &mut self.plans.step,
+            Some(Last::Score) => self.plans.score.as_mut().expect("ran a step"),
+            None => {
+                return Err(ModelError::Invalid(
+                    "no step has kept its logit rows".into(),
+                ))
+            }
+        };
+        Ok(plan.fetch_row("logits", row)?)
+    }
+
+    fn split_rows(&self, feeds: &[Feed], logits: Vec<f32>) -> StepLogits {
+        let vocab = self.model.config().n_vocab;
+        let mut feeds_at = Vec::with_capacity(feeds.len());
+        let mut at = 0;
+        for f in feeds {
+            let n = f.logits.rows(f.tokens.len());
+            feeds_at.push(at..at + n * vocab);
+            at += n * vocab;
+        }
+        debug_assert_eq!(at, logits.len());
+        StepLogits {
+            data: logits,
+            feeds: feeds_at,
+        }
+    }
+
+    fn run_step(&mut self, feeds: &[Feed], reduce: Option<&[RowReduce]>) -> Result<LogitRows> {
         let vocab = self.model.config().n_vocab;
         let total: usize = feeds.iter().map(|f| f.tokens.len()).sum();
         if total == 0 {
@@ -360,40 +417,46 @@ impl<'m> Sequences<'m> {
             self.batch
                 .push_run(f.seq, held, f.tokens, |i| f.logits.row(i, n));
         }
-        let plan = if total == 1 && logit_rows <= 1 {
-            &mut self.plans.decode
+        if let Some(rows) = reduce.filter(|r| r.len() != logit_rows) {
+            return Err(ModelError::Invalid(format!(
+                "{} reductions for a step of {logit_rows} logit rows",
+                rows.len()
+            )));
+        }
+        let (last, plan) = if total == 1 && logit_rows <= 1 {
+            (Last::Decode, &mut self.plans.decode)
         } else if logit_rows <= self.max_seqs.min(self.max_step_tokens) {
-            &mut self.plans.step
+            (Last::Step, &mut self.plans.step)
         } else {
-            match &mut self.plans.score {
+            let plan = match &mut self.plans.score {
                 Some(p) => p,
                 slot => slot.insert(
                     self.model
                         .plan(self.max_step_tokens, self.max_step_tokens)?,
                 ),
-            }
+            };
+            (Last::Score, plan)
         };
-        let logits = plan
-            .run(&self.batch, Some(&mut self.pool))?
-            .take_f32("logits")?;
-        let mut feeds_at = Vec::with_capacity(feeds.len());
-        let mut at = 0;
+        self.last = None;
+        let rows = match reduce {
+            Some(rows) => {
+                plan.run_reduced(&self.batch, Some(&mut self.pool), "logits", rows)?
+                    .1
+            }
+            None => LogitRows::Full(
+                plan.run(&self.batch, Some(&mut self.pool))?
+                    .take_f32("logits")?,
+            ),
+        };
+        self.last = Some(last);
         for f in feeds {
-            let n = f.logits.rows(f.tokens.len());
-            feeds_at.push(at..at + n * vocab);
-            at += n * vocab;
             self.tokens
                 .get_mut(&f.seq)
                 .expect("checked")
                 .extend_from_slice(f.tokens);
             self.computed += f.tokens.len();
         }
-        debug_assert_eq!(at, logits.len());
-        let result = StepLogits {
-            data: logits,
-            feeds: feeds_at,
-        };
-        Ok(result)
+        Ok(rows)
     }
 }
 
@@ -466,6 +529,11 @@ impl Session<'_> {
         self.seqs.context()
     }
 
+    /// Most tokens one step carries (the prefill chunk).
+    pub fn max_step_tokens(&self) -> usize {
+        self.seqs.max_step_tokens()
+    }
+
     /// Bytes of K/V storage allocated.
     pub fn kv_bytes(&self) -> usize {
         self.seqs.pool().memory_bytes()
@@ -525,6 +593,31 @@ impl Session<'_> {
             logits,
         };
         Ok(self.seqs.step(&[feed])?.into_feed(0))
+    }
+
+    /// Appends `tokens` (one step's worth at most) and returns the last
+    /// one's logit row reduced as `row` asks where the device can
+    /// ([`Sequences::step_reduced`]), whole elsewhere.
+    pub fn feed_reduced(&mut self, tokens: &[u32], row: &RowReduce) -> Result<LogitRows> {
+        self.check(tokens)?;
+        if tokens.len() > self.seqs.max_step_tokens() {
+            return Err(ModelError::Invalid(format!(
+                "{} tokens in one step, more than the {} this session was sized for",
+                tokens.len(),
+                self.seqs.max_step_tokens()
+            )));
+        }
+        let feed = Feed {
+            seq: self.id,
+            tokens,
+            logits: Want::Last,
+        };
+        self.seqs.step_reduced(&[feed], std::slice::from_ref(row))
+    }
+
+    /// The last [`Session::feed_reduced`]'s logit row, read back whole.
+    pub fn fetch_last(&mut self) -> Result<Vec<f32>> {
+        self.seqs.fetch_row(0)
     }
 
     /// Appends `tokens` and returns the logits of every one of them,

@@ -426,3 +426,94 @@ fn every_split_matches_the_cpu() {
         }
     }
 }
+
+/// Sampling from rows reduced on the GPU picks the tokens that sampling the
+/// same rows whole picks: greedy, llama.cpp's default chain (top-k, top-p,
+/// min-p, penalties), top-p alone, a bias that bans the favourite, step
+/// after step with the history growing.
+#[test]
+#[ignore = "needs an NVIDIA GPU (see the file's header)"]
+fn sampling_reduced_rows_on_the_gpu_picks_what_whole_rows_pick() {
+    use rlx_gemma::sampling::{Sampler, SamplerConfig, SamplingError};
+    use rlx_gemma::LogitRows;
+    let model = load(&fixture("gemma3/model-f32.gguf"), Device::Cuda(0)).unwrap();
+    let vocab = model.config().n_vocab as u32;
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % vocab).collect();
+    let base = SamplerConfig {
+        seed: 42,
+        ..SamplerConfig::default()
+    };
+    let configs = [
+        base.clone(),
+        SamplerConfig {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.1,
+            penalty_last_n: 64,
+            ..base.clone()
+        },
+        SamplerConfig {
+            temperature: 1.0,
+            top_p: 0.5,
+            ..base.clone()
+        },
+        SamplerConfig {
+            logit_bias: vec![(prompt[0], f32::NEG_INFINITY), (5, 2.5)],
+            frequency_penalty: 0.5,
+            penalty_last_n: 8,
+            ..base.clone()
+        },
+    ];
+    for cfg in configs {
+        let opts = SessionOptions {
+            context: Some(64),
+            ..SessionOptions::default()
+        };
+        let (mut whole, mut reduced) = (
+            model.session(opts.clone()).unwrap(),
+            model.session(opts).unwrap(),
+        );
+        let (mut sa, mut sb) = (
+            Sampler::new(cfg.clone()).unwrap(),
+            Sampler::new(cfg.clone()).unwrap(),
+        );
+        for &t in &prompt {
+            sa.accept(t);
+            sb.accept(t);
+        }
+        // Both run the same steps (a prefill, then single tokens), so
+        // their rows are the same bits.
+        let head = &prompt[..prompt.len() - 1];
+        whole.feed(head).unwrap();
+        reduced.feed(head).unwrap();
+        let mut row = whole.feed(&prompt[prompt.len() - 1..]).unwrap();
+        let mut last = prompt[prompt.len() - 1];
+        let mut fetched = 0;
+        for step in 0..24 {
+            let want = sa.sample(&row).unwrap();
+            let req = sb.request();
+            let rows = reduced.feed_reduced(&[last], &req).unwrap();
+            let LogitRows::Reduced(d) = rows else {
+                panic!("the GPU returned a whole row")
+            };
+            let mut fetch = || {
+                fetched += 1;
+                reduced
+                    .fetch_last()
+                    .map_err(|e| SamplingError::Fetch(e.to_string()))
+            };
+            let got = sb.sample_digest(&req, &d[0], &mut fetch).unwrap();
+            assert_eq!(got, want, "{cfg:?}: step {step}");
+            sa.accept(want);
+            sb.accept(got);
+            row = whole.feed(&[want]).unwrap();
+            last = got;
+        }
+        println!(
+            "T {} top-k {} top-p {}: 24 tokens alike, {fetched} rows read back whole",
+            cfg.temperature, cfg.top_k, cfg.top_p
+        );
+    }
+}

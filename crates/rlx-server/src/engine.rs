@@ -16,9 +16,14 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 pub use rlx_gemma::generate::TokenLogprob;
-use rlx_gemma::generate::{Constraint, Finish as GenFinish, Generation, GenerationOptions, Piece};
+use rlx_gemma::generate::{
+    Constraint, Finish as GenFinish, Generation, GenerationOptions, Piece, Row,
+};
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
-use rlx_gemma::{Feed, Model, ModelError, SeqId, Sequences, SequencesOptions, Want};
+use rlx_gemma::{
+    Feed, LogitRows, Model, ModelError, RowReduce, SeqId, Sequences, SequencesOptions, StepLogits,
+    Want,
+};
 use rlx_runtime::KvTypes;
 use rlx_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
@@ -489,6 +494,30 @@ impl<'m> Scheduler<'m> {
             .map(|r| (r.generation.pending().len(), r.job.prompt.len() - r.fed))
             .collect();
         let plan = plan_step(self.seqs.max_step_tokens(), &requests);
+        // Each logit row reduced on the device to what its sampler needs,
+        // unless one of them is needed whole (a constraint's mask,
+        // log-probabilities): then every row comes back whole.
+        let wants: Vec<usize> = plan
+            .iter()
+            .filter(|(i, part)| {
+                let r = &self.running[*i];
+                match part {
+                    Part::Generated { n } => *n == r.generation.pending().len(),
+                    Part::Prompt { n } => r.fed + n == r.job.prompt.len(),
+                }
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        let whole = wants.iter().any(|&i| {
+            let r = &self.running[i];
+            r.generation.needs_whole_row(r.job.constraint.is_some())
+        });
+        let reqs: Option<Vec<RowReduce>> = (!whole).then(|| {
+            wants
+                .iter()
+                .map(|&i| self.running[i].generation.request())
+                .collect()
+        });
         let running = &self.running;
         let feeds: Vec<Feed> = plan
             .iter()
@@ -518,7 +547,10 @@ impl<'m> Scheduler<'m> {
             })
             .collect();
         // The pool gives cached blocks back before a step fails for room.
-        let out = self.seqs.step(&feeds);
+        let out = match &reqs {
+            Some(reqs) => self.seqs.step_reduced(&feeds, reqs).map(StepRows::Reduced),
+            None => self.seqs.step(&feeds).map(StepRows::Whole),
+        };
         drop(feeds);
         let out = match out {
             Ok(out) => out,
@@ -528,6 +560,8 @@ impl<'m> Scheduler<'m> {
             }
         };
         let mut finished = Vec::new();
+        let vocab = self.seqs.model().config().n_vocab;
+        let mut row = 0;
         for (k, (i, part)) in plan.into_iter().enumerate() {
             let r = &mut self.running[i];
             match part {
@@ -547,7 +581,30 @@ impl<'m> Scheduler<'m> {
                     }
                 }
             }
-            match r.next(out.get(k), &self.tok, &self.load) {
+            let seqs = &mut self.seqs;
+            let mut fetch = |at: usize| seqs.fetch_row(at).map_err(|e| e.to_string());
+            let next = match (&out, &reqs) {
+                (StepRows::Whole(out), _) => r.next(Row::Whole(out.get(k)), &self.tok, &self.load),
+                (StepRows::Reduced(LogitRows::Full(all)), _) => {
+                    let logits = &all[row * vocab..(row + 1) * vocab];
+                    r.next(Row::Whole(logits), &self.tok, &self.load)
+                }
+                (StepRows::Reduced(LogitRows::Reduced(digests)), Some(reqs)) => {
+                    let at = row;
+                    let mut fetch = || fetch(at);
+                    let row = Row::Reduced {
+                        req: &reqs[at],
+                        digest: &digests[at],
+                        fetch: &mut fetch,
+                    };
+                    r.next(row, &self.tok, &self.load)
+                }
+                (StepRows::Reduced(LogitRows::Reduced(_)), None) => {
+                    unreachable!("rows are reduced only when asked")
+                }
+            };
+            row += 1;
+            match next {
                 Next::Going => {}
                 Next::Done(reason) => finished.push((i, Some(reason))),
                 Next::Dropped => finished.push((i, None)),
@@ -595,6 +652,12 @@ impl<'m> Scheduler<'m> {
     }
 }
 
+/// A step's logit rows: whole per feed, or as `step_reduced` returned them.
+enum StepRows {
+    Whole(StepLogits),
+    Reduced(LogitRows),
+}
+
 /// The length of the common prefix of `a` and `b`.
 fn common(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
@@ -609,8 +672,8 @@ enum Next {
 }
 
 impl Running {
-    /// Samples the next token from `logits` and streams its text.
-    fn next(&mut self, logits: &[f32], tok: &Tokenizer, load: &Load) -> Next {
+    /// Samples the next token from its logit row and streams its text.
+    fn next(&mut self, logits: Row<'_>, tok: &Tokenizer, load: &Load) -> Next {
         let now = Instant::now();
         self.first_token.get_or_insert(now);
         let (before, forced) = (self.generation.tokens().len(), self.generation.forced());
@@ -622,7 +685,7 @@ impl Running {
             .map(|c| &mut **c as &mut dyn Constraint);
         let step = self
             .generation
-            .next(logits, constraint, Some(tok), &mut |piece| {
+            .next_row(logits, constraint, Some(tok), &mut |piece| {
                 let event = match piece {
                     Piece::Text(text) => Event::Text(text),
                     Piece::Token { text, logprob } => Event::Token { text, logprob },

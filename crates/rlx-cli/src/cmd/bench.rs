@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use rlx_gemma::{Model, Session, SessionOptions};
-use rlx_runtime::KvTypes;
+use rlx_runtime::{KvTypes, RowReduce};
 use serde_json::json;
 
 use super::common::ModelArgs;
@@ -209,12 +209,15 @@ fn time_one(s: &mut Session, depth: usize, prompt: usize, gen: usize) -> Result<
     if depth > 0 {
         s.feed(&context)?;
     }
+    // The last row reduced to its greedy choice, as `rlx run --temp 0`
+    // asks (on a GPU the logits stay there).
+    let greedy = RowReduce::top(1);
     let start = Instant::now();
     if prompt > 0 {
-        s.feed(&timed)?;
+        s.feed_reduced(&timed, &greedy)?;
     } else {
         for &t in &timed {
-            s.feed(&[t])?;
+            s.feed_reduced(&[t], &greedy)?;
         }
     }
     let secs = start.elapsed().as_secs_f64();

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use rlx_gemma::{Feed, Model, SeqId, Sequences, SequencesOptions, Want};
-use rlx_runtime::KvTypes;
+use rlx_runtime::{KvTypes, RowReduce};
 use serde_json::json;
 
 use super::bench::{mean_std, tokens, BenchArgs};
@@ -64,11 +64,15 @@ fn time_batch(model: &Model, kv: KvTypes, b: usize, prompt: usize, gen: usize) -
                 break;
             }
         }
-        seqs.step(&feeds)?;
+        let rows = feeds.iter().filter(|f| f.logits == Want::Last).count();
+        seqs.step_reduced(&feeds, &vec![RowReduce::top(1); rows])?;
     }
     let prefill = start.elapsed().as_secs_f64();
     // Decode: one token of every sequence per step.
     let steps: Vec<Vec<u32>> = (0..b).map(|i| tokens(model, gen, 7 + i)).collect();
+    // Each row reduced to its greedy choice, as `rlx run --temp 0` asks
+    // (on a GPU the logits stay there).
+    let greedy = vec![RowReduce::top(1); b];
     let start = Instant::now();
     for t in 0..gen {
         let feeds: Vec<Feed> = (0..b)
@@ -78,7 +82,7 @@ fn time_batch(model: &Model, kv: KvTypes, b: usize, prompt: usize, gen: usize) -
                 logits: Want::Last,
             })
             .collect();
-        seqs.step(&feeds)?;
+        seqs.step_reduced(&feeds, &greedy)?;
     }
     let decode = start.elapsed().as_secs_f64();
     let pool = seqs.pool();
