@@ -316,9 +316,10 @@ impl Sampler {
             (1, None)
         } else if (1..=TOP_MAX).contains(&cfg.top_k) {
             (cfg.top_k, None)
-        } else if cfg.typical_p < 1.0 {
-            // Typical sampling ranks by distance from the entropy: the
-            // whole row comes back.
+        } else if cfg.top_k > TOP_MAX || cfg.typical_p < 1.0 {
+            // More candidates than a digest lists, or typical sampling
+            // (which ranks by distance from the entropy): the whole row
+            // comes back.
             (1, None)
         } else if cfg.top_p < 1.0 {
             (TOP_MAX, None)
@@ -878,8 +879,8 @@ mod tests {
 
         /// A row reduced as the sampler asks (by the host reference every
         /// device is checked against) gives the token the whole row gives,
-        /// step after step, for every kind of chain; rows the digest cannot
-        /// decide are read whole.
+        /// step after step, for every kind of chain but the device's draw;
+        /// rows the digest cannot decide are read whole.
         #[test]
         fn digests_sample_as_whole_rows(
             rows in prop::collection::vec(prop::collection::vec(-6.0f32..6.0, 300), 6),
@@ -911,7 +912,13 @@ mod tests {
                 let digest = rlx_runtime::reduce::reduce_row(&row, &req);
                 let mut fetch = || Ok(row.clone());
                 let got = reduced.sample_digest(&req, &digest, &mut fetch);
-                prop_assert_eq!(&got, &want);
+                if req.draw.is_some() && digest.live > 0 {
+                    // The device's race: another draw from the same
+                    // distribution (see rlx-runtime's reduce tests).
+                    prop_assert_eq!(got.clone().ok(), digest.drawn);
+                } else {
+                    prop_assert_eq!(&got, &want);
+                }
                 if let Ok(t) = want {
                     whole.accept(t);
                     reduced.accept(t);

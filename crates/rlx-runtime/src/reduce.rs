@@ -45,10 +45,12 @@ pub struct Adjust {
     pub count: u32,
 }
 
-/// One token drawn from a row: the tokens whose adjusted logit is at least
-/// the maximum plus `ln_min_p` (`-inf`: all), weighted by
-/// `exp(logit / temperature)`, chosen by the inverse of their cumulative
-/// sum in token order at `u` × the total.
+/// One token drawn from a row: among the tokens whose adjusted logit is at
+/// least the maximum plus `ln_min_p` (`-inf`: all), token i with
+/// probability `w_i / Σ w`, `w_i = exp((logit_i − max) / temperature)`. The
+/// draw is an exponential race, which needs no ordered pass over the row:
+/// the token with the least `ln(E_i) − ln(w_i)` wins, `E_i = −ln U_i`, the
+/// uniform `U_i` hashed from `u` (the row's seed) and `i` ([`race_uniform`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Draw {
     pub temperature: f64,
@@ -195,7 +197,7 @@ pub fn reduce_row(logits: &[f32], r: &RowReduce) -> RowDigest {
         v.push(adjusted(l, &r.adjust[at..end], &r.penalties));
         at = end;
     }
-    let mut live: Vec<(u32, f64)> = v
+    let live: Vec<(u32, f64)> = v
         .iter()
         .enumerate()
         .filter(|(_, &x)| x != f64::NEG_INFINITY)
@@ -217,31 +219,36 @@ pub fn reduce_row(logits: &[f32], r: &RowReduce) -> RowDigest {
     let max = digest.max();
     digest.sum_exp = live.iter().map(|&(_, x)| (x - max).exp()).sum();
     if let Some(d) = r.draw {
-        let floor = max + d.ln_min_p;
-        live.retain(|&(_, x)| x >= floor);
-        let top = max / d.temperature;
-        let w: Vec<f64> = live
-            .iter()
-            .map(|&(_, x)| (x / d.temperature - top).exp())
-            .collect();
-        let target = d.u * w.iter().sum::<f64>();
-        let mut cum = 0.0;
-        let mut drawn = live
-            .iter()
-            .zip(&w)
-            .rev()
-            .find(|(_, &w)| w > 0.0)
-            .map(|(t, _)| t.0);
-        for (t, &w) in live.iter().zip(&w) {
-            cum += w;
-            if cum > target {
-                drawn = Some(t.0);
-                break;
-            }
-        }
-        digest.drawn = drawn;
+        digest.drawn = race(&live, max, &d).map(|(t, _)| t);
     }
     digest
+}
+
+/// The uniform in (0, 1) of token `i` in a race seeded by `u`: splitmix64's
+/// mix of the seed and the token, its top 24 bits.
+pub fn race_uniform(u: f64, i: u32) -> f32 {
+    let seed = (u * 9_007_199_254_740_992.0) as u64;
+    let mut z = seed.wrapping_add(u64::from(i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    ((z >> 40) as f32 + 0.5) * (1.0 / 16_777_216.0)
+}
+
+/// The winner of `d`'s race over the live tokens (token, adjusted logit)
+/// whose maximum is `max`, and its key (f32, as the GPU computes it).
+pub fn race(live: &[(u32, f64)], max: f64, d: &Draw) -> Option<(u32, f32)> {
+    let floor = max + d.ln_min_p;
+    let inv_temp = 1.0 / d.temperature;
+    let mut best: Option<(u32, f32)> = None;
+    for &(t, x) in live.iter().filter(|&&(_, x)| x >= floor) {
+        let e = -race_uniform(d.u, t).ln();
+        let key = e.ln() - ((x - max) * inv_temp) as f32;
+        if best.is_none_or(|(bt, bk)| key < bk || (key == bk && t < bt)) {
+            best = Some((t, key));
+        }
+    }
+    best
 }
 
 #[cfg(test)]
@@ -305,9 +312,10 @@ mod tests {
     }
 
     #[test]
-    fn draws_by_the_cumulative_weight_in_token_order() {
-        // Weights 1, 1, 2 at temperature 1 (logits 0, 0, ln 2).
-        let row = [0.0, 0.0, std::f32::consts::LN_2];
+    fn races_draw_in_proportion_to_the_weights() {
+        // Weights 1, 1, 2 at temperature 1 (logits 0, 0, ln 2), and a
+        // banned token.
+        let row = [0.0, 0.0, std::f32::consts::LN_2, f32::NEG_INFINITY];
         let draw = |u: f64, ln_min_p: f64| {
             let r = RowReduce {
                 draw: Some(Draw {
@@ -317,13 +325,27 @@ mod tests {
                 }),
                 ..RowReduce::top(1)
             };
-            reduce_row(&row, &r).drawn
+            reduce_row(&row, &r).drawn.unwrap()
         };
-        assert_eq!(draw(0.0, f64::NEG_INFINITY), Some(0));
-        assert_eq!(draw(0.3, f64::NEG_INFINITY), Some(1));
-        assert_eq!(draw(0.6, f64::NEG_INFINITY), Some(2));
+        let n = 40_000;
+        let mut counts = [0usize; 4];
+        for k in 0..n {
+            counts[draw(k as f64 / n as f64, f64::NEG_INFINITY) as usize] += 1;
+        }
+        assert_eq!(counts[3], 0);
+        // Expected 10,000 / 10,000 / 20,000; 5 standard deviations ≈ 500.
+        for (c, want) in counts.iter().zip([10_000, 10_000, 20_000]) {
+            assert!(c.abs_diff(want) < 500, "{counts:?}");
+        }
         // min_p 0.75 keeps only the largest.
-        assert_eq!(draw(0.0, 0.75f64.ln()), Some(2));
+        assert!((0..100).all(|k| draw(k as f64 / 100.0, 0.75f64.ln()) == 2));
+        let u = [
+            race_uniform(0.5, 0),
+            race_uniform(0.5, 1),
+            race_uniform(0.25, 0),
+        ];
+        assert!(u.iter().all(|&x| x > 0.0 && x < 1.0));
+        assert!(u[0] != u[1] && u[0] != u[2]);
     }
 
     #[test]

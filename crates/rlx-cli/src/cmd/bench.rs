@@ -45,6 +45,11 @@ pub struct BenchArgs {
     /// all decode `-n` tokens in steps of B; reports the aggregate speeds.
     #[arg(long = "batch", value_delimiter = ',')]
     pub batch: Vec<usize>,
+    /// Bring every logit row back to the host whole, as llama-bench does,
+    /// instead of reducing it on the device to its greedy choice as `rlx
+    /// run` does (the same on a CPU).
+    #[arg(long)]
+    pub whole_rows: bool,
 }
 
 struct Row {
@@ -198,7 +203,13 @@ fn test_session(
 
 /// Tokens per second of one run on `s`, from an empty context: `depth`
 /// tokens untimed, then a prompt of `prompt` tokens or `gen` single tokens.
-fn time_one(s: &mut Session, depth: usize, prompt: usize, gen: usize) -> Result<f64> {
+fn time_one(
+    s: &mut Session,
+    depth: usize,
+    prompt: usize,
+    gen: usize,
+    whole_rows: bool,
+) -> Result<f64> {
     let model = s.model();
     let (context, timed) = if prompt > 0 {
         (tokens(model, depth, 0), tokens(model, prompt, 1 + depth))
@@ -212,12 +223,20 @@ fn time_one(s: &mut Session, depth: usize, prompt: usize, gen: usize) -> Result<
     // The last row reduced to its greedy choice, as `rlx run --temp 0`
     // asks (on a GPU the logits stay there).
     let greedy = RowReduce::top(1);
+    let feed = |s: &mut Session, tokens: &[u32]| -> Result<()> {
+        if whole_rows {
+            s.feed(tokens)?;
+        } else {
+            s.feed_reduced(tokens, &greedy)?;
+        }
+        Ok(())
+    };
     let start = Instant::now();
     if prompt > 0 {
-        s.feed_reduced(&timed, &greedy)?;
+        feed(s, &timed)?;
     } else {
         for &t in &timed {
-            s.feed_reduced(&[t], &greedy)?;
+            feed(s, &[t])?;
         }
     }
     let secs = start.elapsed().as_secs_f64();
@@ -261,9 +280,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for &p in args.prompt.iter().filter(|&&p| p > 0) {
         // One untimed warm-up run, as llama-bench does.
         let mut s = test_session(&model, kv, args.depth, p, 0)?;
-        time_one(&mut s, args.depth, p, 0)?;
+        time_one(&mut s, args.depth, p, 0, args.whole_rows)?;
         let tps = (0..args.reps)
-            .map(|_| time_one(&mut s, args.depth, p, 0))
+            .map(|_| time_one(&mut s, args.depth, p, 0, args.whole_rows))
             .collect::<Result<Vec<_>>>()?;
         rows.push(Row {
             test: suffix(format!("pp{p}")),
@@ -278,11 +297,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let probe = (!gen.is_empty() && !gpu).then(|| BandwidthProbe::new(threads));
     for n in gen {
         let mut s = test_session(&model, kv, args.depth, 0, n)?;
-        time_one(&mut s, args.depth, 0, n.min(8))?;
+        time_one(&mut s, args.depth, 0, n.min(8), args.whole_rows)?;
         let mut tps = Vec::with_capacity(args.reps);
         let mut bandwidth = Vec::with_capacity(args.reps);
         for _ in 0..args.reps {
-            tps.push(time_one(&mut s, args.depth, 0, n)?);
+            tps.push(time_one(&mut s, args.depth, 0, n, args.whole_rows)?);
             if let Some(p) = &probe {
                 bandwidth.push(p.measure());
             }

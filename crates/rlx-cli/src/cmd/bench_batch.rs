@@ -27,7 +27,14 @@ struct Sample {
 }
 
 /// One repetition at batch `b`.
-fn time_batch(model: &Model, kv: KvTypes, b: usize, prompt: usize, gen: usize) -> Result<Sample> {
+fn time_batch(
+    model: &Model,
+    kv: KvTypes,
+    b: usize,
+    prompt: usize,
+    gen: usize,
+    whole_rows: bool,
+) -> Result<Sample> {
     let context = prompt + gen + 1;
     let mut seqs: Sequences = model.sequences(SequencesOptions {
         max_seqs: b,
@@ -65,7 +72,11 @@ fn time_batch(model: &Model, kv: KvTypes, b: usize, prompt: usize, gen: usize) -
             }
         }
         let rows = feeds.iter().filter(|f| f.logits == Want::Last).count();
-        seqs.step_reduced(&feeds, &vec![RowReduce::top(1); rows])?;
+        if whole_rows {
+            seqs.step(&feeds)?;
+        } else {
+            seqs.step_reduced(&feeds, &vec![RowReduce::top(1); rows])?;
+        }
     }
     let prefill = start.elapsed().as_secs_f64();
     // Decode: one token of every sequence per step.
@@ -82,7 +93,11 @@ fn time_batch(model: &Model, kv: KvTypes, b: usize, prompt: usize, gen: usize) -
                 logits: Want::Last,
             })
             .collect();
-        seqs.step_reduced(&feeds, &greedy)?;
+        if whole_rows {
+            seqs.step(&feeds)?;
+        } else {
+            seqs.step_reduced(&feeds, &greedy)?;
+        }
     }
     let decode = start.elapsed().as_secs_f64();
     let pool = seqs.pool();
@@ -112,9 +127,9 @@ pub fn run(args: &BenchArgs, model: &Model, kv: KvTypes) -> Result<()> {
     let mut rows = Vec::new();
     for &b in &args.batch {
         // One untimed warm-up, as the single-sequence tests do.
-        time_batch(model, kv, b, prompt.min(32), gen.min(4))?;
+        time_batch(model, kv, b, prompt.min(32), gen.min(4), args.whole_rows)?;
         let samples = (0..args.reps)
-            .map(|_| time_batch(model, kv, b, prompt, gen))
+            .map(|_| time_batch(model, kv, b, prompt, gen, args.whole_rows))
             .collect::<Result<Vec<_>>>()?;
         rows.push((b, samples));
     }

@@ -1924,30 +1924,47 @@ extern "C" __global__ void concat_part(const float* x, float* y, long long outer
 }
 
 // ---------------------------------------------------------------------------
-// Logit rows reduced on the device (see rlx-runtime's `reduce` module): one
-// block of RD_WARPS warps per row. Each warp walks a contiguous share of the
-// row 32 tokens at a time, applies the row's logit changes (sorted by token,
-// so a warp-uniform pointer meets them in order) with the sampler's f64
-// arithmetic, counts live tokens, keeps an online max and Σ exp, and keeps
-// its best candidates: tokens better than its current last one wait in a
-// pending area and join by a sort of 128 entries when it fills. Warp 0 then
-// merges every warp's list. A draw walks the shares again.
+// Logit rows reduced on the device (see rlx-runtime's `reduce` module). A row
+// is cut into `splits` slices, one block each (`reduce_part`), so that even
+// one row fills the GPU; each warp walks a share of its slice 256 tokens at a
+// time (eight coalesced loads in flight a lane), applies the row's logit
+// changes (sorted by token, so a warp-uniform pointer meets them in order)
+// with the sampler's f64 arithmetic, counts live tokens, keeps an online max
+// and Σ exp, and keeps its best candidates: tokens better than its current
+// last one wait in a pending area and join by a sort of 128 entries when it
+// fills. A draw (`reduce_draw`) is an exponential race, one pass: token i
+// wins with probability w_i / Σ w, w_i = exp((v_i − max) / T), by the least
+// log(E_i) − (v_i − max) / T, E_i = −ln U_i, U_i hashed from the row's seed
+// and i. `reduce_merge` puts a row's slices together.
 
-#define RD_WARPS 16
+#define RD_THREADS 256
+#define RD_WARPS (RD_THREADS / 32)
 #define RD_TOP 64
 #define RD_NONE 0xffffffffu
+// Tokens a warp takes a step: eight a lane.
+#define RD_STEP 256
 
 struct RdReq {  // 64 bytes, as the host writes it
     double repeat, frequency, presence;
     double inv_temp;  // 1 / temperature (0: no draw)
     double ln_min_p;
-    double u;
+    double u;         // the draw's seed: u × 2^53
     u32 adj_start, adj_len, top, pad;
 };
 
 struct RdAdj {  // 16 bytes
     double bias;
     u32 token, count;
+};
+
+// One slice's results (RD_PART_BYTES).
+struct RdPart {
+    double v[RD_TOP];
+    u32 id[RD_TOP];
+    double m, s;
+    u32 live, invalid;
+    float key;  // the draw's least key in the slice, and its token
+    u32 drawn;
 };
 
 // Output per row (RD_OUT_BYTES): sum_exp (f64), then u32 live, drawn,
@@ -1959,34 +1976,30 @@ __device__ __forceinline__ bool rd_better(double av, u32 ai, double bv, u32 bi) 
     return av > bv || (av == bv && ai < bi);
 }
 
-// Sorts a warp's 128 entries, better first.
-__device__ void rd_sort128(double* v, u32* id, int lane) {
-    for (int k = 2; k <= 128; k <<= 1) {
+// Bitonic sort of n (a power of two) entries, better first, by `threads`
+// threads from `t`: the whole block (WHOLE) or one warp. Not inlined, so
+// that the loops that call it unroll into registers.
+template <bool WHOLE>
+__device__ __noinline__ void rd_sort(double* v, u32* id, int n, int t, int threads) {
+    for (int k = 2; k <= n; k <<= 1) {
         for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int t = lane; t < 128; t += 32) {
-                int p = t ^ j;
-                if (p > t) {
-                    double a = v[t], b = v[p];
-                    u32 ia = id[t], ib = id[p];
-                    bool first = (t & k) == 0;
-                    bool swap = first ? rd_better(b, ib, a, ia) : rd_better(a, ia, b, ib);
-                    if (swap) {
-                        v[t] = b;
-                        v[p] = a;
-                        id[t] = ib;
-                        id[p] = ia;
+            for (int a = t; a < n; a += threads) {
+                int b = a ^ j;
+                if (b > a) {
+                    double x = v[a], y = v[b];
+                    u32 ix = id[a], iy = id[b];
+                    bool first = (a & k) == 0;
+                    if (first ? rd_better(y, iy, x, ix) : rd_better(x, ix, y, iy)) {
+                        v[a] = y;
+                        v[b] = x;
+                        id[a] = iy;
+                        id[b] = ix;
                     }
                 }
             }
-            __syncwarp();
+            if (WHOLE) __syncthreads(); else __syncwarp();
         }
     }
-}
-
-__device__ __forceinline__ double rd_warp_sum(double x) {
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
-    return x;
 }
 
 // The sampler's adjustment of one change, in correctly rounded f64.
@@ -1995,21 +2008,6 @@ __device__ __forceinline__ double rd_apply(double v, const RdAdj& a, const RdReq
     if (a.count > 0) {
         v = v > 0.0 ? __ddiv_rn(v, r.repeat) : __dmul_rn(v, r.repeat);
         v = __dsub_rn(v, __dadd_rn(__dmul_rn((double)a.count, r.frequency), r.presence));
-    }
-    return v;
-}
-
-// Row `row`'s adjusted logit at token i of a 32-token step starting at
-// base, with the warp's change pointer *p advanced past the step.
-__device__ __forceinline__ double rd_value(const float* __restrict__ x, long long V, int i,
-                                           int base, const RdAdj* __restrict__ adj, u32 n,
-                                           u32* p, const RdReq& r, float* raw) {
-    float l = i < V ? x[i] : NEG_INF;
-    *raw = l;
-    double v = __dadd_rn((double)l, 0.0);
-    while (*p < n && adj[*p].token < (u32)base + 32) {
-        if (adj[*p].token == (u32)i) v = rd_apply(v, adj[*p], r);
-        (*p)++;
     }
     return v;
 }
@@ -2024,83 +2022,131 @@ __device__ __forceinline__ u32 rd_first(const RdAdj* adj, u32 n, u32 t) {
     return lo;
 }
 
-extern "C" __global__ void __launch_bounds__(RD_WARPS * 32)
-reduce_logits(const float* __restrict__ logits, long long V, const RdReq* __restrict__ reqs,
-              const RdAdj* __restrict__ adj_all, u8* __restrict__ out) {
+// The adjusted logits of tokens base + lane + 32c (c < 8) below `end`
+// (others −inf), raw values in `raw`; *p moves past the step's changes.
+__device__ __forceinline__ void rd_load(const float* __restrict__ x, int base, int end, int lane,
+                                        const RdAdj* __restrict__ adj, u32 n, u32* p,
+                                        const RdReq& r, double* v, float* raw) {
+    #pragma unroll
+    for (int c = 0; c < 8; c++) {
+        const int i = base + lane + 32 * c;
+        raw[c] = i < end ? x[i] : NEG_INF;
+    }
+    #pragma unroll
+    for (int c = 0; c < 8; c++) v[c] = __dadd_rn((double)raw[c], 0.0);
+    while (*p < n && adj[*p].token < (u32)(base + RD_STEP)) {
+        const RdAdj a = adj[*p];
+        const int off = (int)a.token - base;
+        if (off % 32 == lane && (int)a.token < end) {
+            // The one value it changes, picked without indexing (which
+            // would put v in local memory).
+            double x = v[0];
+            #pragma unroll
+            for (int c = 1; c < 8; c++) x = off / 32 == c ? v[c] : x;
+            x = rd_apply(x, a, r);
+            #pragma unroll
+            for (int c = 0; c < 8; c++) v[c] = off / 32 == c ? x : v[c];
+        }
+        (*p)++;
+    }
+}
+
+// A slice [lo, hi) of `splits` over V, and a warp's share of it, in whole steps.
+__device__ __forceinline__ void rd_share(long long V, int splits, int split, int w, int* lo,
+                                         int* hi) {
+    const long long steps = (V + RD_STEP - 1) / RD_STEP;
+    const long long per = (steps + splits - 1) / splits;
+    const long long s0 = min(steps, per * split), s1 = min(steps, s0 + per);
+    const long long wper = (s1 - s0 + RD_WARPS - 1) / RD_WARPS;
+    const long long w0 = min(s1, s0 + wper * w), w1 = min(s1, w0 + wper);
+    *lo = (int)(w0 * RD_STEP);
+    *hi = (int)min(V, w1 * RD_STEP);
+}
+
+// The uniform in (0, 1) of token i under a row's seed (splitmix64's mix).
+__device__ __forceinline__ float rd_uniform(unsigned long long seed, u32 i) {
+    unsigned long long z = seed + (unsigned long long)(i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return ((float)(z >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+extern "C" __global__ void __launch_bounds__(RD_THREADS)
+reduce_part(const float* __restrict__ logits, long long V, const RdReq* __restrict__ reqs,
+            const RdAdj* __restrict__ adj_all, RdPart* __restrict__ parts, int splits) {
     pdl_begin();
     __shared__ double sv[RD_WARPS][128];
     __shared__ u32 si[RD_WARPS][128];
     __shared__ double wm[RD_WARPS], ws[RD_WARPS];
     __shared__ u32 wlive[RD_WARPS];
     __shared__ u32 s_invalid;
-    __shared__ double s_target;
-    __shared__ int s_warp;
-    __shared__ double s_before;
-    const int row = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row = blockIdx.x, split = blockIdx.y;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const RdReq r = reqs[row];
     const RdAdj* adj = adj_all + r.adj_start;
     const float* x = logits + (long long)row * V;
     const int N = r.top;
     if (threadIdx.x == 0) s_invalid = RD_NONE;
-    __syncthreads();
-    // Each warp's share: whole 32-token steps.
-    const long long steps = (V + 31) / 32;
-    const int share = (int)((steps + RD_WARPS - 1) / RD_WARPS) * 32;
-    const int lo = w * share;
-    const int hi = (int)min((long long)lo + share, V);
+    int lo, hi;
+    rd_share(V, splits, split, w, &lo, &hi);
     double* bv = sv[w];
     u32* bi = si[w];
     for (int t = lane; t < 128; t += 32) {
         bv[t] = NEG_INF;
         bi[t] = RD_NONE;
     }
-    __syncwarp();
+    __syncthreads();
     int nb = 0, np = 0;  // listed (sorted, at 0..) and pending (at 64..)
     double m = NEG_INF, s = 0.0;
     u32 live = 0;
-    u32 p = rd_first(adj, r.adj_len, (u32)max(lo, 0));
-    for (int base = lo; base < hi; base += 32) {
-        const int i = base + lane;
-        float raw;
-        double v = rd_value(x, hi, i, base, adj, r.adj_len, &p, r, &raw);
-        if (i < hi && (isnan(raw) || raw == __int_as_float(0x7f800000))) atomicMin(&s_invalid, (u32)i);
-        const bool ok = i < hi && v != (double)NEG_INF && !isnan(v);
-        if (ok) {
-            live++;
-            if (v > m) {
-                s = (m == (double)NEG_INF ? 0.0 : s * (double)__expf((float)(m - v))) + 1.0;
-                m = v;
-            } else {
-                s += (double)__expf((float)(v - m));
+    u32 p = rd_first(adj, r.adj_len, (u32)lo);
+    for (int base = lo; base < hi; base += RD_STEP) {
+        double v[8];
+        float raw[8];
+        rd_load(x, base, hi, lane, adj, r.adj_len, &p, r, v, raw);
+        #pragma unroll
+        for (int c = 0; c < 8; c++) {
+            const int i = base + lane + 32 * c;
+            if (i < hi && (isnan(raw[c]) || raw[c] == __int_as_float(0x7f800000)))
+                atomicMin(&s_invalid, (u32)i);
+            const bool ok = i < hi && v[c] != (double)NEG_INF && !isnan(v[c]);
+            if (ok) {
+                live++;
+                if (v[c] > m) {
+                    s = (m == (double)NEG_INF ? 0.0 : s * (double)__expf((float)(m - v[c]))) + 1.0;
+                    m = v[c];
+                } else {
+                    s += (double)__expf((float)(v[c] - m));
+                }
             }
-        }
-        const bool better = ok && (nb < N || rd_better(v, (u32)i, bv[N - 1], bi[N - 1]));
-        const unsigned mask = __ballot_sync(0xffffffff, better);
-        if (mask == 0) continue;
-        const int n = __popc(mask);
-        if (np + n > 64) {
-            rd_sort128(bv, bi, lane);
-            nb = min(N, nb + np);
-            for (int t = nb + lane; t < 128; t += 32) {
-                bv[t] = NEG_INF;
-                bi[t] = RD_NONE;
+            const bool better = ok && (nb < N || rd_better(v[c], (u32)i, bv[N - 1], bi[N - 1]));
+            const unsigned mask = __ballot_sync(0xffffffff, better);
+            if (mask == 0) continue;
+            const int n = __popc(mask);
+            if (np + n > 64) {
+                rd_sort<false>(bv, bi, 128, lane, 32);
+                nb = min(N, nb + np);
+                for (int t = nb + lane; t < 128; t += 32) {
+                    bv[t] = NEG_INF;
+                    bi[t] = RD_NONE;
+                }
+                __syncwarp();
+                np = 0;
             }
+            if (better) {
+                const int at = 64 + np + __popc(mask & ((1u << lane) - 1));
+                bv[at] = v[c];
+                bi[at] = (u32)i;
+            }
+            np += n;
             __syncwarp();
-            np = 0;
         }
-        if (better) {
-            const int at = 64 + np + __popc(mask & ((1u << lane) - 1));
-            bv[at] = v;
-            bi[at] = (u32)i;
-        }
-        np += n;
-        __syncwarp();
     }
     if (np > 0) {
-        rd_sort128(bv, bi, lane);
+        rd_sort<false>(bv, bi, 128, lane, 32);
         nb = min(N, nb + np);
     }
-    // The warp's live count and (max, Σ exp) over its lanes.
     #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         live += __shfl_xor_sync(0xffffffff, live, o);
@@ -2118,39 +2164,30 @@ reduce_logits(const float* __restrict__ logits, long long V, const RdReq* __rest
         ws[w] = s;
         wlive[w] = live;
     }
-    for (int t = nb + lane; t < 128; t += 32) {
-        bv[t] = NEG_INF;
-        bi[t] = RD_NONE;
+    // Each warp's first 64 entries, side by side, sorted by the block.
+    __syncwarp();
+    double keep_v[2];
+    u32 keep_i[2];
+    for (int k = 0; k < 2; k++) {
+        const int t = lane + 32 * k;
+        keep_v[k] = t < nb ? bv[t] : (double)NEG_INF;
+        keep_i[k] = t < nb ? bi[t] : RD_NONE;
     }
     __syncthreads();
-    u8* o = out + (size_t)row * RD_OUT_BYTES;
-    if (s_invalid != RD_NONE) {
-        if (threadIdx.x == 0) {
-            *(double*)o = 0.0;
-            u32* h = (u32*)(o + 8);
-            h[0] = 0;
-            h[1] = RD_NONE;
-            h[2] = s_invalid;
-            h[3] = __float_as_uint(x[s_invalid]);
-            h[4] = 0;
-        }
-        return;
+    double* all_v = &sv[0][0];
+    u32* all_i = &si[0][0];
+    for (int k = 0; k < 2; k++) {
+        all_v[w * 64 + lane + 32 * k] = keep_v[k];
+        all_i[w * 64 + lane + 32 * k] = keep_i[k];
     }
-    if (w == 0) {
-        // Merge every warp's list into warp 0's.
-        for (int from = 1; from < RD_WARPS; from++) {
-            for (int t = lane; t < 64; t += 32) {
-                bv[64 + t] = sv[from][t];
-                bi[64 + t] = si[from][t];
-            }
-            __syncwarp();
-            rd_sort128(bv, bi, lane);
-            for (int t = 64 + lane; t < 128; t += 32) {
-                bv[t] = NEG_INF;
-                bi[t] = RD_NONE;
-            }
-            __syncwarp();
-        }
+    __syncthreads();
+    rd_sort<true>(all_v, all_i, RD_WARPS * 64, threadIdx.x, RD_THREADS);
+    RdPart* out = parts + (size_t)row * gridDim.y + split;
+    for (int t = threadIdx.x; t < RD_TOP; t += RD_THREADS) {
+        out->v[t] = t < N ? all_v[t] : (double)NEG_INF;
+        out->id[t] = t < N ? all_i[t] : RD_NONE;
+    }
+    if (threadIdx.x == 0) {
         double M = NEG_INF, S = 0.0;
         u32 L = 0;
         for (int k = 0; k < RD_WARPS; k++) {
@@ -2159,87 +2196,136 @@ reduce_logits(const float* __restrict__ logits, long long V, const RdReq* __rest
         }
         for (int k = 0; k < RD_WARPS; k++)
             if (wm[k] != (double)NEG_INF) S += ws[k] * (double)__expf((float)(wm[k] - M));
-        const u32 listed = min((u32)N, L);
-        if (lane == 0) {
-            *(double*)o = S;
-            u32* h = (u32*)(o + 8);
-            h[0] = L;
-            h[1] = RD_NONE;
-            h[2] = RD_NONE;
-            h[3] = 0;
-            h[4] = listed;
-        }
-        double* ov = (double*)(o + 32);
-        u32* oi = (u32*)(o + 32 + RD_TOP * 8);
-        for (int t = lane; t < RD_TOP; t += 32) {
-            ov[t] = t < (int)listed ? bv[t] : (double)NEG_INF;
-            oi[t] = t < (int)listed ? bi[t] : RD_NONE;
-        }
+        out->m = M;
+        out->s = S;
+        out->live = L;
+        out->invalid = s_invalid;
+        out->key = __int_as_float(0x7f800000);
+        out->drawn = RD_NONE;
     }
+}
+
+// The draw's race over one slice, for rows that ask for a draw; after
+// reduce_part (the row's max comes from its slices).
+extern "C" __global__ void __launch_bounds__(RD_THREADS)
+reduce_draw(const float* __restrict__ logits, long long V, const RdReq* __restrict__ reqs,
+            const RdAdj* __restrict__ adj_all, RdPart* __restrict__ parts, int splits) {
+    pdl_begin();
+    __shared__ float wk[RD_WARPS];
+    __shared__ u32 wi[RD_WARPS];
+    const int row = blockIdx.x, split = blockIdx.y;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const RdReq r = reqs[row];
     if (r.inv_temp == 0.0) return;
-    __syncthreads();
-    // A draw: weights exp((v − max) / T) of the tokens at or above the
-    // floor, each warp's share summed 32 tokens at a time; the share where
-    // u × total falls is walked again the same way to the token.
-    const double M = sv[0][0];
+    const RdPart* mine = parts + (size_t)row * gridDim.y;
+    double M = NEG_INF;
+    for (int k = 0; k < splits; k++) M = fmax(M, mine[k].m);
     if (M == (double)NEG_INF) return;
     const double floor_v = __dadd_rn(M, r.ln_min_p);
-    const float inv_t = (float)r.inv_temp;
-    double acc = 0.0;
-    p = rd_first(adj, r.adj_len, (u32)max(lo, 0));
-    for (int base = lo; base < hi; base += 32) {
-        float raw;
-        const double v = rd_value(x, hi, base + lane, base, adj, r.adj_len, &p, r, &raw);
-        const double wt = base + lane < hi && v >= floor_v && v != (double)NEG_INF
-                              ? (double)__expf((float)(v - M) * inv_t) : 0.0;
-        acc += rd_warp_sum(wt);
+    const unsigned long long seed = (unsigned long long)(r.u * 9007199254740992.0);
+    const RdAdj* adj = adj_all + r.adj_start;
+    const float* x = logits + (long long)row * V;
+    int lo, hi;
+    rd_share(V, splits, split, w, &lo, &hi);
+    float best = __int_as_float(0x7f800000);
+    u32 best_i = RD_NONE;
+    u32 p = rd_first(adj, r.adj_len, (u32)lo);
+    for (int base = lo; base < hi; base += RD_STEP) {
+        double v[8];
+        float raw[8];
+        rd_load(x, base, hi, lane, adj, r.adj_len, &p, r, v, raw);
+        #pragma unroll
+        for (int c = 0; c < 8; c++) {
+            const u32 i = (u32)(base + lane + 32 * c);
+            if ((int)i < hi && v[c] != (double)NEG_INF && v[c] >= floor_v) {
+                const float e = -logf(rd_uniform(seed, i));
+                const float key = logf(e) - (float)((v[c] - M) * r.inv_temp);
+                if (key < best || (key == best && i < best_i)) {
+                    best = key;
+                    best_i = i;
+                }
+            }
+        }
     }
-    if (lane == 0) ws[w] = acc;
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float k2 = __shfl_xor_sync(0xffffffff, best, o);
+        const u32 i2 = __shfl_xor_sync(0xffffffff, best_i, o);
+        if (k2 < best || (k2 == best && i2 < best_i)) {
+            best = k2;
+            best_i = i2;
+        }
+    }
+    if (lane == 0) {
+        wk[w] = best;
+        wi[w] = best_i;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
-        double total = 0.0;
-        for (int k = 0; k < RD_WARPS; k++) total += ws[k];
-        const double target = r.u * total;
-        double before = 0.0;
-        int pick = -1, last = -1;
-        for (int k = 0; k < RD_WARPS; k++) {
-            if (ws[k] > 0.0) last = k;
-            if (pick < 0 && before + ws[k] > target) pick = k;
-            if (pick < 0) before += ws[k];
-        }
-        if (pick < 0) {
-            pick = last;
-            before = total - ws[last];
-        }
-        s_warp = pick;
-        s_before = before;
-        s_target = target;
+        for (int k = 1; k < RD_WARPS; k++)
+            if (wk[k] < best || (wk[k] == best && wi[k] < best_i)) {
+                best = wk[k];
+                best_i = wi[k];
+            }
+        RdPart* out = parts + (size_t)row * gridDim.y + split;
+        out->key = best;
+        out->drawn = best_i;
+    }
+}
+
+// A row's slices put together: its digest in the RD_OUT layout. One block
+// of RD_THREADS per row; `splits` × RD_TOP entries sorted once.
+extern "C" __global__ void __launch_bounds__(RD_THREADS)
+reduce_merge(const float* __restrict__ logits, long long V, const RdPart* __restrict__ parts,
+             int splits, const RdReq* __restrict__ reqs, u8* __restrict__ out) {
+    pdl_begin();
+    __shared__ double v[32 * RD_TOP];
+    __shared__ u32 id[32 * RD_TOP];
+    const int row = blockIdx.x;
+    const RdPart* mine = parts + (size_t)row * splits;
+    const int N = reqs[row].top;
+    // Entries: each slice's first N, padded to a power of two.
+    int n = 1;
+    while (n < splits * N) n <<= 1;
+    for (int t = threadIdx.x; t < n; t += RD_THREADS) {
+        const int k = t / N, j = t % N;
+        const bool in = k < splits;
+        v[t] = in ? mine[k].v[j] : (double)NEG_INF;
+        id[t] = in ? mine[k].id[j] : RD_NONE;
     }
     __syncthreads();
-    if (w != s_warp) return;
-    double run = s_before;
-    u32 found = RD_NONE, last_pos = RD_NONE;
-    p = rd_first(adj, r.adj_len, (u32)max(lo, 0));
-    for (int base = lo; base < hi && found == RD_NONE; base += 32) {
-        float raw;
-        const double v = rd_value(x, hi, base + lane, base, adj, r.adj_len, &p, r, &raw);
-        const double wt = base + lane < hi && v >= floor_v && v != (double)NEG_INF
-                              ? (double)__expf((float)(v - M) * inv_t) : 0.0;
-        const double chunk = rd_warp_sum(wt);
-        const unsigned pos = __ballot_sync(0xffffffff, wt > 0.0);
-        if (pos) last_pos = (u32)base + 31 - __clz(pos);
-        if (run + chunk > s_target) {
-            double incl = wt;
-            #pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                const double y = __shfl_up_sync(0xffffffff, incl, d);
-                if (lane >= d) incl += y;
-            }
-            const unsigned hit = __ballot_sync(0xffffffff, wt > 0.0 && run + incl > s_target);
-            found = hit ? (u32)base + __ffs(hit) - 1 : last_pos;
+    rd_sort<true>(v, id, n, threadIdx.x, RD_THREADS);
+    u8* o = out + (size_t)row * RD_OUT_BYTES;
+    double M = NEG_INF;
+    u32 L = 0, bad = RD_NONE, drawn = RD_NONE;
+    float key = __int_as_float(0x7f800000);
+    for (int k = 0; k < splits; k++) {
+        M = fmax(M, mine[k].m);
+        L += mine[k].live;
+        bad = min(bad, mine[k].invalid);
+        if (mine[k].drawn != RD_NONE &&
+            (mine[k].key < key || (mine[k].key == key && mine[k].drawn < drawn))) {
+            key = mine[k].key;
+            drawn = mine[k].drawn;
         }
-        run += chunk;
     }
-    if (found == RD_NONE) found = last_pos;
-    if (lane == 0) ((u32*)(o + 8))[1] = found;
+    const u32 listed = bad != RD_NONE ? 0 : min((u32)N, L);
+    double* ov = (double*)(o + 32);
+    u32* oi = (u32*)(o + 32 + RD_TOP * 8);
+    for (int t = threadIdx.x; t < RD_TOP; t += RD_THREADS) {
+        ov[t] = t < (int)listed ? v[t] : (double)NEG_INF;
+        oi[t] = t < (int)listed ? id[t] : RD_NONE;
+    }
+    if (threadIdx.x == 0) {
+        double S = 0.0;
+        for (int k = 0; k < splits; k++)
+            if (mine[k].m != (double)NEG_INF) S += mine[k].s * (double)__expf((float)(mine[k].m - M));
+        *(double*)o = bad != RD_NONE ? 0.0 : S;
+        u32* h = (u32*)(o + 8);
+        h[0] = bad != RD_NONE ? 0 : L;
+        h[1] = bad != RD_NONE ? RD_NONE : drawn;
+        h[2] = bad;
+        h[3] = bad != RD_NONE ? __float_as_uint(logits[(long long)row * V + bad]) : 0;
+        h[4] = listed;
+    }
 }

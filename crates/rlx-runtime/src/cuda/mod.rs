@@ -266,7 +266,9 @@ struct Kernels {
     take_rows: CudaFunction,
     narrow: CudaFunction,
     concat_part: CudaFunction,
-    reduce_logits: CudaFunction,
+    reduce_part: CudaFunction,
+    reduce_draw: CudaFunction,
+    reduce_merge: CudaFunction,
     _module: Arc<CudaModule>,
 }
 
@@ -435,7 +437,9 @@ impl CudaDevice {
             take_rows: f("take_rows")?,
             narrow: f("narrow")?,
             concat_part: f("concat_part")?,
-            reduce_logits: f("reduce_logits")?,
+            reduce_part: f("reduce_part")?,
+            reduce_draw: f("reduce_draw")?,
+            reduce_merge: f("reduce_merge")?,
             _module: module,
         };
         // SAFETY: only tries to open the shared library.

@@ -415,8 +415,10 @@ pub struct CudaPlan {
     /// pageable memory goes through the driver's own staging at a fraction
     /// of the speed: logits of a 64-sequence step are 64 MiB).
     host: Option<PinnedHostSlice<f32>>,
-    /// Requests and digests of [`reduce_logits`](CudaPlan::reduce_rows).
+    /// Requests, slices' partial results and digests of
+    /// [`reduce_rows`](CudaPlan::reduce_rows).
     reduce_in: Option<CudaSlice<u8>>,
+    reduce_parts: Option<CudaSlice<u8>>,
     reduce_out: Option<CudaSlice<u8>>,
     /// The output the last step reduced, left in the arena.
     kept: Option<Kept>,
@@ -431,8 +433,8 @@ struct Kept {
     vocab: usize,
 }
 
-/// Threads of a `reduce_logits` block (`RD_WARPS` warps).
-const REDUCE_THREADS: u32 = 16 * 32;
+/// Threads of a `reduce_part`, `reduce_draw` or `reduce_merge` block (`RD_THREADS`).
+const REDUCE_THREADS: u32 = 256;
 
 /// The weight type code and device address of a weight node, or of the
 /// weight a reshape views (a stack of matrices read as one).
@@ -1032,6 +1034,7 @@ pub fn compile_cuda(
         prepped,
         host: None,
         reduce_in: None,
+        reduce_parts: None,
         reduce_out: None,
         kept: None,
         max: opts.max.clone(),
@@ -1446,40 +1449,60 @@ impl CudaPlan {
         }
         let (bytes, adj_at) = super::reduce::encode(rows);
         let out_len = n * super::reduce::OUT_BYTES;
+        let splits = super::reduce::splits(*n, *vocab, self.device.sms);
+        let parts_len = n * splits * super::reduce::PART_BYTES;
         let stream = Arc::clone(&self.device.stream);
         let fits =
             |s: &Option<CudaSlice<u8>>, len: usize| s.as_ref().is_some_and(|s| s.len() >= len);
-        if !fits(&self.reduce_in, bytes.len()) {
-            self.reduce_in = Some(stream.alloc_zeros(bytes.len().next_power_of_two())?);
-        }
-        if !fits(&self.reduce_out, out_len) {
-            self.reduce_out = Some(stream.alloc_zeros(out_len.next_power_of_two())?);
+        for (buf, len) in [
+            (&mut self.reduce_in, bytes.len()),
+            (&mut self.reduce_out, out_len),
+            (&mut self.reduce_parts, parts_len),
+        ] {
+            if !fits(buf, len) {
+                *buf = Some(stream.alloc_zeros(len.next_power_of_two())?);
+            }
         }
         let input = self.reduce_in.as_mut().expect("sized above");
         stream.memcpy_htod(&bytes, &mut input.slice_mut(..bytes.len()))?;
-        let (inp, outp) = (
-            self.device
-                .ptr(self.reduce_in.as_ref().expect("sized above")),
-            self.device
-                .ptr(self.reduce_out.as_ref().expect("sized above")),
+        let ptr = |b: &Option<CudaSlice<u8>>| self.device.ptr(b.as_ref().expect("sized above"));
+        let (inp, outp, parts) = (
+            ptr(&self.reduce_in),
+            ptr(&self.reduce_out),
+            ptr(&self.reduce_parts),
         );
         let logits = self.device.ptr(&self.arena) + 4 * offset as u64;
-        let cfg = LaunchConfig {
-            grid_dim: (*n as u32, 1, 1),
+        let k = &self.device.kernels;
+        let sliced = LaunchConfig {
+            grid_dim: (*n as u32, splits as u32, 1),
             block_dim: (REDUCE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        self.launch(
-            &self.device.kernels.reduce_logits,
-            cfg,
-            &[
-                Arg::Ptr(logits),
-                Arg::I64(*vocab as i64),
-                Arg::Ptr(inp),
-                Arg::Ptr(inp + adj_at as u64),
-                Arg::Ptr(outp),
-            ],
-        )?;
+        let args = [
+            Arg::Ptr(logits),
+            Arg::I64(*vocab as i64),
+            Arg::Ptr(inp),
+            Arg::Ptr(inp + adj_at as u64),
+            Arg::Ptr(parts),
+            Arg::I32(splits as i32),
+        ];
+        self.launch(&k.reduce_part, sliced, &args)?;
+        if rows.iter().any(|r| r.draw.is_some()) {
+            self.launch(&k.reduce_draw, sliced, &args)?;
+        }
+        let merge = LaunchConfig {
+            grid_dim: (*n as u32, 1, 1),
+            ..sliced
+        };
+        let args = [
+            Arg::Ptr(logits),
+            Arg::I64(*vocab as i64),
+            Arg::Ptr(parts),
+            Arg::I32(splits as i32),
+            Arg::Ptr(inp),
+            Arg::Ptr(outp),
+        ];
+        self.launch(&k.reduce_merge, merge, &args)?;
         let out = stream.clone_dtoh(
             &self
                 .reduce_out

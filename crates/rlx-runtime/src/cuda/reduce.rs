@@ -1,4 +1,4 @@
-//! The host side of `reduce_logits` (kernels.cu): requests written in the
+//! The host side of `reduce_part`/`reduce_draw`/`reduce_merge` (kernels.cu): requests written in the
 //! kernel's layout, digests read back from it. Pure byte work, tested
 //! without a GPU.
 
@@ -12,6 +12,24 @@ const ADJ_BYTES: usize = 16;
 pub(super) const OUT_BYTES: usize = 8 + 5 * 4 + 4 + TOP_MAX * 8 + TOP_MAX * 4;
 /// The kernel's "none" token.
 const NONE: u32 = u32::MAX;
+/// Bytes of one slice's partial results (`RdPart`).
+pub(super) const PART_BYTES: usize = TOP_MAX * 8 + TOP_MAX * 4 + 8 + 8 + 4 * 4;
+/// Most slices a row is cut into (`reduce_merge` sorts 32 × 64 entries).
+pub(super) const MAX_SPLITS: usize = 32;
+/// Tokens a warp takes a step, and warps a block (`RD_STEP`, `RD_WARPS`).
+const STEP: usize = 256;
+const WARPS: usize = 8;
+
+/// Slices a row of `vocab` is cut into when `rows` rows reduce at once on
+/// `sms` multiprocessors: about four blocks a multiprocessor, at least a
+/// step per warp, at most [`MAX_SPLITS`].
+pub(super) fn splits(rows: usize, vocab: usize, sms: usize) -> usize {
+    let steps = vocab.div_ceil(STEP);
+    (4 * sms)
+        .div_ceil(rows.max(1))
+        .min(steps / WARPS)
+        .clamp(1, MAX_SPLITS)
+}
 
 /// The requests of `rows`, then every row's changes: one upload. Returns
 /// the bytes and the offset of the changes.
@@ -87,6 +105,18 @@ pub(super) fn decode(b: &[u8], rows: usize) -> Vec<RowDigest> {
 mod tests {
     use super::*;
     use crate::reduce::{Adjust, Draw};
+
+    #[test]
+    fn rows_are_cut_to_fill_the_gpu() {
+        // One Gemma row on an H200: 32 slices of 32 steps.
+        assert_eq!(splits(1, 262_144, 132), 32);
+        assert_eq!(splits(64, 262_144, 132), 9);
+        assert_eq!(splits(512, 262_144, 132), 2);
+        assert_eq!(splits(1024, 262_144, 132), 1);
+        // A tiny vocabulary: one slice.
+        assert_eq!(splits(1, 96, 132), 1);
+        assert_eq!(splits(1, 5000, 132), 2);
+    }
 
     #[test]
     fn requests_in_the_kernels_layout() {
