@@ -2022,33 +2022,29 @@ __device__ __forceinline__ u32 rd_first(const RdAdj* adj, u32 n, u32 t) {
     return lo;
 }
 
-// The adjusted logits of tokens base + lane + 32c (c < 8) below `end`
-// (others −inf), raw values in `raw`; *p moves past the step's changes.
+// Raw values of tokens base + lane + 32c (c < 8) below `end` (others
+// −inf): eight loads in flight.
 __device__ __forceinline__ void rd_load(const float* __restrict__ x, int base, int end, int lane,
-                                        const RdAdj* __restrict__ adj, u32 n, u32* p,
-                                        const RdReq& r, double* v, float* raw) {
+                                        float* raw) {
     #pragma unroll
     for (int c = 0; c < 8; c++) {
         const int i = base + lane + 32 * c;
         raw[c] = i < end ? x[i] : NEG_INF;
     }
-    #pragma unroll
-    for (int c = 0; c < 8; c++) v[c] = __dadd_rn((double)raw[c], 0.0);
-    while (*p < n && adj[*p].token < (u32)(base + RD_STEP)) {
-        const RdAdj a = adj[*p];
-        const int off = (int)a.token - base;
-        if (off % 32 == lane && (int)a.token < end) {
-            // The one value it changes, picked without indexing (which
-            // would put v in local memory).
-            double x = v[0];
-            #pragma unroll
-            for (int c = 1; c < 8; c++) x = off / 32 == c ? v[c] : x;
-            x = rd_apply(x, a, r);
-            #pragma unroll
-            for (int c = 0; c < 8; c++) v[c] = off / 32 == c ? x : v[c];
-        }
+}
+
+// Token i's adjusted logit, its raw value `raw`; the warp steps through the
+// changes below `until` (the end of this 32-token part) with *p, so every
+// lane sees every change once and in order.
+__device__ __forceinline__ double rd_adjust(float raw, int i, int until,
+                                            const RdAdj* __restrict__ adj, u32 n, u32* p,
+                                            const RdReq& r) {
+    double v = __dadd_rn((double)raw, 0.0);
+    while (*p < n && adj[*p].token < (u32)until) {
+        if (adj[*p].token == (u32)i) v = rd_apply(v, adj[*p], r);
         (*p)++;
     }
+    return v;
 }
 
 // A slice [lo, hi) of `splits` over V, and a warp's share of it, in whole steps.
@@ -2098,29 +2094,37 @@ reduce_part(const float* __restrict__ logits, long long V, const RdReq* __restri
     }
     __syncthreads();
     int nb = 0, np = 0;  // listed (sorted, at 0..) and pending (at 64..)
-    double m = NEG_INF, s = 0.0;
-    u32 live = 0;
+    double m = NEG_INF, s = 0.0, best_v = NEG_INF;
+    u32 live = 0, best_i = RD_NONE;
     u32 p = rd_first(adj, r.adj_len, (u32)lo);
     for (int base = lo; base < hi; base += RD_STEP) {
-        double v[8];
         float raw[8];
-        rd_load(x, base, hi, lane, adj, r.adj_len, &p, r, v, raw);
+        rd_load(x, base, hi, lane, raw);
         #pragma unroll
         for (int c = 0; c < 8; c++) {
             const int i = base + lane + 32 * c;
+            const double vc = rd_adjust(raw[c], i, base + 32 * (c + 1), adj, r.adj_len, &p, r);
             if (i < hi && (isnan(raw[c]) || raw[c] == __int_as_float(0x7f800000)))
                 atomicMin(&s_invalid, (u32)i);
-            const bool ok = i < hi && v[c] != (double)NEG_INF && !isnan(v[c]);
+            const bool ok = i < hi && vc != (double)NEG_INF && !isnan(vc);
             if (ok) {
                 live++;
-                if (v[c] > m) {
-                    s = (m == (double)NEG_INF ? 0.0 : s * (double)__expf((float)(m - v[c]))) + 1.0;
-                    m = v[c];
+                if (vc > m) {
+                    s = (m == (double)NEG_INF ? 0.0 : s * (double)__expf((float)(m - vc))) + 1.0;
+                    m = vc;
                 } else {
-                    s += (double)__expf((float)(v[c] - m));
+                    s += (double)__expf((float)(vc - m));
                 }
             }
-            const bool better = ok && (nb < N || rd_better(v[c], (u32)i, bv[N - 1], bi[N - 1]));
+            if (N == 1) {
+                // Greedy: each lane keeps its best; no lists.
+                if (ok && rd_better(vc, (u32)i, best_v, best_i)) {
+                    best_v = vc;
+                    best_i = (u32)i;
+                }
+                continue;
+            }
+            const bool better = ok && (nb < N || rd_better(vc, (u32)i, bv[N - 1], bi[N - 1]));
             const unsigned mask = __ballot_sync(0xffffffff, better);
             if (mask == 0) continue;
             const int n = __popc(mask);
@@ -2136,7 +2140,7 @@ reduce_part(const float* __restrict__ logits, long long V, const RdReq* __restri
             }
             if (better) {
                 const int at = 64 + np + __popc(mask & ((1u << lane) - 1));
-                bv[at] = v[c];
+                bv[at] = vc;
                 bi[at] = (u32)i;
             }
             np += n;
@@ -2146,6 +2150,22 @@ reduce_part(const float* __restrict__ logits, long long V, const RdReq* __restri
     if (np > 0) {
         rd_sort<false>(bv, bi, 128, lane, 32);
         nb = min(N, nb + np);
+    }
+    if (N == 1) {
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const double v2 = __shfl_xor_sync(0xffffffff, best_v, o);
+            const u32 i2 = __shfl_xor_sync(0xffffffff, best_i, o);
+            if (rd_better(v2, i2, best_v, best_i)) {
+                best_v = v2;
+                best_i = i2;
+            }
+        }
+        nb = best_i != RD_NONE;
+        if (lane == 0) {
+            bv[0] = best_v;
+            bi[0] = best_i;
+        }
     }
     #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -2181,7 +2201,17 @@ reduce_part(const float* __restrict__ logits, long long V, const RdReq* __restri
         all_i[w * 64 + lane + 32 * k] = keep_i[k];
     }
     __syncthreads();
-    rd_sort<true>(all_v, all_i, RD_WARPS * 64, threadIdx.x, RD_THREADS);
+    if (N == 1) {
+        if (threadIdx.x == 0)
+            for (int k = 1; k < RD_WARPS; k++)
+                if (rd_better(all_v[k * 64], all_i[k * 64], all_v[0], all_i[0])) {
+                    all_v[0] = all_v[k * 64];
+                    all_i[0] = all_i[k * 64];
+                }
+        __syncthreads();
+    } else {
+        rd_sort<true>(all_v, all_i, RD_WARPS * 64, threadIdx.x, RD_THREADS);
+    }
     RdPart* out = parts + (size_t)row * gridDim.y + split;
     for (int t = threadIdx.x; t < RD_TOP; t += RD_THREADS) {
         out->v[t] = t < N ? all_v[t] : (double)NEG_INF;
@@ -2217,9 +2247,17 @@ reduce_draw(const float* __restrict__ logits, long long V, const RdReq* __restri
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const RdReq r = reqs[row];
     if (r.inv_temp == 0.0) return;
+    __shared__ double s_m;
     const RdPart* mine = parts + (size_t)row * gridDim.y;
-    double M = NEG_INF;
-    for (int k = 0; k < splits; k++) M = fmax(M, mine[k].m);
+    if (w == 0) {
+        // The row's max over its slices, read in parallel.
+        double M = lane < splits ? mine[lane].m : (double)NEG_INF;
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmax(M, __shfl_xor_sync(0xffffffff, M, o));
+        if (lane == 0) s_m = M;
+    }
+    __syncthreads();
+    const double M = s_m;
     if (M == (double)NEG_INF) return;
     const double floor_v = __dadd_rn(M, r.ln_min_p);
     const unsigned long long seed = (unsigned long long)(r.u * 9007199254740992.0);
@@ -2231,15 +2269,15 @@ reduce_draw(const float* __restrict__ logits, long long V, const RdReq* __restri
     u32 best_i = RD_NONE;
     u32 p = rd_first(adj, r.adj_len, (u32)lo);
     for (int base = lo; base < hi; base += RD_STEP) {
-        double v[8];
         float raw[8];
-        rd_load(x, base, hi, lane, adj, r.adj_len, &p, r, v, raw);
+        rd_load(x, base, hi, lane, raw);
         #pragma unroll
         for (int c = 0; c < 8; c++) {
             const u32 i = (u32)(base + lane + 32 * c);
-            if ((int)i < hi && v[c] != (double)NEG_INF && v[c] >= floor_v) {
+            const double vc = rd_adjust(raw[c], (int)i, base + 32 * (c + 1), adj, r.adj_len, &p, r);
+            if ((int)i < hi && vc != (double)NEG_INF && vc >= floor_v) {
                 const float e = -logf(rd_uniform(seed, i));
-                const float key = logf(e) - (float)((v[c] - M) * r.inv_temp);
+                const float key = logf(e) - (float)((vc - M) * r.inv_temp);
                 if (key < best || (key == best && i < best_i)) {
                     best = key;
                     best_i = i;
@@ -2296,19 +2334,42 @@ reduce_merge(const float* __restrict__ logits, long long V, const RdPart* __rest
     __syncthreads();
     rd_sort<true>(v, id, n, threadIdx.x, RD_THREADS);
     u8* o = out + (size_t)row * RD_OUT_BYTES;
-    double M = NEG_INF;
-    u32 L = 0, bad = RD_NONE, drawn = RD_NONE;
-    float key = __int_as_float(0x7f800000);
-    for (int k = 0; k < splits; k++) {
-        M = fmax(M, mine[k].m);
-        L += mine[k].live;
-        bad = min(bad, mine[k].invalid);
-        if (mine[k].drawn != RD_NONE &&
-            (mine[k].key < key || (mine[k].key == key && mine[k].drawn < drawn))) {
-            key = mine[k].key;
-            drawn = mine[k].drawn;
+    // The slices' scalars, one lane a slice (splits <= 32), combined by
+    // shuffles: loads in parallel, not one after another.
+    __shared__ double s_S;
+    __shared__ u32 s_L, s_bad, s_drawn;
+    if (threadIdx.x < 32) {
+        const int k = threadIdx.x;
+        const bool in = k < splits;
+        double m = in ? mine[k].m : (double)NEG_INF, sum = in ? mine[k].s : 0.0;
+        u32 live = in ? mine[k].live : 0, bad = in ? mine[k].invalid : RD_NONE;
+        u32 drawn = in ? mine[k].drawn : RD_NONE;
+        float key = in && drawn != RD_NONE ? mine[k].key : __int_as_float(0x7f800000);
+        double M = m;
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmax(M, __shfl_xor_sync(0xffffffff, M, o));
+        sum = m == (double)NEG_INF ? 0.0 : sum * (double)__expf((float)(m - M));
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            sum += __shfl_xor_sync(0xffffffff, sum, o);
+            live += __shfl_xor_sync(0xffffffff, live, o);
+            bad = min(bad, __shfl_xor_sync(0xffffffff, bad, o));
+            const float k2 = __shfl_xor_sync(0xffffffff, key, o);
+            const u32 d2 = __shfl_xor_sync(0xffffffff, drawn, o);
+            if (d2 != RD_NONE && (drawn == RD_NONE || k2 < key || (k2 == key && d2 < drawn))) {
+                key = k2;
+                drawn = d2;
+            }
+        }
+        if (k == 0) {
+            s_S = sum;
+            s_L = live;
+            s_bad = bad;
+            s_drawn = drawn;
         }
     }
+    __syncthreads();
+    const u32 L = s_L, bad = s_bad, drawn = s_drawn;
     const u32 listed = bad != RD_NONE ? 0 : min((u32)N, L);
     double* ov = (double*)(o + 32);
     u32* oi = (u32*)(o + 32 + RD_TOP * 8);
@@ -2317,10 +2378,7 @@ reduce_merge(const float* __restrict__ logits, long long V, const RdPart* __rest
         oi[t] = t < (int)listed ? id[t] : RD_NONE;
     }
     if (threadIdx.x == 0) {
-        double S = 0.0;
-        for (int k = 0; k < splits; k++)
-            if (mine[k].m != (double)NEG_INF) S += mine[k].s * (double)__expf((float)(mine[k].m - M));
-        *(double*)o = bad != RD_NONE ? 0.0 : S;
+        *(double*)o = bad != RD_NONE ? 0.0 : s_S;
         u32* h = (u32*)(o + 8);
         h[0] = bad != RD_NONE ? 0 : L;
         h[1] = bad != RD_NONE ? RD_NONE : drawn;
