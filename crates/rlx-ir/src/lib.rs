@@ -6,6 +6,7 @@
 mod dtype;
 mod dump;
 mod graph;
+mod infer;
 pub mod op;
 pub mod passes;
 mod shape;

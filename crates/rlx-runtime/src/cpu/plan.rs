@@ -8,7 +8,9 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use rlx_gguf::GgmlType;
-use rlx_ir::{Bindings, CacheSlot, DType, Graph, KvSource, NodeId, Op};
+use rlx_ir::{
+    AttentionSpec, Bindings, CacheSlot, DType, Graph, KvSource, Node, NodeId, NormSpec, Op,
+};
 
 use crate::backend::{step, Executable, PreparedKv};
 use crate::batch::Batch;
@@ -16,9 +18,11 @@ use crate::compile::{
     bind, dump_steps, narrow_from, node_err, prepare, schedule, value_copies, CompileOptions,
     HostTensor, Loc, RunError, Schedule, StepInputs, StepOutputs, Tap,
 };
+use crate::cpu::features::Isa;
 use crate::cpu::kernels::{attention, elementwise, moe, norm, rope, shape as shape_k};
 use crate::cpu::kv::{CpuKvStorage, RowsView};
 use crate::cpu::matmul::{self, MatmulOptions, MatmulScratch, WeightMatrix};
+use crate::cpu::pool::ThreadPool;
 use crate::cpu::CpuDevice;
 use crate::kv::{KvError, KvPool, StepLayout};
 use crate::weights::WeightStore;
@@ -281,346 +285,101 @@ impl Plan {
         // maxima; `bind` checked every symbol against them) and no value live
         // at this step overlaps it, so this is the only reference to it.
         let out: &mut [f32] = unsafe { self.arena.slice_mut(offset, out_len) };
-        let val = |i: usize| -> Val<'_> { self.value(n.inputs[i], inputs, b) };
-        let f32v = |i: usize| -> &[f32] {
-            match val(i) {
-                Val::F32(v) => v,
-                _ => unreachable!("validated f32"),
-            }
+        let run = Run {
+            plan: self,
+            g,
+            id,
+            n,
+            b,
+            inputs,
+            dims,
+            pool: self.device.pool(),
+            isa: self.device.isa(),
         };
-        let vector = |i: usize| -> Cow<'_, [f32]> {
-            match val(i) {
-                Val::F32(v) => Cow::Borrowed(v),
-                Val::Weight(ty, bytes) => {
-                    Cow::Owned(rlx_gguf::dequantize_to_vec(ty, bytes).expect("validated weight"))
-                }
-                Val::I32(_) => unreachable!("validated"),
-            }
-        };
-        let pool = self.device.pool();
-        let isa = self.device.isa();
+        let (pool, isa) = (run.pool, run.isa);
         match &n.op {
-            Op::Gather => {
-                let Val::Weight(ty, table) = val(0) else {
-                    unreachable!()
-                };
-                let ids = self.i32_of(n.inputs[1], inputs, b);
-                let info = g.node(n.inputs[0]);
-                let (vocab, width) = (
-                    info.shape.0[0].fixed().expect("fixed"),
-                    info.shape.0[1].fixed().expect("fixed"),
-                );
-                let row_bytes = width / ty.block_elems() * ty.block_bytes();
-                for (t, &tok) in ids.iter().enumerate() {
-                    if tok < 0 || tok as usize >= vocab {
-                        return Err(node_err(
-                            g,
-                            id,
-                            format!("token id {tok} is outside the vocabulary of {vocab}"),
-                        ));
-                    }
-                    let row = &table[tok as usize * row_bytes..][..row_bytes];
-                    rlx_gguf::dequantize(ty, row, &mut out[t * width..(t + 1) * width])
-                        .expect("validated table");
-                }
-            }
-            Op::MatMul { norm } => {
-                let x = f32v(0);
-                let k_in = g
-                    .node(n.inputs[0])
-                    .shape
-                    .last()
-                    .and_then(|d| d.resolve(b))
-                    .expect("bound");
-                let m = x.len() / k_in;
-                let mut normed = self.norm_buf.borrow_mut();
-                let mut first_w = 1;
-                let x = match norm {
-                    Some(spec) => {
-                        let gamma = if spec.has_gamma {
-                            first_w = 2;
-                            Some(vector(1))
-                        } else {
-                            None
-                        };
-                        normed.resize(x.len(), 0.0);
-                        let gamma = gamma.as_deref();
-                        pool.for_rows(&mut normed, k_in, PARALLEL_MIN, &|r0, band| {
-                            norm::rms_norm(
-                                isa,
-                                &x[r0 * k_in..][..band.len()],
-                                k_in,
-                                gamma,
-                                spec.eps,
-                                band,
-                            )
-                        });
-                        &normed[..]
-                    }
-                    None => x,
-                };
-                let ws: Vec<WeightMatrix> = n.inputs[first_w..]
-                    .iter()
-                    .map(|&w| {
-                        let Val::Weight(ty, data) = self.value(w, inputs, b) else {
-                            unreachable!()
-                        };
-                        WeightMatrix {
-                            ty,
-                            rows: g.node(w).shape.0[0].fixed().expect("fixed"),
-                            k: k_in,
-                            data,
-                        }
-                    })
-                    .collect();
-                let opts = MatmulOptions {
-                    precision: self.opts.precision,
-                    isa,
-                    batch_invariant: self.opts.batch_invariant,
-                };
-                let mut scratch = self.scratch.borrow_mut();
-                matmul::matmul(pool, &opts, x, m, &ws, out, &mut scratch)
-                    .map_err(|e| node_err(g, id, e.to_string()))?;
-            }
-            Op::Add | Op::Mul => {
-                let b_vals = vector(1);
-                let b_dims = g.node(n.inputs[1]).shape.resolve(b).expect("bound");
-                let suffix = b_vals.len() == 1 || dims.ends_with(&b_dims);
-                let a = f32v(0);
-                let period = b_vals.len();
-                match (&n.op, suffix) {
-                    (Op::Add, true) => pool.for_rows(out, period, PARALLEL_MIN, &|r0, band| {
-                        elementwise::add(&a[r0 * period..][..band.len()], &b_vals, band)
-                    }),
-                    (Op::Mul, true) => pool.for_rows(out, period, PARALLEL_MIN, &|r0, band| {
-                        elementwise::mul(&a[r0 * period..][..band.len()], &b_vals, band)
-                    }),
-                    (Op::Add, false) => elementwise::broadcast_binary(
-                        f32v(0),
-                        &dims,
-                        &b_vals,
-                        &b_dims,
-                        out,
-                        |x, y| x + y,
-                    ),
-                    _ => elementwise::broadcast_binary(
-                        f32v(0),
-                        &dims,
-                        &b_vals,
-                        &b_dims,
-                        out,
-                        |x, y| x * y,
-                    ),
-                }
-            }
+            Op::Gather => run.gather(out)?,
+            Op::MatMul { norm } => run.matmul(norm, out)?,
+            Op::Add | Op::Mul => run.add_mul(out)?,
             Op::BatchMatMul => {
-                let ad = g.node(n.inputs[0]).shape.resolve(b).expect("bound");
-                elementwise::batch_matmul(f32v(0), f32v(1), ad[0], ad[1], ad[2], dims[2], out);
+                let ad = run.dims_of(0);
+                elementwise::batch_matmul(
+                    run.f32v(0),
+                    run.f32v(1),
+                    ad[0],
+                    ad[1],
+                    ad[2],
+                    run.dims[2],
+                    out,
+                );
             }
-            Op::MatchRms { floor } => {
-                elementwise::match_rms(f32v(0), f32v(1), *dims.last().expect("rank"), *floor, out)
-            }
+            Op::MatchRms { floor } => elementwise::match_rms(
+                run.f32v(0),
+                run.f32v(1),
+                *run.dims.last().expect("rank"),
+                *floor,
+                out,
+            ),
             Op::GaussianTopK { std_multiplier } => elementwise::gaussian_topk(
-                f32v(0),
-                *dims.last().expect("rank"),
+                run.f32v(0),
+                *run.dims.last().expect("rank"),
                 *std_multiplier,
                 out,
             ),
-            Op::Scale { factor } => elementwise::scale(f32v(0), *factor, out),
+            Op::Scale { factor } => elementwise::scale(run.f32v(0), *factor, out),
             Op::AddConst { value } => {
-                for (o, &v) in out.iter_mut().zip(f32v(0)) {
+                for (o, &v) in out.iter_mut().zip(run.f32v(0)) {
                     *o = v + value;
                 }
             }
             Op::Gelu => {
-                let x = f32v(0);
+                let x = run.f32v(0);
                 pool.for_rows(out, 1, PARALLEL_MIN, &|r0, band| {
                     elementwise::gelu(isa, &x[r0..][..band.len()], band)
                 });
             }
             Op::GeGlu => {
-                let (gate, up) = (f32v(0), f32v(1));
+                let (gate, up) = (run.f32v(0), run.f32v(1));
                 pool.for_rows(out, 1, PARALLEL_MIN, &|r0, band| {
                     let n = band.len();
                     elementwise::geglu(isa, &gate[r0..][..n], &up[r0..][..n], band)
                 });
             }
-            Op::Softcap { cap } => elementwise::softcap(f32v(0), *cap, out),
+            Op::Softcap { cap } => elementwise::softcap(run.f32v(0), *cap, out),
             Op::RmsNorm(spec) => {
-                let gamma = spec.has_gamma.then(|| vector(1));
+                let gamma = spec.has_gamma.then(|| run.vector(1));
                 let gamma = gamma.as_deref();
-                let (x, d) = (f32v(0), *dims.last().expect("rank"));
+                let (x, d) = (run.f32v(0), *run.dims.last().expect("rank"));
                 pool.for_rows(out, d, PARALLEL_MIN, &|r0, band| {
                     norm::rms_norm(isa, &x[r0 * d..][..band.len()], d, gamma, spec.eps, band)
                 });
             }
             Op::Rope(spec) => {
-                let factors = spec.has_freq_factors.then(|| vector(2));
-                let pos = self.i32_of(n.inputs[1], inputs, b);
+                let factors = spec.has_freq_factors.then(|| run.vector(2));
+                let pos = run.i32_in(1);
                 rope::rope(
-                    f32v(0),
-                    dims[1],
-                    dims[2],
+                    run.f32v(0),
+                    run.dims[1],
+                    run.dims[2],
                     pos,
                     spec,
                     factors.as_deref(),
                     out,
                 );
             }
-            Op::Attention(spec) => {
-                let q = f32v(0);
-                let n_q = dims[0];
-                let params = attention::Params {
-                    mask: spec.mask,
-                    scale: spec.scale,
-                    softcap: spec.softcap,
-                    split_keys: !self.opts.batch_invariant,
-                };
-                // Key rows with their positions: the K/V inputs at 0..m (the
-                // queries being the last n of them), or the pool's blocks of
-                // each sequence.
-                let (kpos, kspan, qpos_inputs): (Vec<i64>, Vec<i32>, Vec<i64>);
-                let (rows, qpos, qspan, segments) = match spec.kv {
-                    KvSource::Inputs => {
-                        let kd = g.node(n.inputs[1]).shape.resolve(b).expect("bound");
-                        let vd = g.node(n.inputs[2]).shape.resolve(b).expect("bound");
-                        let m = kd[0];
-                        kpos = (0..m as i64).collect::<Vec<i64>>();
-                        kspan = vec![0i32; m];
-                        let rows = attention::KvRows {
-                            k: RowsView::F32(f32v(1)),
-                            v: RowsView::F32(f32v(2)),
-                            pos: &kpos,
-                            span: &kspan,
-                            kv_heads: kd[1],
-                            head_dim: kd[2],
-                            v_head_dim: vd[2],
-                        };
-                        qpos_inputs = (0..n_q).map(|i| (m + i) as i64 - n_q as i64).collect();
-                        let all = vec![attention::Segment {
-                            queries: 0..n_q,
-                            blocks: None,
-                        }];
-                        (rows, &qpos_inputs, None, all)
-                    }
-                    KvSource::Cache(slot) => {
-                        let kvp = kv.as_deref().ok_or(RunError::NoCache)?;
-                        let layout = layout.ok_or(RunError::NoCache)?;
-                        let (owner, layer) = kvp.owner(slot)?;
-                        let group = kvp.group_of(slot)?;
-                        let (k, v) = kvp
-                            .storage_of(owner)?
-                            .as_any()
-                            .downcast_ref::<CpuKvStorage>()
-                            .and_then(|s| s.view(owner.0 as usize))
-                            .ok_or_else(not_cpu)?;
-                        let g_rows = kvp.rows(group);
-                        let rows = attention::KvRows {
-                            k,
-                            v,
-                            pos: g_rows.pos,
-                            span: g_rows.span,
-                            kv_heads: layer.kv_heads,
-                            head_dim: layer.head_dim,
-                            v_head_dim: layer.v_head_dim,
-                        };
-                        qpos_inputs = inputs.pos.iter().map(|&p| p as i64).collect();
-                        let qspan = spec
-                            .bidirectional_spans
-                            .then(|| self.i32_of(n.inputs[2], inputs, b));
-                        let segments = layout
-                            .runs
-                            .iter()
-                            .zip(&layout.blocks[group])
-                            .map(|(run, blocks)| attention::Segment {
-                                queries: run.rows.clone(),
-                                blocks: Some(blocks),
-                            })
-                            .collect();
-                        (rows, &qpos_inputs, qspan, segments)
-                    }
-                };
-                let queries = attention::Queries {
-                    q,
-                    pos: qpos,
-                    span: qspan,
-                    heads: dims[1],
-                };
-                attention::attention(pool, isa, params, &queries, &rows, &segments, out);
-            }
-            Op::TakeRows => {
-                let x = f32v(0);
-                let width: usize = dims[1..].iter().product();
-                let n_x = x.len() / width.max(1);
-                for (r, &src) in self.i32_of(n.inputs[1], inputs, b).iter().enumerate() {
-                    if src < 0 || src as usize >= n_x {
-                        return Err(node_err(g, id, format!("row {src} of {n_x}")));
-                    }
-                    out[r * width..][..width].copy_from_slice(&x[src as usize * width..][..width]);
-                }
-            }
-            Op::Moe { top_k } => {
-                let stack = |i: usize| -> moe::ExpertStack<'_> {
-                    let Val::Weight(ty, data) = val(i) else {
-                        unreachable!()
-                    };
-                    let dims: Vec<usize> = g
-                        .node(n.inputs[i])
-                        .shape
-                        .0
-                        .iter()
-                        .map(|d| d.fixed().expect("fixed"))
-                        .collect();
-                    moe::ExpertStack {
-                        ty,
-                        data,
-                        experts: dims[0],
-                        rows: dims[1],
-                        k: dims[2],
-                    }
-                };
-                let opts = MatmulOptions {
-                    precision: self.opts.precision,
-                    isa,
-                    batch_invariant: self.opts.batch_invariant,
-                };
-                let mut scratch = self.scratch.borrow_mut();
-                moe::moe(
-                    pool,
-                    &opts,
-                    &mut scratch,
-                    f32v(0),
-                    f32v(1),
-                    *top_k,
-                    stack(2),
-                    stack(3),
-                    &vector(4),
-                    out,
-                )
-                .map_err(|e| node_err(g, id, e.to_string()))?;
-            }
+            Op::Attention(spec) => run.attention(spec, kv.as_deref(), layout, out)?,
+            Op::TakeRows => run.take_rows(out)?,
+            Op::Moe { top_k } => run.moe(top_k, out)?,
             Op::Narrow {
                 axis,
                 start: s,
                 len,
             } => {
-                let xd = g.node(n.inputs[0]).shape.resolve(b).expect("bound");
-                let from = narrow_from(*s, xd[*axis], *len).map_err(|msg| node_err(g, id, msg))?;
-                shape_k::narrow(f32v(0), &xd, *axis, from, *len, out);
+                let xd = run.dims_of(0);
+                let from = narrow_from(*s, xd[*axis], *len).map_err(|msg| run.err(msg))?;
+                shape_k::narrow(run.f32v(0), &xd, *axis, from, *len, out);
             }
-            Op::Concat { axis } => {
-                let parts: Vec<(Vec<usize>, &[f32])> = (0..n.inputs.len())
-                    .map(|i| {
-                        (
-                            g.node(n.inputs[i]).shape.resolve(b).expect("bound"),
-                            f32v(i),
-                        )
-                    })
-                    .collect();
-                let refs: Vec<(&[f32], &[usize])> =
-                    parts.iter().map(|(d, v)| (*v, &d[..])).collect();
-                shape_k::concat(&refs, *axis, out);
-            }
+            Op::Concat { axis } => run.concat(axis, out)?,
             Op::Input { .. } | Op::Weight { .. } | Op::Reshape { .. } | Op::KvWrite { .. } => {
                 unreachable!("not an arena step")
             }
@@ -658,6 +417,375 @@ impl Plan {
         );
         dump_steps(&mut s, g, &self.steps, &self.locs);
         s
+    }
+}
+
+/// One step being run: its node, the step's values and bindings, and what
+/// every op's kernel call reads of them.
+struct Run<'a> {
+    plan: &'a Plan,
+    g: &'a Graph,
+    id: NodeId,
+    n: &'a Node,
+    b: &'a Bindings,
+    inputs: &'a StepInputs<'a>,
+    /// The node's dimensions at this step.
+    dims: Vec<usize>,
+    pool: &'a ThreadPool,
+    isa: Isa,
+}
+
+impl<'a> Run<'a> {
+    fn val(&self, i: usize) -> Val<'a> {
+        self.plan.value(self.n.inputs[i], self.inputs, self.b)
+    }
+
+    fn f32v(&self, i: usize) -> &'a [f32] {
+        match self.val(i) {
+            Val::F32(v) => v,
+            _ => unreachable!("validated f32"),
+        }
+    }
+
+    fn i32_in(&self, i: usize) -> &'a [i32] {
+        self.plan.i32_of(self.n.inputs[i], self.inputs, self.b)
+    }
+
+    /// A vector input (a norm's weight, an addend) as f32, dequantized
+    /// where it is a weight.
+    fn vector(&self, i: usize) -> Cow<'a, [f32]> {
+        match self.val(i) {
+            Val::F32(v) => Cow::Borrowed(v),
+            Val::Weight(ty, bytes) => {
+                Cow::Owned(rlx_gguf::dequantize_to_vec(ty, bytes).expect("validated weight"))
+            }
+            Val::I32(_) => unreachable!("validated"),
+        }
+    }
+
+    /// Input `i`'s dimensions at this step.
+    fn dims_of(&self, i: usize) -> Vec<usize> {
+        self.g
+            .node(self.n.inputs[i])
+            .shape
+            .resolve(self.b)
+            .expect("bound")
+    }
+
+    fn err(&self, msg: impl Into<String>) -> RunError {
+        node_err(self.g, self.id, msg)
+    }
+
+    /// Rows of a weight table, dequantized, by token id.
+    fn gather(&self, out: &mut [f32]) -> Result<(), RunError> {
+        let Val::Weight(ty, table) = self.val(0) else {
+            unreachable!()
+        };
+        let ids = self.plan.i32_of(self.n.inputs[1], self.inputs, self.b);
+        let info = self.g.node(self.n.inputs[0]);
+        let (vocab, width) = (
+            info.shape.0[0].fixed().expect("fixed"),
+            info.shape.0[1].fixed().expect("fixed"),
+        );
+        let row_bytes = width / ty.block_elems() * ty.block_bytes();
+        for (t, &tok) in ids.iter().enumerate() {
+            if tok < 0 || tok as usize >= vocab {
+                return Err(self.err(format!(
+                    "token id {tok} is outside the vocabulary of {vocab}"
+                )));
+            }
+            let row = &table[tok as usize * row_bytes..][..row_bytes];
+            rlx_gguf::dequantize(ty, row, &mut out[t * width..(t + 1) * width])
+                .expect("validated table");
+        }
+        Ok(())
+    }
+
+    /// Products with one or more weights, after an optional RMS norm of the input.
+    fn matmul(&self, norm: &Option<NormSpec>, out: &mut [f32]) -> Result<(), RunError> {
+        let (pool, isa) = (self.pool, self.isa);
+        let x = self.f32v(0);
+        let k_in = self
+            .g
+            .node(self.n.inputs[0])
+            .shape
+            .last()
+            .and_then(|d| d.resolve(self.b))
+            .expect("bound");
+        let m = x.len() / k_in;
+        let mut normed = self.plan.norm_buf.borrow_mut();
+        let mut first_w = 1;
+        let x = match norm {
+            Some(spec) => {
+                let gamma = if spec.has_gamma {
+                    first_w = 2;
+                    Some(self.vector(1))
+                } else {
+                    None
+                };
+                normed.resize(x.len(), 0.0);
+                let gamma = gamma.as_deref();
+                pool.for_rows(&mut normed, k_in, PARALLEL_MIN, &|r0, band| {
+                    norm::rms_norm(
+                        isa,
+                        &x[r0 * k_in..][..band.len()],
+                        k_in,
+                        gamma,
+                        spec.eps,
+                        band,
+                    )
+                });
+                &normed[..]
+            }
+            None => x,
+        };
+        let ws: Vec<WeightMatrix> = self.n.inputs[first_w..]
+            .iter()
+            .map(|&w| {
+                let Val::Weight(ty, data) = self.plan.value(w, self.inputs, self.b) else {
+                    unreachable!()
+                };
+                WeightMatrix {
+                    ty,
+                    rows: self.g.node(w).shape.0[0].fixed().expect("fixed"),
+                    k: k_in,
+                    data,
+                }
+            })
+            .collect();
+        let opts = MatmulOptions {
+            precision: self.plan.opts.precision,
+            isa,
+            batch_invariant: self.plan.opts.batch_invariant,
+        };
+        let mut scratch = self.plan.scratch.borrow_mut();
+        matmul::matmul(pool, &opts, x, m, &ws, out, &mut scratch)
+            .map_err(|e| self.err(e.to_string()))?;
+        Ok(())
+    }
+
+    /// `a + b` or `a × b`, `b` broadcast (a whole-row suffix of `a`'s shape in bands).
+    fn add_mul(&self, out: &mut [f32]) -> Result<(), RunError> {
+        let pool = self.pool;
+        let b_vals = self.vector(1);
+        let b_dims = self
+            .g
+            .node(self.n.inputs[1])
+            .shape
+            .resolve(self.b)
+            .expect("bound");
+        let suffix = b_vals.len() == 1 || self.dims.ends_with(&b_dims);
+        let a = self.f32v(0);
+        let period = b_vals.len();
+        match (&self.n.op, suffix) {
+            (Op::Add, true) => pool.for_rows(out, period, PARALLEL_MIN, &|r0, band| {
+                elementwise::add(&a[r0 * period..][..band.len()], &b_vals, band)
+            }),
+            (Op::Mul, true) => pool.for_rows(out, period, PARALLEL_MIN, &|r0, band| {
+                elementwise::mul(&a[r0 * period..][..band.len()], &b_vals, band)
+            }),
+            (Op::Add, false) => elementwise::broadcast_binary(
+                self.f32v(0),
+                &self.dims,
+                &b_vals,
+                &b_dims,
+                out,
+                |x, y| x + y,
+            ),
+            _ => elementwise::broadcast_binary(
+                self.f32v(0),
+                &self.dims,
+                &b_vals,
+                &b_dims,
+                out,
+                |x, y| x * y,
+            ),
+        }
+        Ok(())
+    }
+
+    /// Attention of the queries over K/V inputs or the pool's blocks of each sequence.
+    fn attention(
+        &self,
+        spec: &AttentionSpec,
+        kv: Option<&KvPool>,
+        layout: Option<&StepLayout>,
+        out: &mut [f32],
+    ) -> Result<(), RunError> {
+        let (pool, isa) = (self.pool, self.isa);
+        let q = self.f32v(0);
+        let n_q = self.dims[0];
+        let params = attention::Params {
+            mask: spec.mask,
+            scale: spec.scale,
+            softcap: spec.softcap,
+            split_keys: !self.plan.opts.batch_invariant,
+        };
+        // Key rows with their positions: the K/V self.inputs at 0..m (the
+        // queries being the last n of them), or the pool's blocks of
+        // each sequence.
+        let (kpos, kspan, qpos_inputs): (Vec<i64>, Vec<i32>, Vec<i64>);
+        let (rows, qpos, qspan, segments) = match spec.kv {
+            KvSource::Inputs => {
+                let kd = self
+                    .g
+                    .node(self.n.inputs[1])
+                    .shape
+                    .resolve(self.b)
+                    .expect("bound");
+                let vd = self
+                    .g
+                    .node(self.n.inputs[2])
+                    .shape
+                    .resolve(self.b)
+                    .expect("bound");
+                let m = kd[0];
+                kpos = (0..m as i64).collect::<Vec<i64>>();
+                kspan = vec![0i32; m];
+                let rows = attention::KvRows {
+                    k: RowsView::F32(self.f32v(1)),
+                    v: RowsView::F32(self.f32v(2)),
+                    pos: &kpos,
+                    span: &kspan,
+                    kv_heads: kd[1],
+                    head_dim: kd[2],
+                    v_head_dim: vd[2],
+                };
+                qpos_inputs = (0..n_q).map(|i| (m + i) as i64 - n_q as i64).collect();
+                let all = vec![attention::Segment {
+                    queries: 0..n_q,
+                    blocks: None,
+                }];
+                (rows, &qpos_inputs, None, all)
+            }
+            KvSource::Cache(slot) => {
+                let kvp = kv.ok_or(RunError::NoCache)?;
+                let layout = layout.ok_or(RunError::NoCache)?;
+                let (owner, layer) = kvp.owner(slot)?;
+                let group = kvp.group_of(slot)?;
+                let (k, v) = kvp
+                    .storage_of(owner)?
+                    .as_any()
+                    .downcast_ref::<CpuKvStorage>()
+                    .and_then(|s| s.view(owner.0 as usize))
+                    .ok_or_else(not_cpu)?;
+                let g_rows = kvp.rows(group);
+                let rows = attention::KvRows {
+                    k,
+                    v,
+                    pos: g_rows.pos,
+                    span: g_rows.span,
+                    kv_heads: layer.kv_heads,
+                    head_dim: layer.head_dim,
+                    v_head_dim: layer.v_head_dim,
+                };
+                qpos_inputs = self.inputs.pos.iter().map(|&p| p as i64).collect();
+                let qspan = spec
+                    .bidirectional_spans
+                    .then(|| self.plan.i32_of(self.n.inputs[2], self.inputs, self.b));
+                let segments = layout
+                    .runs
+                    .iter()
+                    .zip(&layout.blocks[group])
+                    .map(|(run, blocks)| attention::Segment {
+                        queries: run.rows.clone(),
+                        blocks: Some(blocks),
+                    })
+                    .collect();
+                (rows, &qpos_inputs, qspan, segments)
+            }
+        };
+        let queries = attention::Queries {
+            q,
+            pos: qpos,
+            span: qspan,
+            heads: self.dims[1],
+        };
+        attention::attention(pool, isa, params, &queries, &rows, &segments, out);
+        Ok(())
+    }
+
+    /// Rows of a value by row number.
+    fn take_rows(&self, out: &mut [f32]) -> Result<(), RunError> {
+        let x = self.f32v(0);
+        let width: usize = self.dims[1..].iter().product();
+        let n_x = x.len() / width.max(1);
+        for (r, &src) in self
+            .plan
+            .i32_of(self.n.inputs[1], self.inputs, self.b)
+            .iter()
+            .enumerate()
+        {
+            if src < 0 || src as usize >= n_x {
+                return Err(self.err(format!("row {src} of {n_x}")));
+            }
+            out[r * width..][..width].copy_from_slice(&x[src as usize * width..][..width]);
+        }
+        Ok(())
+    }
+
+    /// A mixture-of-experts block.
+    fn moe(&self, top_k: &usize, out: &mut [f32]) -> Result<(), RunError> {
+        let (pool, isa) = (self.pool, self.isa);
+        let stack = |i: usize| -> moe::ExpertStack<'_> {
+            let Val::Weight(ty, data) = self.val(i) else {
+                unreachable!()
+            };
+            let dims: Vec<usize> = self
+                .g
+                .node(self.n.inputs[i])
+                .shape
+                .0
+                .iter()
+                .map(|d| d.fixed().expect("fixed"))
+                .collect();
+            moe::ExpertStack {
+                ty,
+                data,
+                experts: dims[0],
+                rows: dims[1],
+                k: dims[2],
+            }
+        };
+        let opts = MatmulOptions {
+            precision: self.plan.opts.precision,
+            isa,
+            batch_invariant: self.plan.opts.batch_invariant,
+        };
+        let mut scratch = self.plan.scratch.borrow_mut();
+        moe::moe(
+            pool,
+            &opts,
+            &mut scratch,
+            self.f32v(0),
+            self.f32v(1),
+            *top_k,
+            stack(2),
+            stack(3),
+            &self.vector(4),
+            out,
+        )
+        .map_err(|e| self.err(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Values joined along one axis.
+    fn concat(&self, axis: &usize, out: &mut [f32]) -> Result<(), RunError> {
+        let parts: Vec<(Vec<usize>, &[f32])> = (0..self.n.inputs.len())
+            .map(|i| {
+                (
+                    self.g
+                        .node(self.n.inputs[i])
+                        .shape
+                        .resolve(self.b)
+                        .expect("bound"),
+                    self.f32v(i),
+                )
+            })
+            .collect();
+        let refs: Vec<(&[f32], &[usize])> = parts.iter().map(|(d, v)| (*v, &d[..])).collect();
+        shape_k::concat(&refs, *axis, out);
+        Ok(())
     }
 }
 
