@@ -9,7 +9,9 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, LaunchConfig, PinnedHostSlice};
 use rlx_gguf::GgmlType;
-use rlx_ir::{Bindings, DType, Dim, Graph, KvSource, Mask, NodeId, Op, WeightId};
+use rlx_ir::{
+    AttentionSpec, Bindings, DType, Dim, Graph, KvSource, Mask, NodeId, NormSpec, Op, WeightId,
+};
 
 use super::kv::{kv_code, CudaKvStorage, LayerPtrs};
 use super::{type_code, CudaDevice, CudaError, CudaWeights, GemmType};
@@ -1041,6 +1043,34 @@ pub fn compile_cuda(
     })
 }
 
+/// One step of a plan being launched: its node, bindings, dimensions and
+/// output address, and its inputs' addresses and dimensions.
+struct Cx<'a> {
+    plan: &'a CudaPlan,
+    g: &'a Graph,
+    n: &'a rlx_ir::Node,
+    id: NodeId,
+    b: &'a Bindings,
+    dims: &'a [usize],
+    out: u64,
+    /// The 8-bit blocks a prologue writes in place of the output, if any.
+    folded: Option<(u64, u64)>,
+}
+
+impl Cx<'_> {
+    fn inp(&self, i: usize) -> u64 {
+        self.plan.addr(self.n.inputs[i])
+    }
+
+    fn in_dims(&self, i: usize) -> Vec<usize> {
+        self.g
+            .node(self.n.inputs[i])
+            .shape
+            .resolve(self.b)
+            .expect("bound")
+    }
+}
+
 /// 1-D launch over `n` elements, in blocks of 256 threads (so a kernel may
 /// use up to 255 registers a thread; 1024-thread blocks allow only 64).
 pub(super) fn linear(n: usize) -> LaunchConfig {
@@ -1726,6 +1756,16 @@ impl CudaPlan {
         // Where this node is folded into a product's prologue this step: the
         // 8-bit blocks it writes instead of its own output.
         let folded = self.folded_blocks(id, b)?;
+        let cx = Cx {
+            plan: self,
+            g,
+            n,
+            id,
+            b,
+            dims: &dims,
+            out,
+            folded,
+        };
         match &n.op {
             Op::KvWrite { slot } => {
                 let kv = kv.ok_or(RunError::NoCache)?;
@@ -1765,193 +1805,7 @@ impl CudaPlan {
                     ],
                 )?;
             }
-            Op::MatMul { norm } => {
-                let kin = *in_dims(0).last().expect("rank");
-                let m = in_dims(0).iter().product::<usize>() / kin;
-                let total = *dims.last().expect("rank");
-                let weights_of = self.mm_weights(id)?;
-                // Up to MMV_ROWS rows (decode): each weight read once for all
-                // of them, straight into registers. `q8` plans quantize the
-                // activations once for every weight of the node: in the
-                // kernel before it where that has been folded in (a
-                // `Prologue`), in the norm kernel where the node has a norm
-                // and no float weights (those read the f32 activations),
-                // else on their own.
-                let pre = self.prologue_blocks(id, b)?;
-                let small = pre.is_some()
-                    || (m <= MMV_ROWS
-                        && kin % 32 == 0
-                        && inp(0) % 16 == 0
-                        && weights_of.iter().all(|w| w.1 % 16 == 0));
-                let q8 = pre.or_else(|| {
-                    self.act_q
-                        .as_ref()
-                        .filter(|_| small && weights_of.iter().any(|w| !is_float(w.3)))
-                        .map(|buf| {
-                            let base = self.device.ptr(buf);
-                            (base, base + act_q_bytes(m, kin).0 as u64)
-                        })
-                });
-                let fused = pre.is_none()
-                    && q8.is_some()
-                    && norm.is_some()
-                    && weights_of.iter().all(|w| !is_float(w.3));
-                let mut x = inp(0);
-                if let Some(spec) = norm.filter(|_| pre.is_none()) {
-                    let gamma = if spec.has_gamma { inp(1) } else { 0 };
-                    let (kernel, y, yd) = match q8 {
-                        Some((xq, xd)) if fused => (&k.rms_norm_q8, xq, xd),
-                        _ => (&k.rms_norm, self.device.ptr(&self.norm_buf), 0),
-                    };
-                    let mut args = vec![Arg::Ptr(x), Arg::Ptr(gamma), Arg::Ptr(y)];
-                    if fused {
-                        args.push(Arg::Ptr(yd));
-                    }
-                    args.extend([Arg::I32(kin as i32), Arg::F32(spec.eps)]);
-                    self.launch(kernel, norm_rows(m, kin), &args)?;
-                    if !fused {
-                        x = y;
-                    }
-                }
-                if small {
-                    let (xq, xd) = q8.unwrap_or((0, 0));
-                    if q8.is_some() && !fused && pre.is_none() {
-                        self.launch(
-                            &k.quantize_q8,
-                            linear(m * kin),
-                            &[
-                                Arg::Ptr(x),
-                                Arg::Ptr(xq),
-                                Arg::Ptr(xd),
-                                Arg::I64((m * kin / 32) as i64),
-                            ],
-                        )?;
-                    }
-                    let variant = match (q8.is_some(), m > 1) {
-                        (true, false) => mmvq1_variant(kin / 32),
-                        (q8, many) => usize::from(q8) * 2 + usize::from(many),
-                    };
-                    // Runs of up to three weights of one type, one launch each.
-                    let mut off = 0;
-                    for run in weights_of.chunk_by(|a, b| a.0 == b.0) {
-                        for seg in run.chunks(3) {
-                            let at = |i: usize| seg[i.min(seg.len() - 1)].1;
-                            let mut ends = seg.iter().scan(0, |e, w| {
-                                *e += w.2;
-                                Some(*e)
-                            });
-                            let e0 = ends.next().unwrap_or(0);
-                            let e1 = ends.next().unwrap_or(e0);
-                            let rows: usize = seg.iter().map(|w| w.2).sum();
-                            self.launch(
-                                &k.mmv[seg[0].0 as usize][variant],
-                                grid(rows.div_ceil(MMV_WARPS), 1, 32 * MMV_WARPS as u32),
-                                &[
-                                    Arg::Ptr(at(0)),
-                                    Arg::Ptr(at(1)),
-                                    Arg::Ptr(at(2)),
-                                    Arg::I32(e0 as i32),
-                                    Arg::I32(e1 as i32),
-                                    Arg::Ptr(x),
-                                    Arg::Ptr(xq),
-                                    Arg::Ptr(xd),
-                                    Arg::Ptr(out),
-                                    Arg::I32(m as i32),
-                                    Arg::I32(rows as i32),
-                                    Arg::I32(kin as i32),
-                                    Arg::I32(total as i32),
-                                    Arg::I32(off as i32),
-                                ],
-                            )?;
-                            off += rows;
-                        }
-                    }
-                    return Ok(());
-                }
-                // Many rows: weight rows dequantized a chunk at a time and
-                // multiplied by cuBLAS (the activations once as bf16 for
-                // bf16 products).
-                let gemm = self.gemm.as_ref().filter(|_| m > 1);
-                let mut gx = x;
-                if let Some(GemmScratch { x16: Some(x16), .. }) = gemm {
-                    gx = self.device.ptr(x16);
-                    self.launch(
-                        &k.to_bf16,
-                        linear(m * kin),
-                        &[Arg::Ptr(x), Arg::Ptr(gx), Arg::I64((m * kin) as i64)],
-                    )?;
-                }
-                let mut off = 0;
-                for &(code, ptr, rows, ty) in &weights_of {
-                    // f32 weights go to an f32 product as they are; others
-                    // are dequantized a chunk of whole 32-element units at
-                    // a time.
-                    let direct =
-                        ty == GgmlType::F32 && gemm.is_some_and(|gs| gs.ty == GemmType::F32);
-                    if let Some(gs) = gemm.filter(|_| direct || kin % 32 == 0) {
-                        let row_bytes = kin / ty.block_elems() * ty.block_bytes();
-                        if direct {
-                            self.device.gemm(
-                                gs.ty,
-                                ptr,
-                                gx,
-                                out + 4 * off as u64,
-                                m,
-                                rows,
-                                kin,
-                                total,
-                            )?;
-                            off += rows;
-                            continue;
-                        }
-                        let chunk = (gs.elems / kin).max(1);
-                        let scratch = self.device.ptr(&gs.weights);
-                        for r0 in (0..rows).step_by(chunk) {
-                            let nr = chunk.min(rows - r0);
-                            self.launch(
-                                &k.dequant[code as usize],
-                                linear(nr * kin / 32),
-                                &[
-                                    Arg::Ptr(ptr + (r0 * row_bytes) as u64),
-                                    Arg::Ptr(scratch),
-                                    Arg::I64(nr as i64),
-                                    Arg::I32(kin as i32),
-                                    Arg::I32((gs.ty == GemmType::BF16) as i32),
-                                ],
-                            )?;
-                            self.device.gemm(
-                                gs.ty,
-                                scratch,
-                                gx,
-                                out + 4 * (off + r0) as u64,
-                                m,
-                                nr,
-                                kin,
-                                total,
-                            )?;
-                        }
-                        off += rows;
-                        continue;
-                    }
-                    // Without cuBLAS, and for float rows of other lengths:
-                    // the weights read once per 8 tokens, one warp per row.
-                    self.launch(
-                        &k.matmul[code as usize],
-                        grid(rows.div_ceil(4), m.div_ceil(8), 128),
-                        &[
-                            Arg::Ptr(ptr),
-                            Arg::Ptr(x),
-                            Arg::Ptr(out),
-                            Arg::I32(m as i32),
-                            Arg::I32(rows as i32),
-                            Arg::I32(kin as i32),
-                            Arg::I32(total as i32),
-                            Arg::I32(off as i32),
-                        ],
-                    )?;
-                    off += rows;
-                }
-            }
+            Op::MatMul { norm } => self.matmul(&cx, norm)?,
             Op::Add if folded.is_some() => {
                 let (xq, xd) = folded.expect("checked");
                 let mm = self.folded[&id];
@@ -2146,113 +2000,7 @@ impl CudaPlan {
                     ],
                 )?;
             }
-            Op::Attention(spec) => {
-                let qd = in_dims(0);
-                let (nq, hq) = (qd[0], qd[1]);
-                let hkv = match spec.kv {
-                    KvSource::Inputs => in_dims(1)[1],
-                    KvSource::Cache(slot) => {
-                        let kv = kv.ok_or(RunError::NoCache)?;
-                        kv.pool.owner(slot)?.1.kv_heads
-                    }
-                };
-                let gq = attention_group(hq / hkv.max(1));
-                let blocks = nq * hq / gq;
-                // The product after it may take its output as 8-bit blocks.
-                let (xq, xd) = folded.unwrap_or((0, 0));
-                // Over the pool, a few queries split their context.
-                let (splits, part) = match (&spec.kv, &self.attn_part) {
-                    (KvSource::Cache(_), Some(p)) => (
-                        attention_splits(blocks, nq * hq, self.device.sms),
-                        self.device.ptr(p),
-                    ),
-                    _ => (1, 0),
-                };
-                let (mask, window) = match spec.mask {
-                    Mask::Causal => (0, 0),
-                    Mask::Sliding { window } => (1, window),
-                    Mask::Full => (2, 0),
-                    Mask::Symmetric { half_width } => (3, half_width),
-                };
-                let tail = [
-                    Arg::F32(spec.scale),
-                    Arg::F32(spec.softcap.unwrap_or(0.0)),
-                    Arg::I32(mask),
-                    Arg::I32(window.min(i32::MAX as usize) as i32),
-                ];
-                // The kernel and its arguments before the shared tail.
-                let (f, args) = match spec.kv {
-                    KvSource::Inputs => {
-                        let (kd, vd) = (in_dims(1), in_dims(2));
-                        let args = vec![
-                            Arg::Ptr(inp(0)),
-                            Arg::Ptr(inp(1)),
-                            Arg::Ptr(inp(2)),
-                            Arg::I32(kd[0] as i32),
-                            Arg::I32(nq as i32),
-                            Arg::Ptr(out),
-                            Arg::Ptr(xq),
-                            Arg::Ptr(xd),
-                            Arg::I32(hq as i32),
-                            Arg::I32(kd[1] as i32),
-                            Arg::I32(kd[2] as i32),
-                            Arg::I32(vd[2] as i32),
-                            Arg::I32(gq as i32),
-                        ];
-                        (&k.attention_inputs, args)
-                    }
-                    KvSource::Cache(slot) => {
-                        let kv = kv.ok_or(RunError::NoCache)?;
-                        let (group, l) = kv.layer(slot)?;
-                        let (_, lspec) = kv.pool.owner(slot)?;
-                        let args = vec![
-                            Arg::Ptr(inp(0)),
-                            Arg::Ptr(l.k),
-                            Arg::Ptr(l.v),
-                            Arg::Ptr(self.meta_addr(ml.input(StepInput::Pos))),
-                            Arg::Ptr(self.meta_addr(ml.run_of_row())),
-                            Arg::Ptr(self.meta_addr(ml.run_end())),
-                            Arg::Ptr(self.meta_addr(ml.block_start(group))),
-                            Arg::Ptr(self.meta_addr(ml.table())),
-                            // Span ids of the queries and of the listed
-                            // blocks' rows, where the attention reads them.
-                            Arg::Ptr(if spec.bidirectional_spans { inp(2) } else { 0 }),
-                            Arg::Ptr(if spec.bidirectional_spans {
-                                self.meta_addr(ml.spans())
-                            } else {
-                                0
-                            }),
-                            Arg::Ptr(out),
-                            Arg::Ptr(if splits > 1 { 0 } else { xq }),
-                            Arg::Ptr(xd),
-                            Arg::Ptr(part),
-                            Arg::I32(hq as i32),
-                            Arg::I32(lspec.kv_heads as i32),
-                            Arg::I32(lspec.head_dim as i32),
-                            Arg::I32(lspec.v_head_dim as i32),
-                            Arg::I32(gq as i32),
-                        ];
-                        let f = &k.attention[super::attention_index(l.types.k, l.types.v)];
-                        (f, args)
-                    }
-                };
-                let args: Vec<Arg> = args.into_iter().chain(tail).collect();
-                self.launch(f, grid(blocks, splits, 128), &args)?;
-                if splits > 1 {
-                    self.launch(
-                        &k.attention_merge,
-                        grid(nq * hq, 1, 128),
-                        &[
-                            Arg::Ptr(part),
-                            Arg::Ptr(out),
-                            Arg::Ptr(xq),
-                            Arg::Ptr(xd),
-                            Arg::I32(splits as i32),
-                            Arg::I32(dims[2] as i32),
-                        ],
-                    )?;
-                }
-            }
+            Op::Attention(spec) => self.attention(&cx, spec, kv)?,
             Op::TakeRows => {
                 let width: usize = dims[1..].iter().product();
                 self.launch(
@@ -2356,6 +2104,319 @@ impl CudaPlan {
                 )?;
             }
             Op::Moe { top_k } => self.moe(n, *top_k, &dims, out)?,
+        }
+        Ok(())
+    }
+
+    /// A product with one or more weights (after an optional norm): the
+    /// 8-bit decode kernels for a few rows, cuBLAS for many.
+    fn matmul(&self, cx: &Cx, norm: &Option<NormSpec>) -> Result<(), CudaError> {
+        let k = &self.device.kernels;
+        let kin = *cx.in_dims(0).last().expect("rank");
+        let m = cx.in_dims(0).iter().product::<usize>() / kin;
+        let total = *cx.dims.last().expect("rank");
+        let weights_of = self.mm_weights(cx.id)?;
+        // Up to MMV_ROWS rows (decode): each weight read once for all
+        // of them, straight into registers. `q8` plans quantize the
+        // activations once for every weight of the node: in the
+        // kernel before it where that has been folded in (a
+        // `Prologue`), in the norm kernel where the node has a norm
+        // and no float weights (those read the f32 activations),
+        // else on their own.
+        let pre = self.prologue_blocks(cx.id, cx.b)?;
+        let small = pre.is_some()
+            || (m <= MMV_ROWS
+                && kin.is_multiple_of(32)
+                && cx.inp(0).is_multiple_of(16)
+                && weights_of.iter().all(|w| w.1 % 16 == 0));
+        let q8 = pre.or_else(|| {
+            self.act_q
+                .as_ref()
+                .filter(|_| small && weights_of.iter().any(|w| !is_float(w.3)))
+                .map(|buf| {
+                    let base = self.device.ptr(buf);
+                    (base, base + act_q_bytes(m, kin).0 as u64)
+                })
+        });
+        let fused = pre.is_none()
+            && q8.is_some()
+            && norm.is_some()
+            && weights_of.iter().all(|w| !is_float(w.3));
+        let mut x = cx.inp(0);
+        if let Some(spec) = norm.filter(|_| pre.is_none()) {
+            let gamma = if spec.has_gamma { cx.inp(1) } else { 0 };
+            let (kernel, y, yd) = match q8 {
+                Some((xq, xd)) if fused => (&k.rms_norm_q8, xq, xd),
+                _ => (&k.rms_norm, self.device.ptr(&self.norm_buf), 0),
+            };
+            let mut args = vec![Arg::Ptr(x), Arg::Ptr(gamma), Arg::Ptr(y)];
+            if fused {
+                args.push(Arg::Ptr(yd));
+            }
+            args.extend([Arg::I32(kin as i32), Arg::F32(spec.eps)]);
+            self.launch(kernel, norm_rows(m, kin), &args)?;
+            if !fused {
+                x = y;
+            }
+        }
+        if small {
+            let (xq, xd) = q8.unwrap_or((0, 0));
+            if q8.is_some() && !fused && pre.is_none() {
+                self.launch(
+                    &k.quantize_q8,
+                    linear(m * kin),
+                    &[
+                        Arg::Ptr(x),
+                        Arg::Ptr(xq),
+                        Arg::Ptr(xd),
+                        Arg::I64((m * kin / 32) as i64),
+                    ],
+                )?;
+            }
+            let variant = match (q8.is_some(), m > 1) {
+                (true, false) => mmvq1_variant(kin / 32),
+                (q8, many) => usize::from(q8) * 2 + usize::from(many),
+            };
+            // Runs of up to three weights of one type, one launch each.
+            let mut off = 0;
+            for run in weights_of.chunk_by(|a, b| a.0 == b.0) {
+                for seg in run.chunks(3) {
+                    let at = |i: usize| seg[i.min(seg.len() - 1)].1;
+                    let mut ends = seg.iter().scan(0, |e, w| {
+                        *e += w.2;
+                        Some(*e)
+                    });
+                    let e0 = ends.next().unwrap_or(0);
+                    let e1 = ends.next().unwrap_or(e0);
+                    let rows: usize = seg.iter().map(|w| w.2).sum();
+                    self.launch(
+                        &k.mmv[seg[0].0 as usize][variant],
+                        grid(rows.div_ceil(MMV_WARPS), 1, 32 * MMV_WARPS as u32),
+                        &[
+                            Arg::Ptr(at(0)),
+                            Arg::Ptr(at(1)),
+                            Arg::Ptr(at(2)),
+                            Arg::I32(e0 as i32),
+                            Arg::I32(e1 as i32),
+                            Arg::Ptr(x),
+                            Arg::Ptr(xq),
+                            Arg::Ptr(xd),
+                            Arg::Ptr(cx.out),
+                            Arg::I32(m as i32),
+                            Arg::I32(rows as i32),
+                            Arg::I32(kin as i32),
+                            Arg::I32(total as i32),
+                            Arg::I32(off as i32),
+                        ],
+                    )?;
+                    off += rows;
+                }
+            }
+            return Ok(());
+        }
+        // Many rows: weight rows dequantized a chunk at a time and
+        // multiplied by cuBLAS (the activations once as bf16 for
+        // bf16 products).
+        let gemm = self.gemm.as_ref().filter(|_| m > 1);
+        let mut gx = x;
+        if let Some(GemmScratch { x16: Some(x16), .. }) = gemm {
+            gx = self.device.ptr(x16);
+            self.launch(
+                &k.to_bf16,
+                linear(m * kin),
+                &[Arg::Ptr(x), Arg::Ptr(gx), Arg::I64((m * kin) as i64)],
+            )?;
+        }
+        let mut off = 0;
+        for &(code, ptr, rows, ty) in &weights_of {
+            // f32 weights go to an f32 product as they are; others
+            // are dequantized a chunk of whole 32-element units at
+            // a time.
+            let direct = ty == GgmlType::F32 && gemm.is_some_and(|gs| gs.ty == GemmType::F32);
+            if let Some(gs) = gemm.filter(|_| direct || kin.is_multiple_of(32)) {
+                let row_bytes = kin / ty.block_elems() * ty.block_bytes();
+                if direct {
+                    self.device.gemm(
+                        gs.ty,
+                        ptr,
+                        gx,
+                        cx.out + 4 * off as u64,
+                        m,
+                        rows,
+                        kin,
+                        total,
+                    )?;
+                    off += rows;
+                    continue;
+                }
+                let chunk = (gs.elems / kin).max(1);
+                let scratch = self.device.ptr(&gs.weights);
+                for r0 in (0..rows).step_by(chunk) {
+                    let nr = chunk.min(rows - r0);
+                    self.launch(
+                        &k.dequant[code as usize],
+                        linear(nr * kin / 32),
+                        &[
+                            Arg::Ptr(ptr + (r0 * row_bytes) as u64),
+                            Arg::Ptr(scratch),
+                            Arg::I64(nr as i64),
+                            Arg::I32(kin as i32),
+                            Arg::I32((gs.ty == GemmType::BF16) as i32),
+                        ],
+                    )?;
+                    self.device.gemm(
+                        gs.ty,
+                        scratch,
+                        gx,
+                        cx.out + 4 * (off + r0) as u64,
+                        m,
+                        nr,
+                        kin,
+                        total,
+                    )?;
+                }
+                off += rows;
+                continue;
+            }
+            // Without cuBLAS, and for float rows of other lengths:
+            // the weights read once per 8 tokens, one warp per row.
+            self.launch(
+                &k.matmul[code as usize],
+                grid(rows.div_ceil(4), m.div_ceil(8), 128),
+                &[
+                    Arg::Ptr(ptr),
+                    Arg::Ptr(x),
+                    Arg::Ptr(cx.out),
+                    Arg::I32(m as i32),
+                    Arg::I32(rows as i32),
+                    Arg::I32(kin as i32),
+                    Arg::I32(total as i32),
+                    Arg::I32(off as i32),
+                ],
+            )?;
+            off += rows;
+        }
+        Ok(())
+    }
+
+    /// Attention over K/V inputs or the pool, split over the context when
+    /// the step has too few queries to fill the GPU.
+    fn attention(
+        &self,
+        cx: &Cx,
+        spec: &AttentionSpec,
+        kv: Option<&KvCtx>,
+    ) -> Result<(), CudaError> {
+        let k = &self.device.kernels;
+        let ml = self.meta_layout;
+        let qd = cx.in_dims(0);
+        let (nq, hq) = (qd[0], qd[1]);
+        let hkv = match spec.kv {
+            KvSource::Inputs => cx.in_dims(1)[1],
+            KvSource::Cache(slot) => {
+                let kv = kv.ok_or(RunError::NoCache)?;
+                kv.pool.owner(slot)?.1.kv_heads
+            }
+        };
+        let gq = attention_group(hq / hkv.max(1));
+        let blocks = nq * hq / gq;
+        // The product after it may take its output as 8-bit blocks.
+        let (xq, xd) = cx.folded.unwrap_or((0, 0));
+        // Over the pool, a few queries split their context.
+        let (splits, part) = match (&spec.kv, &self.attn_part) {
+            (KvSource::Cache(_), Some(p)) => (
+                attention_splits(blocks, nq * hq, self.device.sms),
+                self.device.ptr(p),
+            ),
+            _ => (1, 0),
+        };
+        let (mask, window) = match spec.mask {
+            Mask::Causal => (0, 0),
+            Mask::Sliding { window } => (1, window),
+            Mask::Full => (2, 0),
+            Mask::Symmetric { half_width } => (3, half_width),
+        };
+        let tail = [
+            Arg::F32(spec.scale),
+            Arg::F32(spec.softcap.unwrap_or(0.0)),
+            Arg::I32(mask),
+            Arg::I32(window.min(i32::MAX as usize) as i32),
+        ];
+        // The kernel and its arguments before the shared tail.
+        let (f, args) = match spec.kv {
+            KvSource::Inputs => {
+                let (kd, vd) = (cx.in_dims(1), cx.in_dims(2));
+                let args = vec![
+                    Arg::Ptr(cx.inp(0)),
+                    Arg::Ptr(cx.inp(1)),
+                    Arg::Ptr(cx.inp(2)),
+                    Arg::I32(kd[0] as i32),
+                    Arg::I32(nq as i32),
+                    Arg::Ptr(cx.out),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xd),
+                    Arg::I32(hq as i32),
+                    Arg::I32(kd[1] as i32),
+                    Arg::I32(kd[2] as i32),
+                    Arg::I32(vd[2] as i32),
+                    Arg::I32(gq as i32),
+                ];
+                (&k.attention_inputs, args)
+            }
+            KvSource::Cache(slot) => {
+                let kv = kv.ok_or(RunError::NoCache)?;
+                let (group, l) = kv.layer(slot)?;
+                let (_, lspec) = kv.pool.owner(slot)?;
+                let args = vec![
+                    Arg::Ptr(cx.inp(0)),
+                    Arg::Ptr(l.k),
+                    Arg::Ptr(l.v),
+                    Arg::Ptr(self.meta_addr(ml.input(StepInput::Pos))),
+                    Arg::Ptr(self.meta_addr(ml.run_of_row())),
+                    Arg::Ptr(self.meta_addr(ml.run_end())),
+                    Arg::Ptr(self.meta_addr(ml.block_start(group))),
+                    Arg::Ptr(self.meta_addr(ml.table())),
+                    // Span ids of the queries and of the listed
+                    // blocks' rows, where the attention reads them.
+                    Arg::Ptr(if spec.bidirectional_spans {
+                        cx.inp(2)
+                    } else {
+                        0
+                    }),
+                    Arg::Ptr(if spec.bidirectional_spans {
+                        self.meta_addr(ml.spans())
+                    } else {
+                        0
+                    }),
+                    Arg::Ptr(cx.out),
+                    Arg::Ptr(if splits > 1 { 0 } else { xq }),
+                    Arg::Ptr(xd),
+                    Arg::Ptr(part),
+                    Arg::I32(hq as i32),
+                    Arg::I32(lspec.kv_heads as i32),
+                    Arg::I32(lspec.head_dim as i32),
+                    Arg::I32(lspec.v_head_dim as i32),
+                    Arg::I32(gq as i32),
+                ];
+                let f = &k.attention[super::attention_index(l.types.k, l.types.v)];
+                (f, args)
+            }
+        };
+        let args: Vec<Arg> = args.into_iter().chain(tail).collect();
+        self.launch(f, grid(blocks, splits, 128), &args)?;
+        if splits > 1 {
+            self.launch(
+                &k.attention_merge,
+                grid(nq * hq, 1, 128),
+                &[
+                    Arg::Ptr(part),
+                    Arg::Ptr(cx.out),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xd),
+                    Arg::I32(splits as i32),
+                    Arg::I32(cx.dims[2] as i32),
+                ],
+            )?;
         }
         Ok(())
     }
