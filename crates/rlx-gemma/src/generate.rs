@@ -36,6 +36,9 @@ pub enum Finish {
 pub enum Row<'a> {
     /// The whole row.
     Whole(&'a [f32]),
+    /// The whole row with the constraint's mask already applied (the
+    /// bitset of the request it was run for).
+    Masked(&'a [f32]),
     /// Reduced on the device as `req` asked; `fetch` reads the row back.
     Reduced {
         req: &'a RowReduce,
@@ -51,6 +54,13 @@ pub trait Constraint {
     /// Sets the logits of the tokens that cannot come next to −∞ (an
     /// end-of-generation token only where the output may end).
     fn mask(&mut self, logits: &mut [f32]) -> std::result::Result<(), String>;
+    /// The tokens that may come next as a bitset (bit `i % 32` of word
+    /// `i / 32` for token `i`), which a device applies where the logits
+    /// are; `None` where the constraint can only mask a whole row (which
+    /// then comes back to the host).
+    fn allowed(&mut self) -> std::result::Result<Option<Vec<u32>>, String> {
+        Ok(None)
+    }
     /// Records a token that was chosen or forced.
     fn accept(&mut self, token: u32) -> std::result::Result<(), String>;
     /// Tokens that must come next whatever the model says (empty while
@@ -214,22 +224,34 @@ impl Generation {
         self.next_row(Row::Whole(logits), constraint, tok, out)
     }
 
-    /// Whether the next step's logit row must come back whole: a
-    /// constraint masks it, log-probabilities read it.
-    pub fn needs_whole_row(&self, constrained: bool) -> bool {
-        constrained || self.opts.logprobs.is_some()
-    }
-
     /// What the device should reduce the next logit row to (see
-    /// [`Sampler::request`]); then [`Generation::next_row`] with its digest.
-    pub fn request(&mut self) -> RowReduce {
-        self.sampler.request()
+    /// [`Sampler::request`]), the constraint's mask included; then
+    /// [`Generation::next_row`] with its digest. `None` where the row must
+    /// come back whole: log-probabilities read it, or the constraint can
+    /// only mask a whole row.
+    pub fn request(
+        &mut self,
+        constraint: Option<&mut dyn Constraint>,
+    ) -> std::result::Result<Option<RowReduce>, GenerationError> {
+        if self.opts.logprobs.is_some() {
+            return Ok(None);
+        }
+        let allowed = match constraint {
+            Some(c) => match c.allowed().map_err(GenerationError::Constraint)? {
+                Some(bits) => Some(bits),
+                None => return Ok(None),
+            },
+            None => None,
+        };
+        Ok(Some(RowReduce {
+            allowed,
+            ..self.sampler.request()
+        }))
     }
 
     /// [`Generation::next`] on a row as the step returned it: whole, or
     /// reduced on the device as [`Generation::request`] asked (read back
-    /// whole only where the digest cannot decide, or where
-    /// [`Generation::needs_whole_row`]).
+    /// whole where the digest cannot decide).
     pub fn next_row(
         &mut self,
         row: Row<'_>,
@@ -242,19 +264,21 @@ impl Generation {
             return Ok(Some(Finish::Length));
         }
         let fetched;
-        let (logits, digest) = match row {
-            Row::Whole(l) => (Some(l), None),
+        let (logits, digest, masked) = match row {
+            Row::Whole(l) => (Some(l), None, false),
+            Row::Masked(l) => (Some(l), None, true),
             Row::Reduced { req, digest, fetch } => {
-                if self.needs_whole_row(constraint.is_some()) {
+                let masked_there = constraint.is_none() || req.allowed.is_some();
+                if self.opts.logprobs.is_some() || !masked_there {
                     fetched = fetch().map_err(GenerationError::Sampling)?;
-                    (Some(&fetched[..]), None)
+                    (Some(&fetched[..]), None, false)
                 } else {
-                    (None, Some((req, digest, fetch)))
+                    (None, Some((req, digest, fetch)), true)
                 }
             }
         };
         let sampled = match (constraint.as_deref_mut(), logits, digest) {
-            (Some(c), Some(logits), _) => {
+            (Some(c), Some(logits), _) if !masked => {
                 self.masked.clear();
                 self.masked.extend_from_slice(logits);
                 c.mask(&mut self.masked)
@@ -263,7 +287,14 @@ impl Generation {
             }
             (_, Some(logits), _) => self.sampler.sample(logits),
             (_, None, Some((req, digest, fetch))) => {
-                let mut full = || fetch().map_err(SamplingError::Fetch);
+                // A row read back whole gets the mask the device applied.
+                let mut full = || {
+                    let mut row = fetch().map_err(SamplingError::Fetch)?;
+                    if let Some(allowed) = &req.allowed {
+                        rlx_runtime::reduce::mask_row(&mut row, allowed);
+                    }
+                    Ok(row)
+                };
                 self.sampler.sample_digest(req, digest, &mut full)
             }
             (_, None, None) => unreachable!("a row is whole or reduced"),
@@ -416,10 +447,17 @@ pub fn generate_constrained(
     stats.prefilled = session.computed_tokens() - before;
     let t1 = Instant::now();
     let mut row = LogitRows::Full(std::mem::take(&mut logits));
-    let mut req = None;
+    let mut req: Option<RowReduce> = None;
     loop {
         let c = constraint.as_mut().map(|c| &mut **c as &mut dyn Constraint);
-        let step = match (&row, &req) {
+        let step = match (&mut row, &req) {
+            // Rows that came back whole for a request: its mask on the host.
+            (LogitRows::Full(l), Some(req)) => {
+                if let Some(allowed) = &req.allowed {
+                    rlx_runtime::reduce::mask_row(l, allowed);
+                }
+                generation.next_row(Row::Masked(l), c, tok, out)?
+            }
             (LogitRows::Reduced(d), Some(req)) => {
                 let mut fetch = || session.fetch_last().map_err(|e| e.to_string());
                 let row = Row::Reduced {
@@ -429,7 +467,7 @@ pub fn generate_constrained(
                 };
                 generation.next_row(row, c, tok, out)?
             }
-            (LogitRows::Full(l), _) => generation.next(l, c, tok, out)?,
+            (LogitRows::Full(l), None) => generation.next(l, c, tok, out)?,
             (LogitRows::Reduced(_), None) => unreachable!("reduced rows were asked for"),
         };
         if let Some(finish) = step {
@@ -437,17 +475,16 @@ pub fn generate_constrained(
             stats.decode_secs = t1.elapsed().as_secs_f64();
             return Ok((generation.tokens().to_vec(), finish, stats));
         }
-        let pending = generation.pending();
-        if generation.needs_whole_row(constraint.is_some())
-            || pending.len() > session.max_step_tokens()
-        {
-            req = None;
-            row = LogitRows::Full(session.feed(pending)?);
+        req = if generation.pending().len() > session.max_step_tokens() {
+            None
         } else {
-            let r = generation.request();
-            row = session.feed_reduced(generation.pending(), &r)?;
-            req = Some(r);
-        }
+            let c = constraint.as_mut().map(|c| &mut **c as &mut dyn Constraint);
+            generation.request(c)?
+        };
+        row = match &req {
+            Some(r) => session.feed_reduced(generation.pending(), r)?,
+            None => LogitRows::Full(session.feed(generation.pending())?),
+        };
     }
 }
 
@@ -560,6 +597,65 @@ mod tests {
         let mut g = Generation::new(greedy(), &[1], opts);
         let (_, f) = run(&mut g, &[7], Some(&mut c));
         assert_eq!((g.tokens(), f), (&[3, 4][..], Some(Finish::Length)));
+    }
+
+    /// Allows only token 3, as a bitset a device applies.
+    struct OnlyThree;
+
+    impl Constraint for OnlyThree {
+        fn mask(&mut self, _: &mut [f32]) -> std::result::Result<(), String> {
+            unreachable!("the mask goes to the device")
+        }
+        fn allowed(&mut self) -> std::result::Result<Option<Vec<u32>>, String> {
+            Ok(Some(vec![1 << 3]))
+        }
+        fn accept(&mut self, _: u32) -> std::result::Result<(), String> {
+            Ok(())
+        }
+        fn forced(&mut self) -> Vec<u32> {
+            Vec::new()
+        }
+        fn is_complete(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn a_constraints_bitset_goes_with_the_reduced_row() {
+        use crate::sampling::SamplerConfig;
+        // Greedy from the digest, and typical sampling from the row read
+        // back whole: both see the mask.
+        for typical_p in [1.0, 0.5] {
+            let cfg = SamplerConfig {
+                temperature: if typical_p < 1.0 { 1.0 } else { 0.0 },
+                typical_p,
+                ..SamplerConfig::default()
+            };
+            let mut g = Generation::new(
+                Sampler::new(cfg).unwrap(),
+                &[],
+                GenerationOptions {
+                    max_tokens: 4,
+                    ..GenerationOptions::default()
+                },
+            );
+            let mut c = OnlyThree;
+            let req = g.request(Some(&mut c)).unwrap().expect("reducible");
+            assert_eq!(req.allowed.as_deref(), Some(&[1u32 << 3][..]));
+            let row = pick(7);
+            let digest = rlx_runtime::reduce::reduce_row(&row, &req);
+            let mut fetch = || Ok(row.clone());
+            let r = Row::Reduced {
+                req: &req,
+                digest: &digest,
+                fetch: &mut fetch,
+            };
+            assert_eq!(
+                g.next_row(r, Some(&mut c), None, &mut |_| true).unwrap(),
+                None
+            );
+            assert_eq!(g.tokens(), &[3]);
+        }
     }
 
     #[test]

@@ -338,6 +338,7 @@ impl Sampler {
         };
         self.next_u = (cfg.temperature > 0.0).then(|| self.rng.next_f64());
         RowReduce {
+            allowed: None,
             adjust,
             penalties,
             top,

@@ -205,6 +205,17 @@ impl Guide {
 }
 
 impl Constraint for Guide {
+    fn allowed(&mut self) -> Result<Option<Vec<u32>>, String> {
+        let t = Instant::now();
+        let allowed = self.matcher.compute_mask().map_err(|e| e.to_string())?;
+        self.mask_secs += t.elapsed().as_secs_f64();
+        self.masks += 1;
+        if allowed.is_zero() {
+            return Err(self.error());
+        }
+        Ok(Some(allowed.as_slice().to_vec()))
+    }
+
     fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
         let t = Instant::now();
         let allowed = self.matcher.compute_mask().map_err(|e| e.to_string())?;

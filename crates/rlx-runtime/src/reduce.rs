@@ -61,6 +61,10 @@ pub struct Draw {
 /// What one row's digest holds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowReduce {
+    /// The tokens that may come next (a constraint's mask), as a bitset:
+    /// bit `i % 32` of word `i / 32` for token `i`; tokens it does not set,
+    /// or beyond it, are banned before anything else. `None`: all may.
+    pub allowed: Option<Vec<u32>>,
     /// Sorted by token (stably: a token's changes apply in this order).
     pub adjust: Vec<Adjust>,
     pub penalties: Penalties,
@@ -73,6 +77,7 @@ impl RowReduce {
     /// A row reduced to its best `top` candidates, nothing adjusted.
     pub fn top(top: usize) -> RowReduce {
         RowReduce {
+            allowed: None,
             adjust: Vec::new(),
             penalties: Penalties::default(),
             top,
@@ -146,6 +151,21 @@ pub enum LogitRows {
     Reduced(Vec<RowDigest>),
 }
 
+/// Whether `allowed` (see [`RowReduce::allowed`]) lets token `i` come next.
+pub fn is_allowed(allowed: &[u32], i: usize) -> bool {
+    allowed.get(i / 32).is_some_and(|w| w >> (i % 32) & 1 == 1)
+}
+
+/// `row` with every token that `allowed` does not let come next at −∞: a
+/// constraint's mask, as the device applies it.
+pub fn mask_row(row: &mut [f32], allowed: &[u32]) {
+    for (i, l) in row.iter_mut().enumerate() {
+        if !is_allowed(allowed, i) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
 /// `logit` adjusted by `changes` (the row's entries for this token, in
 /// order): the sampler's arithmetic, in f64.
 pub fn adjusted(logit: f32, changes: &[Adjust], p: &Penalties) -> f64 {
@@ -183,6 +203,16 @@ pub fn reduce_row(logits: &[f32], r: &RowReduce) -> RowDigest {
         digest.invalid = Some((i as u32, l));
         return digest;
     }
+    let masked;
+    let logits = match &r.allowed {
+        Some(allowed) => {
+            let mut row = logits.to_vec();
+            mask_row(&mut row, allowed);
+            masked = row;
+            &masked[..]
+        }
+        None => logits,
+    };
     let mut v: Vec<f64> = Vec::with_capacity(logits.len());
     let mut at = 0;
     for (i, &l) in logits.iter().enumerate() {
@@ -301,6 +331,26 @@ mod tests {
         let d = reduce_row(&[0.0, 9.0, 1.0], &r);
         assert_eq!(d.top, vec![(2, 1.0), (0, 0.0)]);
         assert_eq!(d.live, 2);
+    }
+
+    #[test]
+    fn a_mask_bans_before_anything_else() {
+        // Tokens 1 and 33 allowed; a bias cannot bring token 0 back.
+        let allowed = vec![0b10, 0b10];
+        let r = RowReduce {
+            allowed: Some(allowed.clone()),
+            adjust: vec![Adjust {
+                token: 0,
+                bias: 100.0,
+                count: 0,
+            }],
+            ..RowReduce::top(4)
+        };
+        let row: Vec<f32> = (0..40).map(|i| i as f32).collect();
+        let d = reduce_row(&row, &r);
+        assert_eq!(d.top, vec![(33, 33.0), (1, 1.0)]);
+        assert_eq!(d.live, 2);
+        assert!(is_allowed(&allowed, 33) && !is_allowed(&allowed, 32) && !is_allowed(&allowed, 64));
     }
 
     #[test]

@@ -21,8 +21,7 @@ use rlx_gemma::generate::{
 };
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 use rlx_gemma::{
-    Feed, LogitRows, Model, ModelError, RowReduce, SeqId, Sequences, SequencesOptions, StepLogits,
-    Want,
+    Feed, LogitRows, Model, ModelError, SeqId, Sequences, SequencesOptions, StepLogits, Want,
 };
 use rlx_runtime::KvTypes;
 use rlx_tokenizer::Tokenizer;
@@ -508,16 +507,26 @@ impl<'m> Scheduler<'m> {
             })
             .map(|(i, _)| *i)
             .collect();
-        let whole = wants.iter().any(|&i| {
-            let r = &self.running[i];
-            r.generation.needs_whole_row(r.job.constraint.is_some())
-        });
-        let reqs: Option<Vec<RowReduce>> = (!whole).then(|| {
-            wants
-                .iter()
-                .map(|&i| self.running[i].generation.request())
-                .collect()
-        });
+        let mut reqs = Some(Vec::with_capacity(wants.len()));
+        for &i in &wants {
+            let r = &mut self.running[i];
+            let c = r
+                .job
+                .constraint
+                .as_mut()
+                .map(|c| &mut **c as &mut dyn Constraint);
+            match r.generation.request(c) {
+                Ok(Some(req)) => {
+                    if let Some(v) = reqs.as_mut() {
+                        v.push(req);
+                    }
+                }
+                // This row is needed whole, so every row comes back whole
+                // (a constraint's error comes back again from its mask,
+                // where the request's own error path reports it).
+                Ok(None) | Err(_) => reqs = None,
+            }
+        }
         let running = &self.running;
         let feeds: Vec<Feed> = plan
             .iter()
@@ -585,9 +594,21 @@ impl<'m> Scheduler<'m> {
             let mut fetch = |at: usize| seqs.fetch_row(at).map_err(|e| e.to_string());
             let next = match (&out, &reqs) {
                 (StepRows::Whole(out), _) => r.next(Row::Whole(out.get(k)), &self.tok, &self.load),
-                (StepRows::Reduced(LogitRows::Full(all)), _) => {
+                (StepRows::Reduced(LogitRows::Full(all)), Some(reqs)) => {
+                    // Whole rows for reduction requests (the CPU): the
+                    // request's mask applied here.
                     let logits = &all[row * vocab..(row + 1) * vocab];
-                    r.next(Row::Whole(logits), &self.tok, &self.load)
+                    match &reqs[row].allowed {
+                        Some(allowed) => {
+                            let mut masked = logits.to_vec();
+                            rlx_runtime::reduce::mask_row(&mut masked, allowed);
+                            r.next(Row::Masked(&masked), &self.tok, &self.load)
+                        }
+                        None => r.next(Row::Masked(logits), &self.tok, &self.load),
+                    }
+                }
+                (StepRows::Reduced(LogitRows::Full(_)), None) => {
+                    unreachable!("rows are reduced only when asked")
                 }
                 (StepRows::Reduced(LogitRows::Reduced(digests)), Some(reqs)) => {
                     let at = row;

@@ -1944,12 +1944,15 @@ extern "C" __global__ void concat_part(const float* x, float* y, long long outer
 // Tokens a warp takes a step: eight a lane.
 #define RD_STEP 256
 
-struct RdReq {  // 64 bytes, as the host writes it
+struct RdReq {  // 72 bytes, as the host writes it
     double repeat, frequency, presence;
     double inv_temp;  // 1 / temperature (0: no draw)
     double ln_min_p;
     double u;         // the draw's seed: u × 2^53
-    u32 adj_start, adj_len, top, pad;
+    u32 adj_start, adj_len, top;
+    // A constraint's mask: whether there is one, and its words, counted in
+    // u32s from the start of the changes.
+    u32 masked, mask_at, mask_len;
 };
 
 struct RdAdj {  // 16 bytes
@@ -2038,8 +2041,11 @@ __device__ __forceinline__ void rd_load(const float* __restrict__ x, int base, i
 // lane sees every change once and in order.
 __device__ __forceinline__ double rd_adjust(float raw, int i, int until,
                                             const RdAdj* __restrict__ adj, u32 n, u32* p,
-                                            const RdReq& r) {
+                                            const RdReq& r, const u32* __restrict__ mask) {
     double v = __dadd_rn((double)raw, 0.0);
+    // A token the constraint rules out is banned before any change.
+    if (mask && ((u32)i / 32 >= r.mask_len || !((mask[i / 32] >> (i % 32)) & 1u)))
+        v = NEG_INF;
     while (*p < n && adj[*p].token < (u32)until) {
         if (adj[*p].token == (u32)i) v = rd_apply(v, adj[*p], r);
         (*p)++;
@@ -2081,6 +2087,7 @@ reduce_part(const float* __restrict__ logits, long long V, const RdReq* __restri
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const RdReq r = reqs[row];
     const RdAdj* adj = adj_all + r.adj_start;
+    const u32* mask = r.masked ? (const u32*)adj_all + r.mask_at : nullptr;
     const float* x = logits + (long long)row * V;
     const int N = r.top;
     if (threadIdx.x == 0) s_invalid = RD_NONE;
@@ -2103,7 +2110,8 @@ reduce_part(const float* __restrict__ logits, long long V, const RdReq* __restri
         #pragma unroll
         for (int c = 0; c < 8; c++) {
             const int i = base + lane + 32 * c;
-            const double vc = rd_adjust(raw[c], i, base + 32 * (c + 1), adj, r.adj_len, &p, r);
+            const double vc =
+                rd_adjust(raw[c], i, base + 32 * (c + 1), adj, r.adj_len, &p, r, mask);
             if (i < hi && (isnan(raw[c]) || raw[c] == __int_as_float(0x7f800000)))
                 atomicMin(&s_invalid, (u32)i);
             const bool ok = i < hi && vc != (double)NEG_INF && !isnan(vc);
@@ -2262,6 +2270,7 @@ reduce_draw(const float* __restrict__ logits, long long V, const RdReq* __restri
     const double floor_v = __dadd_rn(M, r.ln_min_p);
     const unsigned long long seed = (unsigned long long)(r.u * 9007199254740992.0);
     const RdAdj* adj = adj_all + r.adj_start;
+    const u32* mask = r.masked ? (const u32*)adj_all + r.mask_at : nullptr;
     const float* x = logits + (long long)row * V;
     int lo, hi;
     rd_share(V, splits, split, w, &lo, &hi);
@@ -2274,7 +2283,8 @@ reduce_draw(const float* __restrict__ logits, long long V, const RdReq* __restri
         #pragma unroll
         for (int c = 0; c < 8; c++) {
             const u32 i = (u32)(base + lane + 32 * c);
-            const double vc = rd_adjust(raw[c], (int)i, base + 32 * (c + 1), adj, r.adj_len, &p, r);
+            const double vc =
+                rd_adjust(raw[c], (int)i, base + 32 * (c + 1), adj, r.adj_len, &p, r, mask);
             if ((int)i < hi && vc != (double)NEG_INF && vc >= floor_v) {
                 const float e = -logf(rd_uniform(seed, i));
                 const float key = logf(e) - (float)((vc - M) * r.inv_temp);

@@ -5,7 +5,7 @@
 use crate::reduce::{RowDigest, RowReduce, TOP_MAX};
 
 /// Bytes of one row's request (`RdReq`).
-const REQ_BYTES: usize = 64;
+const REQ_BYTES: usize = 72;
 /// Bytes of one logit change (`RdAdj`).
 const ADJ_BYTES: usize = 16;
 /// Bytes of one row's digest (`RD_OUT_BYTES`).
@@ -31,13 +31,21 @@ pub(super) fn splits(rows: usize, vocab: usize, sms: usize) -> usize {
         .clamp(1, MAX_SPLITS)
 }
 
-/// The requests of `rows`, then every row's changes: one upload. Returns
-/// the bytes and the offset of the changes.
+/// The requests of `rows`, then every row's changes, then every row's
+/// mask words: one upload. Returns the bytes and the offset of the changes
+/// (the masks follow them, at the offset each request names in words from
+/// the changes' start).
 pub(super) fn encode(rows: &[RowReduce]) -> (Vec<u8>, usize) {
-    let changes: usize = rows.iter().map(|r| r.adjust.len()).sum();
+    let changes: usize = rows.iter().map(|r| r.adjust.len()).sum::<usize>().max(1);
+    let words: usize = rows
+        .iter()
+        .map(|r| r.allowed.as_ref().map_or(0, Vec::len))
+        .sum();
     let adj_at = rows.len() * REQ_BYTES;
-    let mut b = Vec::with_capacity(adj_at + changes.max(1) * ADJ_BYTES);
+    let mut b = Vec::with_capacity(adj_at + changes * ADJ_BYTES + words * 4);
     let mut start = 0u32;
+    // Mask words counted from the changes' start, in u32s.
+    let mut mask_at = (changes * ADJ_BYTES / 4) as u32;
     for r in rows {
         let (inv_temp, ln_min_p, u) = match r.draw {
             Some(d) => (1.0 / d.temperature, d.ln_min_p, d.u),
@@ -54,20 +62,32 @@ pub(super) fn encode(rows: &[RowReduce]) -> (Vec<u8>, usize) {
             b.extend_from_slice(&x.to_le_bytes());
         }
         let len = r.adjust.len() as u32;
-        for x in [start, len, r.top as u32, 0] {
+        let mask_len = r.allowed.as_ref().map_or(0, Vec::len) as u32;
+        for x in [
+            start,
+            len,
+            r.top as u32,
+            u32::from(r.allowed.is_some()),
+            mask_at,
+            mask_len,
+        ] {
             b.extend_from_slice(&x.to_le_bytes());
         }
         start += len;
+        mask_at += mask_len;
     }
     for a in rows.iter().flat_map(|r| &r.adjust) {
         b.extend_from_slice(&a.bias.to_le_bytes());
         b.extend_from_slice(&a.token.to_le_bytes());
         b.extend_from_slice(&a.count.to_le_bytes());
     }
-    // The kernel reads no change of a row without any, but the buffer
-    // it is given must exist.
-    if changes == 0 {
+    // The kernel reads no change of a row without any, but the space is
+    // there so that the masks start where the requests say.
+    if rows.iter().all(|r| r.adjust.is_empty()) {
         b.extend_from_slice(&[0; ADJ_BYTES]);
+    }
+    for w in rows.iter().filter_map(|r| r.allowed.as_ref()).flatten() {
+        b.extend_from_slice(&w.to_le_bytes());
     }
     (b, adj_at)
 }
@@ -134,19 +154,26 @@ mod tests {
                 }),
                 ..RowReduce::top(40)
             },
-            RowReduce::top(1),
+            RowReduce {
+                allowed: Some(vec![0xF0, 1]),
+                ..RowReduce::top(1)
+            },
         ];
         let (b, adj_at) = encode(&rows);
-        assert_eq!((adj_at, b.len()), (128, 128 + 16));
+        assert_eq!((adj_at, b.len()), (144, 144 + 16 + 8));
         assert_eq!(f64_at(&b, 0), 1.0);
         assert_eq!(f64_at(&b, 24), 2.0);
         assert_eq!(f64_at(&b, 32), -3.0);
         assert_eq!(f64_at(&b, 40), 0.25);
-        assert_eq!([u32_at(&b, 48), u32_at(&b, 52), u32_at(&b, 56)], [0, 1, 40]);
-        assert_eq!(f64_at(&b, 64 + 24), 0.0);
-        assert_eq!([u32_at(&b, 64 + 48), u32_at(&b, 64 + 52)], [1, 0]);
-        assert_eq!(f64_at(&b, 128), -1.5);
-        assert_eq!([u32_at(&b, 136), u32_at(&b, 140)], [7, 2]);
+        let req = |at: usize| [48, 52, 56, 60, 64, 68].map(|o| u32_at(&b, at + o));
+        // Changes from 0, one; top 40; no mask (its words would start at 4).
+        assert_eq!(req(0), [0, 1, 40, 0, 4, 0]);
+        assert_eq!(f64_at(&b, 72 + 24), 0.0);
+        // The second row's mask: two words, 4 u32s after the changes' start.
+        assert_eq!(req(72), [1, 0, 1, 1, 4, 2]);
+        assert_eq!(f64_at(&b, 144), -1.5);
+        assert_eq!([u32_at(&b, 152), u32_at(&b, 156)], [7, 2]);
+        assert_eq!([u32_at(&b, 160), u32_at(&b, 164)], [0xF0, 1]);
     }
 
     #[test]

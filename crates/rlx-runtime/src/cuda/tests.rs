@@ -1614,12 +1614,16 @@ fn reduce_on_gpu(
     super::reduce::decode(&s.clone_dtoh(&out).unwrap(), n)
 }
 
-/// The weights a draw of `r` gives the tokens of `row` (the reference's
-/// arithmetic), in token order.
-fn draw_weights(row: &[f32], r: &crate::reduce::RowReduce) -> Vec<f64> {
-    let d = r.draw.unwrap();
-    let v: Vec<f64> = (0..row.len())
+/// Every token's logit as `r` adjusts it (its mask, then its changes).
+fn adjusted_row(row: &[f32], r: &crate::reduce::RowReduce) -> Vec<f64> {
+    (0..row.len())
         .map(|i| {
+            if r.allowed
+                .as_ref()
+                .is_some_and(|a| !crate::reduce::is_allowed(a, i))
+            {
+                return f64::NEG_INFINITY;
+            }
             let changes: Vec<_> = r
                 .adjust
                 .iter()
@@ -1628,7 +1632,14 @@ fn draw_weights(row: &[f32], r: &crate::reduce::RowReduce) -> Vec<f64> {
                 .collect();
             crate::reduce::adjusted(row[i], &changes, &r.penalties)
         })
-        .collect();
+        .collect()
+}
+
+/// The weights a draw of `r` gives the tokens of `row` (the reference's
+/// arithmetic), in token order.
+fn draw_weights(row: &[f32], r: &crate::reduce::RowReduce) -> Vec<f64> {
+    let d = r.draw.unwrap();
+    let v = adjusted_row(row, r);
     let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     v.iter()
         .map(|&x| {
@@ -1680,7 +1691,16 @@ fn logit_rows_reduce_as_the_reference() {
                 })
                 .collect();
             adjust.sort_by_key(|a| a.token);
+            // A constraint's mask on two rows: random words, the second
+            // covering only half of the vocabulary.
+            let allowed = (i == 6 || i == 7).then(|| {
+                let words = vocab.div_ceil(32) / if i == 7 { 2 } else { 1 };
+                (0..words.max(1))
+                    .map(|_| r.next().to_bits() ^ r.next().to_bits().rotate_left(16))
+                    .collect::<Vec<u32>>()
+            });
             reqs.push(RowReduce {
+                allowed,
                 adjust,
                 penalties: Penalties {
                     repeat: 1.3,
@@ -1739,19 +1759,10 @@ fn race_keys(
     r: &crate::reduce::RowReduce,
     d: &crate::reduce::Draw,
 ) -> Vec<(u32, f32)> {
-    let v: Vec<(u32, f64)> = (0..row.len())
-        .map(|i| {
-            let changes: Vec<_> = r
-                .adjust
-                .iter()
-                .filter(|a| a.token as usize == i)
-                .copied()
-                .collect();
-            (
-                i as u32,
-                crate::reduce::adjusted(row[i], &changes, &r.penalties),
-            )
-        })
+    let v: Vec<(u32, f64)> = adjusted_row(row, r)
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| (i as u32, x))
         .filter(|&(_, x)| x != f64::NEG_INFINITY)
         .collect();
     let max = v.iter().map(|t| t.1).fold(f64::NEG_INFINITY, f64::max);
