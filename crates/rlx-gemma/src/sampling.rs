@@ -312,6 +312,8 @@ impl Sampler {
             frequency: f64::from(cfg.frequency_penalty),
             presence: f64::from(cfg.presence_penalty),
         };
+        // The draw's uniform, taken now (as `sample` takes it later).
+        let u = (cfg.temperature > 0.0).then(|| self.rng.next_f64());
         let (top, draw) = if cfg.temperature <= 0.0 {
             (1, None)
         } else if (1..=TOP_MAX).contains(&cfg.top_k) {
@@ -332,20 +334,17 @@ impl Sampler {
             let draw = Draw {
                 temperature: f64::from(cfg.temperature),
                 ln_min_p,
-                u: 0.0,
+                u: u.expect("temperature above 0"),
             };
             (1, Some(draw))
         };
-        self.next_u = (cfg.temperature > 0.0).then(|| self.rng.next_f64());
+        self.next_u = u;
         RowReduce {
             allowed: None,
             adjust,
             penalties,
             top,
-            draw: draw.map(|d| Draw {
-                u: self.next_u.expect("taken above"),
-                ..d
-            }),
+            draw,
         }
     }
 

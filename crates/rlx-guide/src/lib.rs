@@ -26,7 +26,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use rlx_gemma::generate::Constraint;
 use rlx_tokenizer::{EncodeOptions, TokenKind, Tokenizer};
-use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 
 /// Why a constraint could not be made or followed.
 #[derive(Debug, thiserror::Error)]
@@ -197,6 +197,19 @@ impl Guide {
         (self.mask_secs, self.masks)
     }
 
+    /// The tokens that may come next (timed and counted); an error where
+    /// none may.
+    fn compute_mask(&mut self) -> Result<SimpleVob, String> {
+        let t = Instant::now();
+        let allowed = self.matcher.compute_mask().map_err(|e| e.to_string())?;
+        self.mask_secs += t.elapsed().as_secs_f64();
+        self.masks += 1;
+        if allowed.is_zero() {
+            return Err(self.error());
+        }
+        Ok(allowed)
+    }
+
     fn error(&self) -> String {
         self.matcher
             .get_error()
@@ -206,24 +219,11 @@ impl Guide {
 
 impl Constraint for Guide {
     fn allowed(&mut self) -> Result<Option<Vec<u32>>, String> {
-        let t = Instant::now();
-        let allowed = self.matcher.compute_mask().map_err(|e| e.to_string())?;
-        self.mask_secs += t.elapsed().as_secs_f64();
-        self.masks += 1;
-        if allowed.is_zero() {
-            return Err(self.error());
-        }
-        Ok(Some(allowed.as_slice().to_vec()))
+        Ok(Some(self.compute_mask()?.as_slice().to_vec()))
     }
 
     fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
-        let t = Instant::now();
-        let allowed = self.matcher.compute_mask().map_err(|e| e.to_string())?;
-        self.mask_secs += t.elapsed().as_secs_f64();
-        self.masks += 1;
-        if allowed.is_zero() {
-            return Err(self.error());
-        }
+        let allowed = self.compute_mask()?;
         for (i, l) in logits.iter_mut().enumerate() {
             if !allowed.is_allowed(i as u32) {
                 *l = f32::NEG_INFINITY;

@@ -11,7 +11,7 @@ use crate::backend::{kv_dtype_for, step, Backend, Device, Executable, MemoryRepo
 use crate::batch::Batch;
 use crate::compile::{CompileOptions, HostTensor, Precision, RunError, StepOutputs};
 use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet};
-use crate::reduce::{LogitRows, RowReduce};
+use crate::reduce::{LogitRows, RowDigest, RowReduce};
 use crate::weights::WeightStore;
 
 /// A GPU with a model's weights on it.
@@ -146,6 +146,26 @@ impl Backend for CudaBackend {
     }
 }
 
+impl CudaPlan {
+    /// One step on a prepared pool: the spans recorded, then the run, with
+    /// output `reduce.0` reduced on the device where `reduce` is given.
+    fn execute_step(
+        &mut self,
+        batch: &Batch,
+        mut kv: Option<PreparedKv<'_>>,
+        values: &[(String, HostTensor)],
+        reduce: Option<(&str, &[RowReduce])>,
+    ) -> Result<(StepOutputs, Option<Vec<RowDigest>>), RunError> {
+        let label = self.cuda_label();
+        if let Some(k) = kv.as_mut() {
+            self.record_spans(batch, k.pool, k.layout)
+                .map_err(|e| e.into_run(&label))?;
+        }
+        self.run_inner(batch, kv.map(|k| (&*k.pool, k.layout)), values, reduce)
+            .map_err(|e| e.into_run(&label))
+    }
+}
+
 impl Executable for CudaPlan {
     fn execute(
         &mut self,
@@ -153,15 +173,7 @@ impl Executable for CudaPlan {
         kv: Option<PreparedKv<'_>>,
         values: &[(String, HostTensor)],
     ) -> Result<StepOutputs, RunError> {
-        let label = self.cuda_label();
-        let mut kv = kv;
-        if let Some(k) = kv.as_mut() {
-            self.record_spans(batch, k.pool, k.layout)
-                .map_err(|e| e.into_run(&label))?;
-        }
-        self.run_inner(batch, kv.map(|k| (&*k.pool, k.layout)), values, None)
-            .map(|(outs, _)| outs)
-            .map_err(|e| e.into_run(&label))
+        Ok(self.execute_step(batch, kv, values, None)?.0)
     }
 
     fn run_reduced(
@@ -172,25 +184,10 @@ impl Executable for CudaPlan {
         rows: &[RowReduce],
     ) -> Result<(StepOutputs, LogitRows), RunError> {
         self.check(batch, kv.as_deref())?;
-        let label = self.cuda_label();
-        let mut digests = Vec::new();
-        let outs = step(batch, kv, |mut kv| {
-            if let Some(k) = kv.as_mut() {
-                self.record_spans(batch, k.pool, k.layout)
-                    .map_err(|e| e.into_run(&label))?;
-            }
-            let (outs, d) = self
-                .run_inner(
-                    batch,
-                    kv.map(|k| (&*k.pool, k.layout)),
-                    &[],
-                    Some((name, rows)),
-                )
-                .map_err(|e| e.into_run(&label))?;
-            digests = d.unwrap_or_default();
-            Ok(outs)
+        let (outs, digests) = step(batch, kv, |kv| {
+            self.execute_step(batch, kv, &[], Some((name, rows)))
         })?;
-        Ok((outs, LogitRows::Reduced(digests)))
+        Ok((outs, LogitRows::Reduced(digests.unwrap_or_default())))
     }
 
     fn fetch_row(&mut self, name: &str, row: usize) -> Result<Vec<f32>, RunError> {
