@@ -10,6 +10,7 @@ use std::time::Instant;
 use rlx_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::model::{ModelError, Result};
+use rlx_runtime::reduce::{mask_row, reduce_row, TOP_MAX};
 use rlx_runtime::{LogitRows, RowDigest, RowReduce};
 
 use crate::sampling::{Sampler, SamplingError};
@@ -36,15 +37,28 @@ pub enum Finish {
 pub enum Row<'a> {
     /// The whole row.
     Whole(&'a [f32]),
-    /// The whole row with the constraint's mask already applied (the
-    /// bitset of the request it was run for).
-    Masked(&'a [f32]),
-    /// Reduced on the device as `req` asked; `fetch` reads the row back.
+    /// The whole row, returned for a reduction request by a device that
+    /// does not reduce (the CPU): the request's mask is applied here.
+    Unreduced {
+        req: &'a RowReduce,
+        logits: &'a [f32],
+    },
+    /// Reduced on the device as `req` asked; the row itself stayed there.
     Reduced {
         req: &'a RowReduce,
         digest: &'a RowDigest,
-        fetch: &'a mut dyn FnMut() -> std::result::Result<Vec<f32>, String>,
+        kept: &'a mut dyn KeptRow,
     },
+}
+
+/// A logit row that stayed on the device after a reduced step.
+pub trait KeptRow {
+    /// The whole row, read back.
+    fn fetch(&mut self) -> std::result::Result<Vec<f32>, String>;
+    /// The row reduced again as `req` asks.
+    fn reduce(&mut self, req: &RowReduce) -> std::result::Result<RowDigest, String>;
+    /// `token`'s logit.
+    fn logit(&mut self, token: u32) -> std::result::Result<f32, String>;
 }
 
 /// What generated text must match (structured output): it rules out the
@@ -81,31 +95,38 @@ pub struct TokenLogprob {
     pub top: Vec<(u32, Vec<u8>, f32)>,
 }
 
-/// Log-probability of `token` and the `k` likeliest tokens from `logits`.
-fn logprobs(logits: &[f32], token: u32, k: usize, tok: &Tokenizer) -> TokenLogprob {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-    let lse = max + sum.ln() as f32;
-    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
-    if k > 0 {
-        for (i, &l) in logits.iter().enumerate() {
-            if top.len() < k || l > top[top.len() - 1].1 {
-                let at = top.partition_point(|&(_, x)| x >= l);
-                top.insert(at, (i as u32, l));
-                top.truncate(k);
-            }
-        }
-    }
+/// Which mask a whole row takes before sampling.
+#[derive(Clone, Copy)]
+enum Mask<'a> {
+    /// The constraint's, if there is one.
+    Constraint,
+    /// A request's bitset (see [`RowReduce::allowed`]).
+    Bits(&'a [u32]),
+}
+
+/// What a log-probability is read from: a digest of the model's own row
+/// (no penalties, no mask) listing at least `k` candidates, and the
+/// sampled token's logit.
+fn logprob_of(raw: &RowDigest, token: u32, logit: f32, k: usize, tok: &Tokenizer) -> TokenLogprob {
+    let lse = raw.max() + raw.sum_exp.ln();
     let bytes = |t: u32| tok.decode_bytes(&[t], false);
     TokenLogprob {
         token,
         bytes: bytes(token),
-        logprob: logits[token as usize] - lse,
-        top: top
-            .into_iter()
-            .map(|(t, l)| (t, bytes(t), l - lse))
+        logprob: (f64::from(logit) - lse) as f32,
+        top: raw
+            .top
+            .iter()
+            .take(k)
+            .map(|&(t, l)| (t, bytes(t), (l - lse) as f32))
             .collect(),
     }
+}
+
+/// The request for a digest that log-probabilities with `k` alternatives
+/// are read from (at most [`TOP_MAX`] alternatives are listed).
+fn logprob_request(k: usize) -> RowReduce {
+    RowReduce::top(k.clamp(1, TOP_MAX))
 }
 
 /// What a generation is asked for, besides its sampler and constraint.
@@ -118,8 +139,8 @@ pub struct GenerationOptions {
     /// They need a tokenizer (see [`Generation::next`]).
     pub stop_strings: Vec<String>,
     /// Send each sampled token with its log-probability and this many
-    /// likeliest alternatives. Forced tokens are then sampled too (a forced
-    /// token has no log-probability).
+    /// likeliest alternatives (at most [`TOP_MAX`]). Forced tokens are then
+    /// sampled too (a forced token has no log-probability).
     pub logprobs: Option<usize>,
 }
 
@@ -226,32 +247,26 @@ impl Generation {
 
     /// What the device should reduce the next logit row to (see
     /// [`Sampler::request`]), the constraint's mask included; then
-    /// [`Generation::next_row`] with its digest. `None` where the row must
-    /// come back whole: log-probabilities read it, or the constraint can
-    /// only mask a whole row.
+    /// [`Generation::next_row`] with its digest. A constraint that can only
+    /// mask a whole row sends no bitset; its row is then read back.
     pub fn request(
         &mut self,
         constraint: Option<&mut dyn Constraint>,
-    ) -> std::result::Result<Option<RowReduce>, GenerationError> {
-        if self.opts.logprobs.is_some() {
-            return Ok(None);
-        }
+    ) -> std::result::Result<RowReduce, GenerationError> {
         let allowed = match constraint {
-            Some(c) => match c.allowed().map_err(GenerationError::Constraint)? {
-                Some(bits) => Some(bits),
-                None => return Ok(None),
-            },
+            Some(c) => c.allowed().map_err(GenerationError::Constraint)?,
             None => None,
         };
-        Ok(Some(RowReduce {
+        Ok(RowReduce {
             allowed,
             ..self.sampler.request()
-        }))
+        })
     }
 
     /// [`Generation::next`] on a row as the step returned it: whole, or
     /// reduced on the device as [`Generation::request`] asked (read back
-    /// whole where the digest cannot decide).
+    /// whole where the digest cannot decide; log-probabilities from a
+    /// second digest of the row, the model's own).
     pub fn next_row(
         &mut self,
         row: Row<'_>,
@@ -263,44 +278,88 @@ impl Generation {
         if self.tokens.len() >= self.opts.max_tokens {
             return Ok(Some(Finish::Length));
         }
+        let sampling = |e: String| GenerationError::Sampling(e);
         let fetched;
-        let (logits, digest, masked) = match row {
-            Row::Whole(l) => (Some(l), None, false),
-            Row::Masked(l) => (Some(l), None, true),
-            Row::Reduced { req, digest, fetch } => {
-                let masked_there = constraint.is_none() || req.allowed.is_some();
-                if self.opts.logprobs.is_some() || !masked_there {
-                    fetched = fetch().map_err(GenerationError::Sampling)?;
-                    (Some(&fetched[..]), None, false)
+        // The whole row where there is one (the model's own), whether a
+        // mask is applied to it before sampling, and what stayed on the
+        // device otherwise.
+        // The request's bitset where it has one (the constraint's, computed
+        // when the request was made), else the constraint's own mask.
+        fn mask(req: &RowReduce) -> Mask<'_> {
+            match &req.allowed {
+                Some(bits) => Mask::Bits(bits),
+                None => Mask::Constraint,
+            }
+        }
+        let (logits, mask, mut reduced) = match row {
+            Row::Whole(l) => (Some(l), Mask::Constraint, None),
+            Row::Unreduced { req, logits } => (Some(logits), mask(req), None),
+            Row::Reduced { req, digest, kept } => {
+                if constraint.is_some() && req.allowed.is_none() {
+                    // The constraint can only mask a whole row.
+                    fetched = kept.fetch().map_err(sampling)?;
+                    (Some(&fetched[..]), Mask::Constraint, None)
                 } else {
-                    (None, Some((req, digest, fetch)), true)
+                    (None, mask(req), Some((req, digest, kept)))
                 }
             }
         };
-        let sampled = match (constraint.as_deref_mut(), logits, digest) {
-            (Some(c), Some(logits), _) if !masked => {
+        let sampled = match (logits, mask, &mut reduced) {
+            (Some(logits), Mask::Constraint, _) if constraint.is_some() => {
+                let c = constraint.as_deref_mut().expect("checked");
                 self.masked.clear();
                 self.masked.extend_from_slice(logits);
                 c.mask(&mut self.masked)
                     .map_err(GenerationError::Constraint)?;
                 self.sampler.sample(&self.masked)
             }
-            (_, Some(logits), _) => self.sampler.sample(logits),
-            (_, None, Some((req, digest, fetch))) => {
+            (Some(logits), Mask::Bits(bits), _) => {
+                self.masked.clear();
+                self.masked.extend_from_slice(logits);
+                mask_row(&mut self.masked, bits);
+                self.sampler.sample(&self.masked)
+            }
+            (Some(logits), Mask::Constraint, _) => self.sampler.sample(logits),
+            (None, _, Some((req, digest, kept))) => {
                 // A row read back whole gets the mask the device applied.
                 let mut full = || {
-                    let mut row = fetch().map_err(SamplingError::Fetch)?;
+                    let mut row = kept.fetch().map_err(SamplingError::Fetch)?;
                     if let Some(allowed) = &req.allowed {
-                        rlx_runtime::reduce::mask_row(&mut row, allowed);
+                        mask_row(&mut row, allowed);
                     }
                     Ok(row)
                 };
                 self.sampler.sample_digest(req, digest, &mut full)
             }
-            (_, None, None) => unreachable!("a row is whole or reduced"),
+            (None, _, None) => unreachable!("a row is whole or reduced"),
         }
         .map_err(|e| GenerationError::Sampling(e.to_string()))?;
-        if let Some(finish) = self.emit(sampled, logits, &mut constraint, tok, out)? {
+        let logprob = match (self.opts.logprobs, tok) {
+            (Some(k), Some(tok)) => {
+                let req = logprob_request(k);
+                let (raw, logit) = match (logits, reduced) {
+                    (Some(l), _) => (reduce_row(l, &req), l[sampled as usize]),
+                    (None, Some((_, _, kept))) => {
+                        let raw = kept.reduce(&req).map_err(sampling)?;
+                        let listed = raw.top.iter().find(|t| t.0 == sampled);
+                        let logit = match listed {
+                            Some(&(_, l)) => l as f32,
+                            None => kept.logit(sampled).map_err(sampling)?,
+                        };
+                        (raw, logit)
+                    }
+                    (None, None) => unreachable!("a row is whole or reduced"),
+                };
+                if let Some((token, value)) = raw.invalid {
+                    return Err(sampling(format!(
+                        "the model's logit for token {token} is {value}"
+                    )));
+                }
+                Some(logprob_of(&raw, sampled, logit, k, tok))
+            }
+            _ => None,
+        };
+        if let Some(finish) = self.emit(sampled, logprob, &mut constraint, tok, out)? {
             return Ok(Some(finish));
         }
         self.pending.push(sampled);
@@ -325,12 +384,13 @@ impl Generation {
         Ok(None)
     }
 
-    /// Records a generated token (sampled from `logits`, or forced) and
-    /// hands out its text; `Some` when the generation ends with it.
+    /// Records a generated token (sampled, with its log-probability where
+    /// asked for, or forced) and hands out its text; `Some` when the
+    /// generation ends with it.
     fn emit(
         &mut self,
         t: u32,
-        logits: Option<&[f32]>,
+        logprob: Option<TokenLogprob>,
         constraint: &mut Option<&mut dyn Constraint>,
         tok: Option<&Tokenizer>,
         out: &mut dyn FnMut(Piece) -> bool,
@@ -349,12 +409,9 @@ impl Generation {
             Some(tok) => self.filter.push(&self.decoder.push(tok, t)),
             None => (String::new(), false),
         };
-        let piece = match (self.opts.logprobs, logits, tok) {
-            (Some(k), Some(logits), Some(tok)) => Some(Piece::Token {
-                text,
-                logprob: logprobs(logits, t, k, tok),
-            }),
-            _ => (!text.is_empty()).then_some(Piece::Text(text)),
+        let piece = match logprob {
+            Some(logprob) => Some(Piece::Token { text, logprob }),
+            None => (!text.is_empty()).then_some(Piece::Text(text)),
         };
         if piece.is_some_and(|p| !out(p)) {
             return Ok(Some(Finish::Cancelled));
@@ -450,20 +507,15 @@ pub fn generate_constrained(
     let mut req: Option<RowReduce> = None;
     loop {
         let c = constraint.as_mut().map(|c| &mut **c as &mut dyn Constraint);
-        let step = match (&mut row, &req) {
-            // Rows that came back whole for a request: its mask on the host.
-            (LogitRows::Full(l), Some(req)) => {
-                if let Some(allowed) = &req.allowed {
-                    rlx_runtime::reduce::mask_row(l, allowed);
-                }
-                generation.next_row(Row::Masked(l), c, tok, out)?
+        let step = match (&row, &req) {
+            (LogitRows::Full(logits), Some(req)) => {
+                generation.next_row(Row::Unreduced { req, logits }, c, tok, out)?
             }
             (LogitRows::Reduced(d), Some(req)) => {
-                let mut fetch = || session.fetch_last().map_err(|e| e.to_string());
                 let row = Row::Reduced {
                     req,
                     digest: &d[0],
-                    fetch: &mut fetch,
+                    kept: &mut session.kept_last(),
                 };
                 generation.next_row(row, c, tok, out)?
             }
@@ -479,7 +531,7 @@ pub fn generate_constrained(
             None
         } else {
             let c = constraint.as_mut().map(|c| &mut **c as &mut dyn Constraint);
-            generation.request(c)?
+            Some(generation.request(c)?)
         };
         row = match &req {
             Some(r) => session.feed_reduced(generation.pending(), r)?,
@@ -599,12 +651,22 @@ mod tests {
         assert_eq!((g.tokens(), f), (&[3, 4][..], Some(Finish::Length)));
     }
 
-    /// Allows only token 3, as a bitset a device applies.
-    struct OnlyThree;
+    /// Allows only token 3, as a bitset a device applies, or as a mask of
+    /// a whole row (counted).
+    #[derive(Default)]
+    struct OnlyThree {
+        masked: usize,
+    }
 
     impl Constraint for OnlyThree {
-        fn mask(&mut self, _: &mut [f32]) -> std::result::Result<(), String> {
-            unreachable!("the mask goes to the device")
+        fn mask(&mut self, logits: &mut [f32]) -> std::result::Result<(), String> {
+            self.masked += 1;
+            for (i, l) in logits.iter_mut().enumerate() {
+                if i != 3 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+            Ok(())
         }
         fn allowed(&mut self) -> std::result::Result<Option<Vec<u32>>, String> {
             Ok(Some(vec![1 << 3]))
@@ -639,22 +701,183 @@ mod tests {
                     ..GenerationOptions::default()
                 },
             );
-            let mut c = OnlyThree;
-            let req = g.request(Some(&mut c)).unwrap().expect("reducible");
+            let mut c = OnlyThree::default();
+            let req = g.request(Some(&mut c)).unwrap();
             assert_eq!(req.allowed.as_deref(), Some(&[1u32 << 3][..]));
-            let row = pick(7);
-            let digest = rlx_runtime::reduce::reduce_row(&row, &req);
-            let mut fetch = || Ok(row.clone());
+            let mut kept = HostRow::new(pick(7));
+            let digest = reduce_row(&kept.row, &req);
             let r = Row::Reduced {
                 req: &req,
                 digest: &digest,
-                fetch: &mut fetch,
+                kept: &mut kept,
             };
             assert_eq!(
                 g.next_row(r, Some(&mut c), None, &mut |_| true).unwrap(),
                 None
             );
             assert_eq!(g.tokens(), &[3]);
+            assert_eq!(c.masked, 0, "the mask went with the request");
+        }
+    }
+
+    /// A row "kept on a device" that is in host memory, counting what is
+    /// read of it.
+    struct HostRow {
+        row: Vec<f32>,
+        fetched: usize,
+        reduced: usize,
+        logits: usize,
+    }
+
+    impl HostRow {
+        fn new(row: Vec<f32>) -> HostRow {
+            HostRow {
+                row,
+                fetched: 0,
+                reduced: 0,
+                logits: 0,
+            }
+        }
+    }
+
+    impl KeptRow for HostRow {
+        fn fetch(&mut self) -> std::result::Result<Vec<f32>, String> {
+            self.fetched += 1;
+            Ok(self.row.clone())
+        }
+        fn reduce(&mut self, req: &RowReduce) -> std::result::Result<RowDigest, String> {
+            self.reduced += 1;
+            Ok(reduce_row(&self.row, req))
+        }
+        fn logit(&mut self, token: u32) -> std::result::Result<f32, String> {
+            self.logits += 1;
+            Ok(self.row[token as usize])
+        }
+    }
+
+    /// A tokenizer whose 16 tokens are four specials and the letters a–l.
+    fn letters() -> Tokenizer {
+        let mut w = rlx_gguf::GgufWriter::new();
+        let mut pieces: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>"]
+            .map(String::from)
+            .to_vec();
+        pieces.extend(('a'..='l').map(String::from));
+        let types: Vec<i32> = (0..16).map(|i| if i < 4 { 3 } else { 1 }).collect();
+        w.add("general.architecture", "gemma3").unwrap();
+        w.add("tokenizer.ggml.model", "llama").unwrap();
+        w.add("tokenizer.ggml.tokens", pieces).unwrap();
+        w.add("tokenizer.ggml.scores", vec![0.0f32; 16]).unwrap();
+        w.add("tokenizer.ggml.token_type", types).unwrap();
+        let file = rlx_gguf::GgufFile::from_bytes(w.to_bytes()).unwrap();
+        Tokenizer::from_gguf(&file).unwrap()
+    }
+
+    /// Every log-probability a generation of `steps` tokens reports from
+    /// `rows` (cycled), given whole or reduced, and what the reduced rows
+    /// read back.
+    fn logprobs_from(
+        cfg: crate::sampling::SamplerConfig,
+        rows: &[Vec<f32>],
+        reduced: bool,
+        constraint: bool,
+    ) -> (Vec<TokenLogprob>, [usize; 3]) {
+        let tok = letters();
+        let opts = GenerationOptions {
+            max_tokens: 6,
+            logprobs: Some(3),
+            ..GenerationOptions::default()
+        };
+        let mut g = Generation::new(Sampler::new(cfg).unwrap(), &[], opts);
+        let mut got = Vec::new();
+        let mut reads = [0; 3];
+        for row in rows.iter().cycle().take(6) {
+            let mut c = OnlyThree::default();
+            let c = constraint.then_some(&mut c as &mut dyn Constraint);
+            let mut out = |p: Piece| {
+                if let Piece::Token { logprob, .. } = p {
+                    got.push(logprob);
+                }
+                true
+            };
+            if reduced {
+                let mut c = c;
+                let req = g
+                    .request(c.as_mut().map(|c| &mut **c as &mut dyn Constraint))
+                    .unwrap();
+                let mut kept = HostRow::new(row.clone());
+                let digest = reduce_row(row, &req);
+                let r = Row::Reduced {
+                    req: &req,
+                    digest: &digest,
+                    kept: &mut kept,
+                };
+                g.next_row(r, c, Some(&tok), &mut out).unwrap();
+                reads[0] += kept.fetched;
+                reads[1] += kept.reduced;
+                reads[2] += kept.logits;
+            } else {
+                g.next(row, c, Some(&tok), &mut out).unwrap();
+            }
+        }
+        (got, reads)
+    }
+
+    #[test]
+    fn log_probabilities_come_from_a_second_digest_of_a_kept_row() {
+        use crate::sampling::SamplerConfig;
+        let rows: Vec<Vec<f32>> = (0..3)
+            .map(|r| {
+                (0..16)
+                    .map(|i| ((i * 7 + r * 2) % 16) as f32 * 0.25)
+                    .collect()
+            })
+            .collect();
+        let greedy = SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        };
+        let warm = SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.9,
+            seed: 5,
+            ..SamplerConfig::default()
+        };
+        for (cfg, constraint) in [(greedy.clone(), false), (warm, false), (greedy, true)] {
+            let (whole, _) = logprobs_from(cfg.clone(), &rows, false, constraint);
+            let (reduced, reads) = logprobs_from(cfg.clone(), &rows, true, constraint);
+            assert_eq!(whole.len(), 6);
+            assert_eq!(whole, reduced, "{cfg:?}");
+            // One second digest a token, no row read back whole.
+            assert_eq!((reads[0], reads[1]), (0, 6), "{cfg:?}");
+            for t in &whole {
+                assert_eq!(t.top.len(), 3);
+                assert!(t.top.windows(2).all(|w| w[0].2 >= w[1].2));
+                assert!(t.logprob <= 0.0);
+            }
+        }
+        // Under a constraint the log-probabilities are still the model's:
+        // token 3 (allowed) sampled, the model's likeliest listed first.
+        let (lp, reads) = logprobs_from(greedy_cfg(), &rows, true, true);
+        assert!(lp.iter().all(|t| t.token == 3 && t.top[0].0 != 3));
+        // Token 3 (at most 9 of 15 quarters) is never among the three
+        // likeliest: its logit is read.
+        assert_eq!(reads[2], 6);
+        let row = &rows[0];
+        let max = row.iter().copied().fold(f32::MIN, f32::max);
+        let lse = f64::from(max)
+            + row
+                .iter()
+                .map(|&l| f64::from(l - max).exp())
+                .sum::<f64>()
+                .ln();
+        assert!((f64::from(lp[0].logprob) - (f64::from(row[3]) - lse)).abs() < 1e-6);
+    }
+
+    fn greedy_cfg() -> crate::sampling::SamplerConfig {
+        crate::sampling::SamplerConfig {
+            temperature: 0.0,
+            ..crate::sampling::SamplerConfig::default()
         }
     }
 

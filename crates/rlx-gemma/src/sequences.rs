@@ -4,8 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use rlx_runtime::{Batch as StepBatch, Executable, KvPool, KvTypes, LogitRows, RowReduce, SeqId};
+use rlx_runtime::{
+    Batch as StepBatch, Executable, KvPool, KvTypes, LogitRows, RowDigest, RowReduce, SeqId,
+};
 
+use crate::generate::KeptRow;
 use crate::model::{Model, ModelError, Result};
 
 /// Which logits a sequence's tokens in a step want.
@@ -358,17 +361,37 @@ impl<'m> Sequences<'m> {
     /// Logit row `row` of the last [`Sequences::step_reduced`], whose rows
     /// stayed on the device.
     pub fn fetch_row(&mut self, row: usize) -> Result<Vec<f32>> {
-        let plan = match self.last {
-            Some(Last::Decode) => &mut self.plans.decode,
-            Some(Last::Step) => &mut self.plans.step,
-            Some(Last::Score) => self.plans.score.as_mut().expect("ran a step"),
-            None => {
-                return Err(ModelError::Invalid(
-                    "no step has kept its logit rows".into(),
-                ))
-            }
-        };
-        Ok(plan.fetch_row("logits", row)?)
+        Ok(self.last_plan()?.fetch_row("logits", row)?)
+    }
+
+    /// Logit row `row` of the last [`Sequences::step_reduced`] reduced
+    /// again as `req` asks, where it stayed on the device.
+    pub fn reduce_row(&mut self, row: usize, req: &RowReduce) -> Result<RowDigest> {
+        Ok(self.last_plan()?.reduce_kept("logits", row, req)?)
+    }
+
+    /// `token`'s logit in row `row` of the last [`Sequences::step_reduced`],
+    /// where it stayed on the device.
+    pub fn fetch_logit(&mut self, row: usize, token: u32) -> Result<f32> {
+        Ok(self.last_plan()?.fetch_logit("logits", row, token)?)
+    }
+
+    /// Row `row` of the last [`Sequences::step_reduced`], where it stayed on
+    /// the device.
+    pub fn kept(&mut self, row: usize) -> Kept<'_, 'm> {
+        Kept { seqs: self, row }
+    }
+
+    /// The plan of the last step, whose logit rows it keeps.
+    fn last_plan(&mut self) -> Result<&mut Box<dyn Executable>> {
+        match self.last {
+            Some(Last::Decode) => Ok(&mut self.plans.decode),
+            Some(Last::Step) => Ok(&mut self.plans.step),
+            Some(Last::Score) => Ok(self.plans.score.as_mut().expect("ran a step")),
+            None => Err(ModelError::Invalid(
+                "no step has kept its logit rows".into(),
+            )),
+        }
     }
 
     fn split_rows(&self, feeds: &[Feed], logits: Vec<f32>) -> StepLogits {
@@ -510,7 +533,7 @@ impl Model {
     }
 }
 
-impl Session<'_> {
+impl<'m> Session<'m> {
     /// Tokens run through the model so far (prefix reuse keeps this low).
     pub fn computed_tokens(&self) -> usize {
         self.seqs.computed_tokens()
@@ -620,6 +643,12 @@ impl Session<'_> {
         self.seqs.fetch_row(0)
     }
 
+    /// The row of the last [`Session::feed_reduced`], where it stayed on
+    /// the device.
+    pub fn kept_last(&mut self) -> Kept<'_, 'm> {
+        self.seqs.kept(0)
+    }
+
     /// Appends `tokens` and returns the logits of every one of them,
     /// `[tokens.len() × vocab]`.
     pub fn score(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
@@ -664,5 +693,29 @@ impl Session<'_> {
     pub fn reset(&mut self) {
         // Truncating to nothing always succeeds.
         let _ = self.seqs.rewind(self.id, 0);
+    }
+}
+
+/// A logit row of the last reduced step, kept on the device.
+pub struct Kept<'a, 'm> {
+    seqs: &'a mut Sequences<'m>,
+    row: usize,
+}
+
+impl KeptRow for Kept<'_, '_> {
+    fn fetch(&mut self) -> std::result::Result<Vec<f32>, String> {
+        self.seqs.fetch_row(self.row).map_err(|e| e.to_string())
+    }
+
+    fn reduce(&mut self, req: &RowReduce) -> std::result::Result<RowDigest, String> {
+        self.seqs
+            .reduce_row(self.row, req)
+            .map_err(|e| e.to_string())
+    }
+
+    fn logit(&mut self, token: u32) -> std::result::Result<f32, String> {
+        self.seqs
+            .fetch_logit(self.row, token)
+            .map_err(|e| e.to_string())
     }
 }

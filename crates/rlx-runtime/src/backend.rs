@@ -16,7 +16,7 @@ use crate::batch::Batch;
 use crate::compile::{CompileOptions, HostTensor, Precision, RunError, StepOutputs, Tap};
 use crate::cpu::CpuBackend;
 use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet, StepLayout};
-use crate::reduce::{LogitRows, RowReduce};
+use crate::reduce::{reduce_row, LogitRows, RowDigest, RowReduce};
 use crate::weights::WeightStore;
 
 /// Where a model runs.
@@ -221,6 +221,27 @@ pub trait Executable: Send {
     fn fetch_row(&mut self, name: &str, row: usize) -> Result<Vec<f32>, RunError> {
         let _ = row;
         Err(RunError::NoOutput(name.into()))
+    }
+    /// Row `row` of output `name` of the last [`Executable::run_reduced`]
+    /// step reduced again as `req` asks (another digest of a kept row: the
+    /// model's own distribution for log-probabilities, say). By default the
+    /// row is read back and reduced on the host.
+    fn reduce_kept(
+        &mut self,
+        name: &str,
+        row: usize,
+        req: &RowReduce,
+    ) -> Result<RowDigest, RunError> {
+        Ok(reduce_row(&self.fetch_row(name, row)?, req))
+    }
+    /// One logit, `token`'s, of row `row` of output `name` of the last
+    /// [`Executable::run_reduced`] step, where it was kept.
+    fn fetch_logit(&mut self, name: &str, row: usize, token: u32) -> Result<f32, RunError> {
+        let values = self.fetch_row(name, row)?;
+        values
+            .get(token as usize)
+            .copied()
+            .ok_or_else(|| RunError::NoOutput(format!("{name}[{row}][{token}]")))
     }
     /// The optimised graph it runs.
     fn graph(&self) -> &Graph;

@@ -493,9 +493,9 @@ impl<'m> Scheduler<'m> {
             .map(|r| (r.generation.pending().len(), r.job.prompt.len() - r.fed))
             .collect();
         let plan = plan_step(self.seqs.max_step_tokens(), &requests);
-        // Each logit row reduced on the device to what its sampler needs,
-        // unless one of them is needed whole (a constraint's mask,
-        // log-probabilities): then every row comes back whole.
+        // Each logit row reduced on the device to what its sampler needs
+        // (a row needed whole, for a constraint that can only mask a whole
+        // row, is read back on its own).
         let wants: Vec<usize> = plan
             .iter()
             .filter(|(i, part)| {
@@ -516,15 +516,15 @@ impl<'m> Scheduler<'m> {
                 .as_mut()
                 .map(|c| &mut **c as &mut dyn Constraint);
             match r.generation.request(c) {
-                Ok(Some(req)) => {
+                Ok(req) => {
                     if let Some(v) = reqs.as_mut() {
                         v.push(req);
                     }
                 }
-                // This row is needed whole, so every row comes back whole
-                // (a constraint's error comes back again from its mask,
-                // where the request's own error path reports it).
-                Ok(None) | Err(_) => reqs = None,
+                // Every row comes back whole: a constraint's error comes
+                // back again from its mask, where the request's own error
+                // path reports it.
+                Err(_) => reqs = None,
             }
         }
         let running = &self.running;
@@ -590,37 +590,26 @@ impl<'m> Scheduler<'m> {
                     }
                 }
             }
-            let seqs = &mut self.seqs;
-            let mut fetch = |at: usize| seqs.fetch_row(at).map_err(|e| e.to_string());
             let next = match (&out, &reqs) {
                 (StepRows::Whole(out), _) => r.next(Row::Whole(out.get(k)), &self.tok, &self.load),
                 (StepRows::Reduced(LogitRows::Full(all)), Some(reqs)) => {
-                    // Whole rows for reduction requests (the CPU): the
-                    // request's mask applied here.
+                    // Whole rows for reduction requests (the CPU).
                     let logits = &all[row * vocab..(row + 1) * vocab];
-                    match &reqs[row].allowed {
-                        Some(allowed) => {
-                            let mut masked = logits.to_vec();
-                            rlx_runtime::reduce::mask_row(&mut masked, allowed);
-                            r.next(Row::Masked(&masked), &self.tok, &self.load)
-                        }
-                        None => r.next(Row::Masked(logits), &self.tok, &self.load),
-                    }
-                }
-                (StepRows::Reduced(LogitRows::Full(_)), None) => {
-                    unreachable!("rows are reduced only when asked")
-                }
-                (StepRows::Reduced(LogitRows::Reduced(digests)), Some(reqs)) => {
-                    let at = row;
-                    let mut fetch = || fetch(at);
-                    let row = Row::Reduced {
-                        req: &reqs[at],
-                        digest: &digests[at],
-                        fetch: &mut fetch,
+                    let row = Row::Unreduced {
+                        req: &reqs[row],
+                        logits,
                     };
                     r.next(row, &self.tok, &self.load)
                 }
-                (StepRows::Reduced(LogitRows::Reduced(_)), None) => {
+                (StepRows::Reduced(LogitRows::Reduced(digests)), Some(reqs)) => {
+                    let row = Row::Reduced {
+                        req: &reqs[row],
+                        digest: &digests[row],
+                        kept: &mut self.seqs.kept(row),
+                    };
+                    r.next(row, &self.tok, &self.load)
+                }
+                (StepRows::Reduced(_), None) => {
                     unreachable!("rows are reduced only when asked")
                 }
             };

@@ -195,6 +195,21 @@ impl Executable for CudaPlan {
             .map_err(|e| e.into_run(&self.cuda_label()))
     }
 
+    fn reduce_kept(
+        &mut self,
+        name: &str,
+        row: usize,
+        req: &RowReduce,
+    ) -> Result<RowDigest, RunError> {
+        self.reduce_kept_row(name, row, req)
+            .map_err(|e| e.into_run(&self.cuda_label()))
+    }
+
+    fn fetch_logit(&mut self, name: &str, row: usize, token: u32) -> Result<f32, RunError> {
+        self.fetch_kept_logit(name, row, token)
+            .map_err(|e| e.into_run(&self.cuda_label()))
+    }
+
     fn check(&self, batch: &Batch, pool: Option<&KvPool>) -> Result<(), RunError> {
         self.check_step(batch, pool)
             .map_err(|e| e.into_run(&self.cuda_label()))

@@ -1474,12 +1474,39 @@ impl CudaPlan {
             rows: *n,
             vocab: *vocab,
         });
-        if *n == 0 {
+        self.launch_reduce(offset, *vocab, rows)
+    }
+
+    /// Row `row` of the output the last step reduced and kept, reduced
+    /// again as `req` asks.
+    pub(super) fn reduce_kept_row(
+        &mut self,
+        name: &str,
+        row: usize,
+        req: &RowReduce,
+    ) -> Result<RowDigest, CudaError> {
+        let (at, vocab) = self.kept_row(name, row)?;
+        req.check()
+            .map_err(|e| CudaError::Unsupported(format!("reducing {name:?}[{row}]: {e}")))?;
+        let mut digests = self.launch_reduce(at, vocab, std::slice::from_ref(req))?;
+        Ok(digests.pop().expect("one row reduced"))
+    }
+
+    /// The digests of `rows.len()` rows of `vocab` logits from arena
+    /// element `offset` on, reduced as `rows` asks.
+    fn launch_reduce(
+        &mut self,
+        offset: usize,
+        vocab: usize,
+        rows: &[RowReduce],
+    ) -> Result<Vec<RowDigest>, CudaError> {
+        let n = rows.len();
+        if n == 0 {
             return Ok(Vec::new());
         }
         let (bytes, adj_at) = super::reduce::encode(rows);
         let out_len = n * super::reduce::OUT_BYTES;
-        let splits = super::reduce::splits(*n, *vocab, self.device.sms);
+        let splits = super::reduce::splits(n, vocab, self.device.sms);
         let parts_len = n * splits * super::reduce::PART_BYTES;
         let stream = Arc::clone(&self.device.stream);
         let fits =
@@ -1504,13 +1531,13 @@ impl CudaPlan {
         let logits = self.device.ptr(&self.arena) + 4 * offset as u64;
         let k = &self.device.kernels;
         let sliced = LaunchConfig {
-            grid_dim: (*n as u32, splits as u32, 1),
+            grid_dim: (n as u32, splits as u32, 1),
             block_dim: (REDUCE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let args = [
             Arg::Ptr(logits),
-            Arg::I64(*vocab as i64),
+            Arg::I64(vocab as i64),
             Arg::Ptr(inp),
             Arg::Ptr(inp + adj_at as u64),
             Arg::Ptr(parts),
@@ -1521,12 +1548,12 @@ impl CudaPlan {
             self.launch(&k.reduce_draw, sliced, &args)?;
         }
         let merge = LaunchConfig {
-            grid_dim: (*n as u32, 1, 1),
+            grid_dim: (n as u32, 1, 1),
             ..sliced
         };
         let args = [
             Arg::Ptr(logits),
-            Arg::I64(*vocab as i64),
+            Arg::I64(vocab as i64),
             Arg::Ptr(parts),
             Arg::I32(splits as i32),
             Arg::Ptr(inp),
@@ -1540,11 +1567,12 @@ impl CudaPlan {
                 .expect("sized above")
                 .slice(..out_len),
         )?;
-        Ok(super::reduce::decode(&out, *n))
+        Ok(super::reduce::decode(&out, n))
     }
 
-    /// Row `row` of the output the last step reduced and kept.
-    pub(super) fn fetch_kept_row(&self, name: &str, row: usize) -> Result<Vec<f32>, CudaError> {
+    /// Where row `row` of the output the last step reduced and kept starts
+    /// in the arena, and its length.
+    fn kept_row(&self, name: &str, row: usize) -> Result<(usize, usize), CudaError> {
         let Some(k) = self
             .kept
             .as_ref()
@@ -1552,11 +1580,35 @@ impl CudaPlan {
         else {
             return Err(RunError::NoOutput(format!("{name}[{row}]")).into());
         };
-        let at = k.offset + row * k.vocab;
+        Ok((k.offset + row * k.vocab, k.vocab))
+    }
+
+    /// Row `row` of the output the last step reduced and kept.
+    pub(super) fn fetch_kept_row(&self, name: &str, row: usize) -> Result<Vec<f32>, CudaError> {
+        let (at, vocab) = self.kept_row(name, row)?;
         Ok(self
             .device
             .stream
-            .clone_dtoh(&self.arena.slice(at..at + k.vocab))?)
+            .clone_dtoh(&self.arena.slice(at..at + vocab))?)
+    }
+
+    /// Logit `token` of row `row` of the output the last step kept.
+    pub(super) fn fetch_kept_logit(
+        &self,
+        name: &str,
+        row: usize,
+        token: u32,
+    ) -> Result<f32, CudaError> {
+        let (at, vocab) = self.kept_row(name, row)?;
+        let t = token as usize;
+        if t >= vocab {
+            return Err(RunError::NoOutput(format!("{name}[{row}][{token}]")).into());
+        }
+        let one = self
+            .device
+            .stream
+            .clone_dtoh(&self.arena.slice(at + t..at + t + 1))?;
+        Ok(one[0])
     }
 
     /// The label of this plan's GPU, for errors.

@@ -1836,7 +1836,8 @@ fn gpu_draws_follow_the_samplers_distribution() {
 }
 
 /// A step whose logits are reduced on the GPU leaves them there: each row
-/// fetched afterwards is the CPU's, and its digest is the reference's of it.
+/// fetched afterwards is the CPU's, its digest (and a second one, and single
+/// logits read later) the reference's of it.
 #[test]
 #[ignore = "needs a GPU"]
 fn reduced_steps_keep_their_rows_on_the_gpu() {
@@ -1875,9 +1876,22 @@ fn reduced_steps_keep_their_rows_on_the_gpu() {
                 "row {i}"
             );
             assert!((d.sum_exp - r.sum_exp).abs() < 1e-5 * r.sum_exp, "row {i}");
+            // A second digest of the kept row, and single logits.
+            let again = RowReduce::top(20);
+            let d2 = p.reduce_kept("logits", i, &again).unwrap();
+            let r2 = reduce_row(&row, &again);
+            assert_eq!((&d2.top, d2.live), (&r2.top, r2.live), "row {i} again");
+            for t in [0, row.len() / 3, row.len() - 1] {
+                let l = p.fetch_logit("logits", i, t as u32).unwrap();
+                assert_eq!(l.to_bits(), row[t].to_bits(), "row {i}, logit {t}");
+            }
+            assert!(p.fetch_logit("logits", i, row.len() as u32).is_err());
             step.extend(row);
         }
         assert!(p.fetch_row("logits", reqs.len()).is_err());
+        assert!(p
+            .reduce_kept("logits", reqs.len(), &RowReduce::top(1))
+            .is_err());
         got.push(step);
     });
     assert_eq!(want.len(), got.len());
