@@ -10,6 +10,7 @@ pub mod kv;
 pub mod matmul;
 mod plan;
 pub mod pool;
+pub(crate) mod simd;
 
 use std::marker::PhantomData;
 use std::sync::Arc;

@@ -7,7 +7,7 @@ use rlx_gguf::GgmlType;
 use super::super::features::Isa;
 use super::super::pool::{split_range, ThreadPool};
 use super::scalar::Q8_0_BYTES;
-use super::table::f16_table;
+use crate::cpu::simd::table::f16_table;
 
 /// The activation block formats of llama.cpp's CPU dot products.
 #[allow(non_camel_case_types)]

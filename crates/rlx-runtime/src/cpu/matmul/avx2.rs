@@ -17,6 +17,8 @@
 use rlx_gguf::GgmlType;
 use std::arch::x86_64::*;
 
+use crate::cpu::simd::Bytes32;
+
 use super::scalar::{
     e8m0_half, f32_at, q3_k_scales, scale_min_k4, KVALUES_FP4, KVALUES_IQ4NL, Q8_0_BYTES,
     Q8_1_BYTES, Q8_K_BYTES,
@@ -42,26 +44,11 @@ pub(super) fn load256(b: &[u8; 32]) -> __m256i {
     unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
 }
 
-/// The first `N` elements of `s` as a mutable array (panics if shorter).
-#[inline(always)]
-pub(super) fn arr_mut<T, const N: usize>(s: &mut [T]) -> &mut [T; N] {
-    (&mut s[..N])
-        .try_into()
-        .expect("length checked by the slice")
-}
-
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn load_ps(x: &[f32; 8]) -> __m256 {
     // SAFETY: the array holds the 8 floats the unaligned load reads.
     unsafe { _mm256_loadu_ps(x.as_ptr()) }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn store_ps(out: &mut [f32; 8], v: __m256) {
-    // SAFETY: the array holds the 8 floats the unaligned store writes.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) }
 }
 
 /// The f16 at `b[off..off + 2]` as f32 (exact, like `half`).
@@ -99,24 +86,16 @@ pub(super) fn hsum_ps(v: __m256) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn nibbles(qs: &[u8; 16]) -> __m256i {
-    let t = load128(qs);
-    let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-    _mm256_and_si256(b, _mm256_set1_epi8(0xF))
+    // SAFETY: this function has the features the method needs.
+    unsafe { <__m256i as Bytes32>::nibbles(qs) }
 }
 
 /// 0xFF in byte `j` where bit `j` of `x` is set.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn bytes_from_bits(x: u32) -> __m256i {
-    let shuf = _mm256_set_epi64x(
-        0x0303_0303_0303_0303,
-        0x0202_0202_0202_0202,
-        0x0101_0101_0101_0101,
-        0,
-    );
-    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
-    let all_but_bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
-    _mm256_cmpeq_epi8(_mm256_or_si256(bytes, all_but_bit), _mm256_set1_epi64x(-1))
+    // SAFETY: this function has the features the method needs.
+    unsafe { <__m256i as Bytes32>::from_bits(x) }
 }
 
 /// Pairwise i8 × i8 products summed to i16 (`|x| · sign(y, x)` through `maddubs`).
@@ -289,8 +268,8 @@ pub(super) fn lookup_nibbles(qs: &[u8; 16], table: __m128i) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn table(values: &[i8; 16]) -> __m128i {
-    // SAFETY: the array holds the 16 bytes the unaligned load reads.
-    unsafe { _mm_loadu_si128(values.as_ptr().cast()) }
+    // SAFETY: this function has the features the method needs.
+    unsafe { <__m256i as Bytes32>::table(values) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -371,8 +350,8 @@ pub(super) fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn bit_value(bits: __m256i, bit: usize, value: __m256i) -> __m256i {
-    let mask = _mm256_set1_epi8(1 << bit);
-    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask), value)
+    // SAFETY: this function has the features the method needs.
+    unsafe { <__m256i as Bytes32>::bit_value(bits, bit as u32, value) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

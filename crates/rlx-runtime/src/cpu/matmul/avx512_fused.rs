@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 
 use super::avx512::hsum_ps;
 use super::scalar::scale_min_k4;
-use super::table::f16_table;
+use crate::cpu::simd::table::f16_table;
 
 /// Weight formats [`rows`] handles.
 pub(super) const Q8_0: u8 = 0;

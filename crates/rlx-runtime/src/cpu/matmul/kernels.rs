@@ -335,7 +335,7 @@ macro_rules! dequantizers {
 
 #[cfg(target_arch = "x86_64")]
 fn simd_dequant(ty: GgmlType, isa: Isa) -> Option<DequantFn> {
-    use super::avx2_dequant as d;
+    use super::dequant::avx2 as d;
     if isa < Isa::Avx2 {
         return None;
     }
@@ -344,7 +344,7 @@ fn simd_dequant(ty: GgmlType, isa: Isa) -> Option<DequantFn> {
 
 #[cfg(target_arch = "aarch64")]
 fn simd_dequant(ty: GgmlType, isa: Isa) -> Option<DequantFn> {
-    use super::neon_dequant as d;
+    use super::dequant::neon as d;
     if isa != Isa::Neon {
         return None;
     }

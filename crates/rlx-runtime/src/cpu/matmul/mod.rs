@@ -38,24 +38,20 @@ mod act;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx2_dequant;
-#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_fused;
+mod dequant;
 mod exact;
 mod gemm;
 mod kernels;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
-mod neon_dequant;
-#[cfg(target_arch = "aarch64")]
 mod neon_f32;
 #[cfg(target_arch = "aarch64")]
 mod neon_gemm;
 mod scalar;
-mod table;
 #[cfg(target_arch = "x86_64")]
 mod vnni_gemm;
 #[cfg(target_arch = "x86_64")]

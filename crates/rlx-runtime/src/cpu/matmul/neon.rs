@@ -18,8 +18,8 @@ use std::sync::OnceLock;
 use super::scalar::{
     e8m0_half, scale_min_k4, KVALUES_FP4, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES,
 };
-use super::table::f16_table;
 use crate::cpu::arm::sdot;
+use crate::cpu::simd::table::f16_table;
 
 /// # Safety
 /// `out.len() == x.len() / 32 * 34`; `x.len()` a multiple of 32.

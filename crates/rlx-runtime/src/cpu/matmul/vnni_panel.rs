@@ -21,8 +21,8 @@
 use std::arch::x86_64::*;
 
 use super::act::{ActPanels, LANES, QUADS};
-use super::table::f16_table;
 use super::vnni_rows::{codes, layout, PREFETCH};
+use crate::cpu::simd::table::f16_table;
 
 /// Weight rows per register tile.
 const ROWS: usize = 4;

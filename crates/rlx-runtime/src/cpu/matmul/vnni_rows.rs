@@ -20,7 +20,7 @@ use std::arch::x86_64::*;
 use super::avx2::hsum_ps;
 
 use super::scalar::Q8_0_BYTES;
-use super::table::f16_table;
+use crate::cpu::simd::table::f16_table;
 
 /// Weight formats [`rows`] handles.
 pub(super) const Q8_0: u8 = 0;

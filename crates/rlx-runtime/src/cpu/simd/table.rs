@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 
 /// `table[bits] == f16::from_bits(bits).to_f32()`, exactly.
-pub(super) fn f16_table() -> &'static [f32; 65536] {
+pub(crate) fn f16_table() -> &'static [f32; 65536] {
     static TABLE: OnceLock<Box<[f32; 65536]>> = OnceLock::new();
     TABLE.get_or_init(|| {
         let v: Vec<f32> = (0..=u16::MAX)

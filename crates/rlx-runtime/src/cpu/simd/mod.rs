@@ -1,0 +1,65 @@
+//! Vector types shared by the CPU kernels: an instruction set is an
+//! implementation of these traits, and a kernel written once over them is
+//! compiled per set by a macro that wraps it in `#[target_feature]` entry
+//! points (as `attention/simd.rs`'s `tiles!` does for its [`Lanes`]-like
+//! trait). [`Bytes32`] holds the 32 one-byte codes of a weight block's
+//! 32-element unit: what the block formats unpack to before their scales
+//! apply.
+//!
+//! # Safety
+//! Every method is `unsafe` for the features its implementation needs: it
+//! may run only inlined into an entry point compiled for them, which is
+//! handed out only where the CPU has them. Memory goes through array
+//! references, so no method reads or writes outside what it is given.
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon;
+pub(crate) mod table;
+
+/// 32 bytes of codes (element `i` of a unit in byte `i`) and the integer
+/// operations the block formats unpack with, then the conversions that
+/// apply a unit's scales.
+pub(crate) trait Bytes32: Copy {
+    /// A 16-entry byte table for [`Bytes32::lookup`].
+    type Table: Copy;
+
+    unsafe fn load(b: &[u8; 32]) -> Self;
+    /// The low nibbles of `b` in bytes 0..16, the high ones in 16..32: the
+    /// element order of the legacy 4-bit blocks.
+    unsafe fn nibbles(b: &[u8; 16]) -> Self;
+    unsafe fn splat(x: u8) -> Self;
+    /// 0xFF in byte `j` where bit `j` of `x` is set, 0 elsewhere.
+    unsafe fn from_bits(x: u32) -> Self;
+    unsafe fn and(a: Self, b: Self) -> Self;
+    unsafe fn or(a: Self, b: Self) -> Self;
+    /// `!a & b`.
+    unsafe fn andnot(a: Self, b: Self) -> Self;
+    /// Bytewise wrapping `a − b`.
+    unsafe fn sub(a: Self, b: Self) -> Self;
+    /// `(v >> n) & mask` in every byte (`n < 8`).
+    unsafe fn shr_mask(v: Self, n: u32, mask: u8) -> Self;
+    /// `v << n` in every byte, the bits shifted out of a byte dropped
+    /// (`n < 8`).
+    unsafe fn shl(v: Self, n: u32) -> Self;
+    /// `value` in every byte whose bit `bit` is set in `bits`, 0 elsewhere.
+    unsafe fn bit_value(bits: Self, bit: u32, value: Self) -> Self;
+    unsafe fn table(values: &[i8; 16]) -> Self::Table;
+    /// Every byte (0..16) replaced by its entry of `t`.
+    unsafe fn lookup(t: Self::Table, v: Self) -> Self;
+    /// The f16 at `b[off..off + 2]`, as f32 (exact).
+    unsafe fn f16(b: &[u8], off: usize) -> f32;
+    /// `out[i] = v[i] · d` with `v[i]` signed and `d` = `d0` for the first
+    /// 16 bytes, `d1` for the rest: one multiply a value.
+    unsafe fn store_mul_i8(v: Self, d0: f32, d1: f32, out: &mut [f32; 32]);
+    /// `out[i] = v[i] · d + off` with `v[i]` unsigned and `(d, off)` =
+    /// `first` for the first 16 bytes, `second` for the rest: a multiply,
+    /// then an add (never fused).
+    unsafe fn store_mul_add_u8(v: Self, first: (f32, f32), second: (f32, f32), out: &mut [f32; 32]);
+    /// `dst.len()` f16 values from `src`, widened.
+    unsafe fn widen_f16(src: &[u8], dst: &mut [f32]);
+    /// `dst.len()` bf16 values from `src`, widened, NaNs made quiet as
+    /// `half` does.
+    unsafe fn widen_bf16(src: &[u8], dst: &mut [f32]);
+}
