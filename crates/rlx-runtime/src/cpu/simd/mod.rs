@@ -1,19 +1,22 @@
 //! Vector types shared by the CPU kernels: an instruction set is an
 //! implementation of these traits, and a kernel written once over them is
 //! compiled per set by a macro that wraps it in `#[target_feature]` entry
-//! points (as `attention/simd.rs`'s `tiles!` does for its [`Lanes`]-like
-//! trait). [`Bytes32`] holds the 32 one-byte codes of a weight block's
-//! 32-element unit: what the block formats unpack to before their scales
-//! apply.
+//! points (`tiles!` for the attention tiles, `entries!` for the
+//! dequantizers). [`Lanes`] is an f32 vector; [`Bytes32`] holds the 32
+//! one-byte codes of a weight block's 32-element unit: what the block
+//! formats unpack to before their scales apply.
 //!
 //! # Safety
 //! Every method is `unsafe` for the features its implementation needs: it
 //! may run only inlined into an entry point compiled for them, which is
-//! handed out only where the CPU has them. Memory goes through array
-//! references, so no method reads or writes outside what it is given.
+//! handed out only where the CPU has them. Pointer arguments must be valid
+//! for the lanes read or written; byte methods take array references, so
+//! they read and write only what they are given.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
 pub(crate) mod table;
@@ -62,4 +65,55 @@ pub(crate) trait Bytes32: Copy {
     /// `dst.len()` bf16 values from `src`, widened, NaNs made quiet as
     /// `half` does.
     unsafe fn widen_bf16(src: &[u8], dst: &mut [f32]);
+}
+
+/// One instruction set's f32 vector and the operations the f32 kernels
+/// (the attention tiles) use.
+/// Every method is `unsafe` for the features its implementation needs.
+pub(crate) trait Lanes: Copy {
+    /// f32 lanes per vector.
+    const N: usize;
+    /// The first `n` lanes of a vector, for partial loads and stores.
+    type Prefix: Copy;
+    /// Any set of lanes, for the key mask.
+    type Select: Copy;
+
+    unsafe fn zero() -> Self;
+    unsafe fn splat(x: f32) -> Self;
+    unsafe fn load(p: *const f32) -> Self;
+    unsafe fn store(p: *mut f32, v: Self);
+    /// N f16 values, widened.
+    unsafe fn load_f16(p: *const u16) -> Self;
+    /// N bf16 values, widened.
+    unsafe fn load_bf16(p: *const u16) -> Self;
+    /// Lanes `0 .. n` (`n ≤ N`).
+    unsafe fn prefix(n: usize) -> Self::Prefix;
+    /// The lanes of `m` from `p`, zeros elsewhere; other lanes are not read.
+    unsafe fn load_part(m: Self::Prefix, p: *const f32) -> Self;
+    /// As [`Lanes::load_part`] for f16 values.
+    unsafe fn load_part_f16(m: Self::Prefix, p: *const u16) -> Self;
+    /// The lanes of `m` to `p`; other lanes are not written.
+    unsafe fn store_part(m: Self::Prefix, p: *mut f32, v: Self);
+    /// Lane `i` where bit `i` of `bits` is set.
+    unsafe fn select(bits: u32) -> Self::Select;
+    /// `v` in the lanes of `m`, `other` elsewhere.
+    unsafe fn blend(m: Self::Select, v: Self, other: Self) -> Self;
+    /// `a·b + c`, fused.
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    /// `c − a·b`, fused.
+    unsafe fn fnma(a: Self, b: Self, c: Self) -> Self;
+    unsafe fn add(a: Self, b: Self) -> Self;
+    unsafe fn sub(a: Self, b: Self) -> Self;
+    unsafe fn mul(a: Self, b: Self) -> Self;
+    unsafe fn max(a: Self, b: Self) -> Self;
+    unsafe fn min(a: Self, b: Self) -> Self;
+    /// `2^k` for integer-valued `k` in the normal exponent range.
+    unsafe fn pow2(k: Self) -> Self;
+    /// Sum of the lanes.
+    unsafe fn hsum(v: Self) -> f32;
+    /// Maximum of the lanes.
+    unsafe fn hmax(v: Self) -> f32;
+    /// Lane `i` of the result is the sum of the lanes of `v[i]`, for `N`
+    /// vectors.
+    unsafe fn reduce(v: &[Self]) -> Self;
 }

@@ -1,6 +1,6 @@
 //! The SIMD tile kernels, written once over a vector type: an instruction
-//! set is a [`Lanes`] implementation (its loads, lane masks, fused
-//! multiply-add and lane reductions) and one [`tiles!`] invocation, which
+//! set is a [`Lanes`] implementation (`cpu/simd`: its loads, lane masks,
+//! fused multiply-add and lane reductions) and one [`tiles!`] invocation, which
 //! compiles these bodies with its target features and register-tile shapes
 //! (the elementwise kernels' `widest!` is the model). [`super::scalar`] is
 //! the reference they follow.
@@ -13,56 +13,7 @@
 //! inside them, and partial vectors read and write only their lanes.
 
 use super::KEYS;
-
-/// One instruction set's f32 vector and the operations the tiles use.
-/// Every method is `unsafe` for the features its implementation needs.
-pub(super) trait Lanes: Copy {
-    /// f32 lanes per vector.
-    const N: usize;
-    /// The first `n` lanes of a vector, for partial loads and stores.
-    type Prefix: Copy;
-    /// Any set of lanes, for the key mask.
-    type Select: Copy;
-
-    unsafe fn zero() -> Self;
-    unsafe fn splat(x: f32) -> Self;
-    unsafe fn load(p: *const f32) -> Self;
-    unsafe fn store(p: *mut f32, v: Self);
-    /// N f16 values, widened.
-    unsafe fn load_f16(p: *const u16) -> Self;
-    /// N bf16 values, widened.
-    unsafe fn load_bf16(p: *const u16) -> Self;
-    /// Lanes `0 .. n` (`n ≤ N`).
-    unsafe fn prefix(n: usize) -> Self::Prefix;
-    /// The lanes of `m` from `p`, zeros elsewhere; other lanes are not read.
-    unsafe fn load_part(m: Self::Prefix, p: *const f32) -> Self;
-    /// As [`Lanes::load_part`] for f16 values.
-    unsafe fn load_part_f16(m: Self::Prefix, p: *const u16) -> Self;
-    /// The lanes of `m` to `p`; other lanes are not written.
-    unsafe fn store_part(m: Self::Prefix, p: *mut f32, v: Self);
-    /// Lane `i` where bit `i` of `bits` is set.
-    unsafe fn select(bits: u32) -> Self::Select;
-    /// `v` in the lanes of `m`, `other` elsewhere.
-    unsafe fn blend(m: Self::Select, v: Self, other: Self) -> Self;
-    /// `a·b + c`, fused.
-    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
-    /// `c − a·b`, fused.
-    unsafe fn fnma(a: Self, b: Self, c: Self) -> Self;
-    unsafe fn add(a: Self, b: Self) -> Self;
-    unsafe fn sub(a: Self, b: Self) -> Self;
-    unsafe fn mul(a: Self, b: Self) -> Self;
-    unsafe fn max(a: Self, b: Self) -> Self;
-    unsafe fn min(a: Self, b: Self) -> Self;
-    /// `2^k` for integer-valued `k` in the normal exponent range.
-    unsafe fn pow2(k: Self) -> Self;
-    /// Sum of the lanes.
-    unsafe fn hsum(v: Self) -> f32;
-    /// Maximum of the lanes.
-    unsafe fn hmax(v: Self) -> f32;
-    /// Lane `i` of the result is the sum of the lanes of `v[i]`, for `N`
-    /// vectors.
-    unsafe fn reduce(v: &[Self]) -> Self;
-}
+use crate::cpu::simd::Lanes;
 
 /// K/V elements the tiles read where they lie: f32, or f16 bits widened as
 /// they are loaded.

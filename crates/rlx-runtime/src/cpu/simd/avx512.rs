@@ -1,0 +1,209 @@
+//! AVX-512: [`Lanes`] as `__m512` (16 f32).
+//!
+//! # Safety
+//! Every method is `#[target_feature]`-gated and runs only inlined into an
+//! entry point compiled for its features (the module's `# Safety` in
+//! `cpu/simd`), with pointers valid for the lanes read or written; partial
+//! vectors use masked loads and stores, which neither read nor fault on
+//! masked lanes.
+
+use std::arch::x86_64::*;
+
+use super::Lanes;
+
+impl Lanes for __m512 {
+    const N: usize = 16;
+    type Prefix = __mmask16;
+    type Select = __mmask16;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn zero() -> Self {
+        _mm512_setzero_ps()
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn splat(x: f32) -> Self {
+        _mm512_set1_ps(x)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the `Lanes` contract: this runs inside an entry point compiled for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn store(p: *mut f32, v: Self) {
+        // SAFETY: the `Lanes` contract: this runs inside an entry point compiled for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn load_f16(p: *const u16) -> Self {
+        // SAFETY: the `Lanes` contract: this runs inside an entry point compiled for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn load_bf16(p: *const u16) -> Self {
+        // SAFETY: the `Lanes` contract: this runs inside an entry point compiled for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe {
+            let h = _mm256_loadu_si256(p.cast());
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn prefix(n: usize) -> __mmask16 {
+        ((1u32 << n) - 1) as __mmask16
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn load_part(m: __mmask16, p: *const f32) -> Self {
+        // SAFETY: the `Lanes` contract: this runs inside an entry point compiled for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe { _mm512_maskz_loadu_ps(m, p) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn load_part_f16(m: __mmask16, p: *const u16) -> Self {
+        // SAFETY: the `Lanes` contract: this runs inside an entry point compiled for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast())) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn store_part(m: __mmask16, p: *mut f32, v: Self) {
+        // SAFETY: the `Lanes` contract: this runs inside an entry point compiled for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe { _mm512_mask_storeu_ps(p, m, v) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn select(bits: u32) -> __mmask16 {
+        bits as __mmask16
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn blend(m: __mmask16, v: Self, other: Self) -> Self {
+        _mm512_mask_blend_ps(m, other, v)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        _mm512_fmadd_ps(a, b, c)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn fnma(a: Self, b: Self, c: Self) -> Self {
+        _mm512_fnmadd_ps(a, b, c)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        _mm512_add_ps(a, b)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn sub(a: Self, b: Self) -> Self {
+        _mm512_sub_ps(a, b)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        _mm512_mul_ps(a, b)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn max(a: Self, b: Self) -> Self {
+        _mm512_max_ps(a, b)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn min(a: Self, b: Self) -> Self {
+        _mm512_min_ps(a, b)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn pow2(k: Self) -> Self {
+        let e = _mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn hsum(v: Self) -> f32 {
+        _mm512_reduce_add_ps(v)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn hmax(v: Self) -> f32 {
+        _mm512_reduce_max_ps(v)
+    }
+
+    /// Pairs of vectors are interleaved and added (32-bit, then 64-bit,
+    /// then 128-bit lanes twice), 15 adds for 16 sums.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn reduce(v: &[Self]) -> Self {
+        // SAFETY: the `Lanes` contract: this runs inside an entry point compiled for AVX-512 (the
+        // module's `# Safety`), with pointers valid for the lanes read or written.
+        unsafe {
+            let v: &[Self; 16] = v.try_into().expect("16 vectors");
+            // Per 128-bit lane: [x0 + x2, y0 + y2, x1 + x3, y1 + y3].
+            let mut a = [_mm512_setzero_ps(); 8];
+            for (i, a) in a.iter_mut().enumerate() {
+                let (x, y) = (v[2 * i], v[2 * i + 1]);
+                *a = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+            }
+            // Per 128-bit lane: that lane's sums of v[4i .. 4i + 4].
+            let mut b = [_mm512_setzero_ps(); 4];
+            for (i, b) in b.iter_mut().enumerate() {
+                let (x, y) = (_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
+                *b = _mm512_add_ps(
+                    _mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                    _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)),
+                );
+            }
+            // 128-bit lanes 0 + 1 and 2 + 3 of two vectors, twice.
+            let c0 = add_lane_pairs(b[0], b[1]);
+            let c1 = add_lane_pairs(b[2], b[3]);
+            add_lane_pairs(c0, c1)
+        }
+    }
+}
+
+/// `[x0 + x1, x2 + x3, y0 + y1, y2 + y3]` in 128-bit lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn add_lane_pairs(x: __m512, y: __m512) -> __m512 {
+    _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+        _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+    )
+}
