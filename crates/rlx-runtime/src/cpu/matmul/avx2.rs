@@ -17,11 +17,11 @@
 use rlx_gguf::GgmlType;
 use std::arch::x86_64::*;
 
+use super::formats::{Legacy, Scale};
 use crate::cpu::simd::Bytes32;
 
 use super::scalar::{
-    e8m0_half, f32_at, q3_k_scales, scale_min_k4, KVALUES_FP4, KVALUES_IQ4NL, Q8_0_BYTES,
-    Q8_1_BYTES, Q8_K_BYTES,
+    e8m0_half, f32_at, q3_k_scales, scale_min_k4, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES,
 };
 
 /// The first `N` elements of `s` as an array (panics if `s` is shorter).
@@ -79,23 +79,6 @@ pub(super) fn hsum_ps(v: __m256) -> f32 {
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
     _mm_cvtss_f32(r)
-}
-
-/// 16 packed bytes to 32 nibbles: low nibbles in the low lane (elements
-/// 0..16), high nibbles in the high lane (16..32) — the legacy block order.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn nibbles(qs: &[u8; 16]) -> __m256i {
-    // SAFETY: this function has the features the method needs.
-    unsafe { <__m256i as Bytes32>::nibbles(qs) }
-}
-
-/// 0xFF in byte `j` where bit `j` of `x` is set.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn bytes_from_bits(x: u32) -> __m256i {
-    // SAFETY: this function has the features the method needs.
-    unsafe { <__m256i as Bytes32>::from_bits(x) }
 }
 
 /// Pairwise i8 × i8 products summed to i16 (`|x| · sign(y, x)` through `maddubs`).
@@ -170,88 +153,44 @@ pub(super) fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
 
 // ---- Integer dot products against Q8_0 / Q8_1 activations ----
 
+/// A legacy block format against Q8_0 activations, or Q8_1 ones for a
+/// format with a minimum (their `s = d·Σq` carries it): per block the
+/// integer dot, scaled by the product of the scales into eight lanes (FMA),
+/// then [`hsum_ps`] and the minimums' sum.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn vec_dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w
-        .chunks_exact(GgmlType::Q4_0.block_bytes())
-        .zip(a.chunks_exact(Q8_0_BYTES))
-    {
-        let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
-        let qx = _mm256_sub_epi8(nibbles(arr(&wb[2..])), _mm256_set1_epi8(8));
-        let qy = load256(arr(&ab[2..]));
-        acc = _mm256_fmadd_ps(d, dot_i8_ps(qx, qy), acc);
-    }
-    hsum_ps(acc)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn vec_dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn vec_dot_legacy<F: Legacy>(w: &[u8], a: &[u8]) -> f32 {
+    let (act, q_at) = if F::MIN {
+        (Q8_1_BYTES, 4)
+    } else {
+        (Q8_0_BYTES, 2)
+    };
+    // SAFETY: this function has the features `Bytes32` for `__m256i` needs.
+    let table = unsafe { <__m256i as Bytes32>::table(F::TABLE) };
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
-    for (wb, ab) in w
-        .chunks_exact(GgmlType::Q4_1.block_bytes())
-        .zip(a.chunks_exact(Q8_1_BYTES))
-    {
-        mins += f16_product(wb, 2, ab, 2);
-        let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
-        let qx = nibbles(arr(&wb[4..]));
-        let qy = load256(arr(&ab[4..]));
-        acc = _mm256_fmadd_ps(d, dot_u8_ps(qx, qy), acc);
+    for (wb, ab) in w.chunks_exact(F::TY.block_bytes()).zip(a.chunks_exact(act)) {
+        if F::MIN {
+            mins += f16_product(wb, 2, ab, 2);
+        }
+        let d = _mm256_set1_ps(match F::SCALE {
+            Scale::F16 => f16_product(wb, 0, ab, 0),
+            Scale::E8m0 => e8m0_half(wb[0]) * f16_at(ab, 0),
+        });
+        // SAFETY: as above.
+        let qx: __m256i = unsafe { F::codes(wb, table) };
+        let qy = load256(arr(&ab[q_at..]));
+        let p = if F::MIN {
+            dot_u8_ps(qx, qy)
+        } else {
+            dot_i8_ps(qx, qy)
+        };
+        acc = _mm256_fmadd_ps(d, p, acc);
     }
-    hsum_ps(acc) + mins
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn vec_dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w
-        .chunks_exact(GgmlType::Q5_0.block_bytes())
-        .zip(a.chunks_exact(Q8_0_BYTES))
-    {
-        let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
-        let qh = u32::from_le_bytes(*arr(&wb[2..]));
-        // A clear fifth bit means q − 16 < 0: set the byte's top nibble.
-        let neg = _mm256_andnot_si256(bytes_from_bits(qh), _mm256_set1_epi8(0xF0u8 as i8));
-        let qx = _mm256_or_si256(nibbles(arr(&wb[6..])), neg);
-        let qy = load256(arr(&ab[2..]));
-        acc = _mm256_fmadd_ps(d, dot_i8_ps(qx, qy), acc);
+    if F::MIN {
+        hsum_ps(acc) + mins
+    } else {
+        hsum_ps(acc)
     }
-    hsum_ps(acc)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn vec_dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut mins = 0f32;
-    for (wb, ab) in w
-        .chunks_exact(GgmlType::Q5_1.block_bytes())
-        .zip(a.chunks_exact(Q8_1_BYTES))
-    {
-        mins += f16_product(wb, 2, ab, 2);
-        let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
-        let qh = u32::from_le_bytes(*arr(&wb[4..]));
-        let high = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
-        let qx = _mm256_or_si256(nibbles(arr(&wb[8..])), high);
-        let qy = load256(arr(&ab[4..]));
-        acc = _mm256_fmadd_ps(d, dot_u8_ps(qx, qy), acc);
-    }
-    hsum_ps(acc) + mins
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w
-        .chunks_exact(GgmlType::Q8_0.block_bytes())
-        .zip(a.chunks_exact(Q8_0_BYTES))
-    {
-        let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
-        let qx = load256(arr(&wb[2..]));
-        let qy = load256(arr(&ab[2..]));
-        acc = _mm256_fmadd_ps(d, dot_i8_ps(qx, qy), acc);
-    }
-    hsum_ps(acc)
 }
 
 /// 16 packed bytes mapped through a 16-entry i8 table, in legacy block order.
@@ -270,38 +209,6 @@ pub(super) fn lookup_nibbles(qs: &[u8; 16], table: __m128i) -> __m256i {
 pub(super) fn table(values: &[i8; 16]) -> __m128i {
     // SAFETY: this function has the features the method needs.
     unsafe { <__m256i as Bytes32>::table(values) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn vec_dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
-    let values = table(&KVALUES_IQ4NL);
-    let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w
-        .chunks_exact(GgmlType::IQ4_NL.block_bytes())
-        .zip(a.chunks_exact(Q8_0_BYTES))
-    {
-        let d = _mm256_set1_ps(f16_product(wb, 0, ab, 0));
-        let qx = lookup_nibbles(arr(&wb[2..]), values);
-        let qy = load256(arr(&ab[2..]));
-        acc = _mm256_fmadd_ps(d, dot_i8_ps(qx, qy), acc);
-    }
-    hsum_ps(acc)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn vec_dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
-    let values = table(&KVALUES_FP4);
-    let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w
-        .chunks_exact(GgmlType::MXFP4.block_bytes())
-        .zip(a.chunks_exact(Q8_0_BYTES))
-    {
-        let d = _mm256_set1_ps(e8m0_half(wb[0]) * f16_at(ab, 0));
-        let qx = lookup_nibbles(arr(&wb[1..]), values);
-        let qy = load256(arr(&ab[2..]));
-        acc = _mm256_fmadd_ps(d, dot_i8_ps(qx, qy), acc);
-    }
-    hsum_ps(acc)
 }
 
 // ---- Integer dot products against Q8_K activations ----

@@ -1,5 +1,6 @@
 //! The exact path's dequantizers, one source for every instruction set:
-//! each format unpacks a unit's 32 codes in a [`Bytes32`] and applies its
+//! each format unpacks a unit's 32 codes in a [`Bytes32`] (the legacy
+//! formats through `formats.rs`, which the dots share) and applies its
 //! scales there, and [`entries!`] compiles the set per instruction set.
 //!
 //! Bit-identical to `rlx_gguf::dequantize`: the reference's float
@@ -14,9 +15,10 @@
 //! has them. Blocks are read through bounds-checked slices and array
 //! references.
 
-use rlx_gguf::blocks::{q3_k_scales, scale_min_k4, u32_at, KVALUES_IQ4NL};
+use rlx_gguf::blocks::{e8m0_half, q3_k_scales, scale_min_k4, KVALUES_IQ4NL};
 use rlx_gguf::GgmlType;
 
+use super::formats::{Iq4Nl, Legacy, Mxfp4, Scale, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use crate::cpu::simd::Bytes32;
 
 /// The first `N` elements of `s` as an array (panics if `s` is shorter).
@@ -56,76 +58,24 @@ pub(super) unsafe fn bf16<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
     unsafe { C::widen_bf16(src, dst) }
 }
 
+/// A legacy block: `d·q`, or `d·q + m` for a format with a minimum.
 #[inline(always)]
-pub(super) unsafe fn q8_0<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
+pub(super) unsafe fn legacy<C: Bytes32, F: Legacy>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
     unsafe {
-        for (b, y) in blocks(GgmlType::Q8_0, src, dst) {
-            let d = C::f16(b, 0);
-            C::store_mul_i8(C::load(arr(&b[2..])), d, d, arr_mut(y));
-        }
-    }
-}
-
-#[inline(always)]
-pub(super) unsafe fn q4_0<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: the module's `# Safety`.
-    unsafe {
-        for (b, y) in blocks(GgmlType::Q4_0, src, dst) {
-            let d = C::f16(b, 0);
-            let q = C::sub(C::nibbles(arr(&b[2..])), C::splat(8));
-            C::store_mul_i8(q, d, d, arr_mut(y));
-        }
-    }
-}
-
-#[inline(always)]
-pub(super) unsafe fn q4_1<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: the module's `# Safety`.
-    unsafe {
-        for (b, y) in blocks(GgmlType::Q4_1, src, dst) {
-            let dm = (C::f16(b, 0), C::f16(b, 2));
-            C::store_mul_add_u8(C::nibbles(arr(&b[4..])), dm, dm, arr_mut(y));
-        }
-    }
-}
-
-#[inline(always)]
-pub(super) unsafe fn q5_0<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: the module's `# Safety`.
-    unsafe {
-        for (b, y) in blocks(GgmlType::Q5_0, src, dst) {
-            let d = C::f16(b, 0);
-            // A clear fifth bit means q − 16 < 0: set the byte's top nibble.
-            let neg = C::andnot(C::from_bits(u32_at(b, 2)), C::splat(0xF0));
-            let q = C::or(C::nibbles(arr(&b[6..])), neg);
-            C::store_mul_i8(q, d, d, arr_mut(y));
-        }
-    }
-}
-
-#[inline(always)]
-pub(super) unsafe fn q5_1<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: the module's `# Safety`.
-    unsafe {
-        for (b, y) in blocks(GgmlType::Q5_1, src, dst) {
-            let dm = (C::f16(b, 0), C::f16(b, 2));
-            let high = C::and(C::from_bits(u32_at(b, 4)), C::splat(0x10));
-            let q = C::or(C::nibbles(arr(&b[8..])), high);
-            C::store_mul_add_u8(q, dm, dm, arr_mut(y));
-        }
-    }
-}
-
-#[inline(always)]
-pub(super) unsafe fn iq4_nl<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: the module's `# Safety`.
-    unsafe {
-        let values = C::table(&KVALUES_IQ4NL);
-        for (b, y) in blocks(GgmlType::IQ4_NL, src, dst) {
-            let d = C::f16(b, 0);
-            let q = C::lookup(values, C::nibbles(arr(&b[2..])));
-            C::store_mul_i8(q, d, d, arr_mut(y));
+        let table = C::table(F::TABLE);
+        for (b, y) in blocks(F::TY, src, dst) {
+            let d = match F::SCALE {
+                Scale::F16 => C::f16(b, 0),
+                Scale::E8m0 => e8m0_half(b[0]),
+            };
+            let q = F::codes::<C>(b, table);
+            if F::MIN {
+                let dm = (d, C::f16(b, 2));
+                C::store_mul_add_u8(q, dm, dm, arr_mut(y));
+            } else {
+                C::store_mul_i8(q, d, d, arr_mut(y));
+            }
         }
     }
 }
@@ -288,20 +238,22 @@ pub(super) unsafe fn q6_k<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
 macro_rules! entries {
     ($features:tt $c:ty) => {
         entries!(@each $features $c;
-            f16 dequant_f16, bf16 dequant_bf16, q8_0 dequant_q8_0, q4_0 dequant_q4_0,
-            q4_1 dequant_q4_1, q5_0 dequant_q5_0, q5_1 dequant_q5_1, iq4_nl dequant_iq4_nl,
-            iq4_xs dequant_iq4_xs, q2_k dequant_q2_k, q3_k dequant_q3_k, q4_k dequant_q4_k,
-            q5_k dequant_q5_k, q6_k dequant_q6_k);
+            f16 [] dequant_f16, bf16 [] dequant_bf16, legacy [Q8_0] dequant_q8_0,
+            legacy [Q4_0] dequant_q4_0, legacy [Q4_1] dequant_q4_1,
+            legacy [Q5_0] dequant_q5_0, legacy [Q5_1] dequant_q5_1,
+            legacy [Iq4Nl] dequant_iq4_nl, legacy [Mxfp4] dequant_mxfp4,
+            iq4_xs [] dequant_iq4_xs, q2_k [] dequant_q2_k, q3_k [] dequant_q3_k,
+            q4_k [] dequant_q4_k, q5_k [] dequant_q5_k, q6_k [] dequant_q6_k);
     };
-    (@each $features:tt $c:ty; $($f:ident $entry:ident),*) => {
-        $(entries!(@one $features $c; $f $entry);)*
+    (@each $features:tt $c:ty; $($f:ident [$($fmt:ident)?] $entry:ident),*) => {
+        $(entries!(@one $features $c; $f [$($fmt)?] $entry);)*
     };
-    (@one [$(#[$features:meta])*] $c:ty; $f:ident $entry:ident) => {
+    (@one [$(#[$features:meta])*] $c:ty; $f:ident [$($fmt:ident)?] $entry:ident) => {
         $(#[$features])*
         pub(in super::super) unsafe fn $entry(src: &[u8], dst: &mut [f32]) {
             // SAFETY: this entry point is compiled for the features of its
             // `Bytes32` (the module's `# Safety`).
-            unsafe { super::$f::<$c>(src, dst) }
+            unsafe { super::$f::<$c $(, super::$fmt)?>(src, dst) }
         }
     };
 }

@@ -187,7 +187,7 @@ fn scalar_quant_dot(ty: GgmlType) -> Option<VecDot> {
 #[cfg(target_arch = "x86_64")]
 fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
     use super::super::features::has_avx512_vnni;
-    use super::{avx2, avx512, vnni_panel as p, vnni_rows as v};
+    use super::{avx2, avx512, formats as f, vnni_panel as p, vnni_rows as v};
     use GgmlType as T;
     if isa >= Isa::Avx512 && has_avx512_vnni() {
         let f = match ty {
@@ -215,13 +215,13 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
         return None;
     }
     Some(QuantDot::Row(match ty {
-        T::Q4_0 => avx2::vec_dot_q4_0,
-        T::Q4_1 => avx2::vec_dot_q4_1,
-        T::Q5_0 => avx2::vec_dot_q5_0,
-        T::Q5_1 => avx2::vec_dot_q5_1,
-        T::Q8_0 => avx2::vec_dot_q8_0,
-        T::IQ4_NL => avx2::vec_dot_iq4_nl,
-        T::MXFP4 => avx2::vec_dot_mxfp4,
+        T::Q4_0 => avx2::vec_dot_legacy::<f::Q4_0>,
+        T::Q4_1 => avx2::vec_dot_legacy::<f::Q4_1>,
+        T::Q5_0 => avx2::vec_dot_legacy::<f::Q5_0>,
+        T::Q5_1 => avx2::vec_dot_legacy::<f::Q5_1>,
+        T::Q8_0 => avx2::vec_dot_legacy::<f::Q8_0>,
+        T::IQ4_NL => avx2::vec_dot_legacy::<f::Iq4Nl>,
+        T::MXFP4 => avx2::vec_dot_legacy::<f::Mxfp4>,
         T::Q2_K => avx2::vec_dot_q2_k,
         T::Q3_K => avx2::vec_dot_q3_k,
         T::Q4_K => avx2::vec_dot_q4_k,
@@ -322,6 +322,7 @@ macro_rules! dequantizers {
             T::Q5_0 => $m::dequant_q5_0,
             T::Q5_1 => $m::dequant_q5_1,
             T::IQ4_NL => $m::dequant_iq4_nl,
+            T::MXFP4 => $m::dequant_mxfp4,
             T::IQ4_XS => $m::dequant_iq4_xs,
             T::Q2_K => $m::dequant_q2_k,
             T::Q3_K => $m::dequant_q3_k,
@@ -405,6 +406,7 @@ mod tests {
                 GgmlType::Q5_0,
                 GgmlType::Q5_1,
                 GgmlType::IQ4_NL,
+                GgmlType::MXFP4,
                 GgmlType::IQ4_XS,
                 GgmlType::Q2_K,
                 GgmlType::Q3_K,
@@ -435,6 +437,6 @@ mod tests {
             }
         }
         // Where the CPU has SIMD, every listed type was run through it.
-        assert!(Isa::supported().len() == 1 || tested >= 14);
+        assert!(Isa::supported().len() == 1 || tested >= 15);
     }
 }

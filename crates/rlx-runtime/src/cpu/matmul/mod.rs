@@ -43,6 +43,7 @@ mod avx512;
 mod avx512_fused;
 mod dequant;
 mod exact;
+mod formats;
 mod gemm;
 mod kernels;
 #[cfg(target_arch = "aarch64")]

@@ -15,11 +15,12 @@ use rlx_gguf::GgmlType;
 use std::arch::aarch64::*;
 use std::sync::OnceLock;
 
-use super::scalar::{
-    e8m0_half, scale_min_k4, KVALUES_FP4, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES,
-};
+use super::formats::{Iq4Nl, Legacy, Mxfp4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::scalar::{e8m0_half, scale_min_k4, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES};
 use crate::cpu::arm::sdot;
+use crate::cpu::simd::neon::U8x32;
 use crate::cpu::simd::table::f16_table;
+use crate::cpu::simd::Bytes32;
 
 /// # Safety
 /// `out.len() == x.len() / 32 * 34`; `x.len()` a multiple of 32.
@@ -57,16 +58,13 @@ pub(super) unsafe fn q8_0(x: &[f32], out: &mut [u8]) {
 /// 32 signed weights of one block as two vectors.
 pub(super) type Unpack = unsafe fn(block: &[u8]) -> (int8x16_t, int8x16_t);
 
-/// Q8_0: the bytes after the scale.
+/// A legacy block's 32 codes (`formats.rs`) as signed vectors of elements
+/// 0..16 and 16..32; Q8_0 activation blocks read the same way.
 #[inline(always)]
-pub(super) unsafe fn unpack_q8_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+pub(super) unsafe fn unpack<F: Legacy>(b: &[u8]) -> (int8x16_t, int8x16_t) {
     // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        // SAFETY: a 34-byte block; 32 bytes from offset 2.
-        let p = b.as_ptr().add(2) as *const i8;
-        (vld1q_s8(p), vld1q_s8(p.add(16)))
-    }
+    // CPU); the block is read through its slice.
+    unsafe { F::codes::<U8x32>(b, U8x32::table(F::TABLE)).signed() }
 }
 
 /// The 32 nibbles of 16 bytes at `q`: low ones are elements 0..16, high
@@ -79,87 +77,6 @@ pub(super) unsafe fn nibbles(q: *const u8) -> (uint8x16_t, uint8x16_t) {
         // SAFETY: the caller's block has 16 bytes at `q`.
         let q = vld1q_u8(q);
         (vandq_u8(q, vdupq_n_u8(0x0f)), vshrq_n_u8::<4>(q))
-    }
-}
-
-/// The fifth bits of a Q5 block as 0x10 in the bytes of elements 0..16 and
-/// 16..32: bit `j` of `qh` belongs to element `j`.
-#[inline(always)]
-unsafe fn fifth_bits(qh: u32) -> (uint8x16_t, uint8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        let bits = |shift: u32| -> uint8x16_t {
-            let v: [u8; 16] =
-                std::array::from_fn(|j| (((qh >> (shift + j as u32)) & 1) << 4) as u8);
-            // SAFETY: a 16-byte array.
-            vld1q_u8(v.as_ptr())
-        };
-        (bits(0), bits(16))
-    }
-}
-
-/// Unsigned codes as signed weights, less `bias`.
-#[inline(always)]
-unsafe fn biased(lo: uint8x16_t, hi: uint8x16_t, bias: i8) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        let b = vdupq_n_s8(bias);
-        (
-            vsubq_s8(vreinterpretq_s8_u8(lo), b),
-            vsubq_s8(vreinterpretq_s8_u8(hi), b),
-        )
-    }
-}
-
-/// Q4_0: nibbles minus 8.
-#[inline(always)]
-pub(super) unsafe fn unpack_q4_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        // SAFETY: an 18-byte block; 16 bytes from offset 2.
-        let (lo, hi) = nibbles(b.as_ptr().add(2));
-        biased(lo, hi, 8)
-    }
-}
-
-/// Q4_1: nibbles as they are (the block's minimum is added apart).
-#[inline(always)]
-pub(super) unsafe fn unpack_q4_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        // SAFETY: a 20-byte block; 16 bytes from offset 4.
-        let (lo, hi) = nibbles(b.as_ptr().add(4));
-        biased(lo, hi, 0)
-    }
-}
-
-/// Q5_0: nibbles with a fifth bit from the 32-bit mask at offset 2, minus 16.
-#[inline(always)]
-pub(super) unsafe fn unpack_q5_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        let (h0, h1) = fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
-        // SAFETY: a 22-byte block; 16 bytes from offset 6.
-        let (lo, hi) = nibbles(b.as_ptr().add(6));
-        biased(vorrq_u8(lo, h0), vorrq_u8(hi, h1), 16)
-    }
-}
-
-/// Q5_1: as Q5_0 with the mask at 4 and the nibbles at 8, unbiased.
-#[inline(always)]
-pub(super) unsafe fn unpack_q5_1(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        let (h0, h1) = fifth_bits(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
-        // SAFETY: a 24-byte block; 16 bytes from offset 8.
-        let (lo, hi) = nibbles(b.as_ptr().add(8));
-        biased(vorrq_u8(lo, h0), vorrq_u8(hi, h1), 0)
     }
 }
 
@@ -176,30 +93,6 @@ pub(super) unsafe fn code_values(
         // SAFETY: a 16-entry table.
         let table = vld1q_s8(values.as_ptr());
         (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi))
-    }
-}
-
-/// IQ4_NL: nibbles through the code table.
-#[inline(always)]
-pub(super) unsafe fn unpack_iq4_nl(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        // SAFETY: an 18-byte block; 16 bytes from offset 2.
-        let (lo, hi) = nibbles(b.as_ptr().add(2));
-        code_values(&KVALUES_IQ4NL, lo, hi)
-    }
-}
-
-/// MXFP4: nibbles through the E2M1 table (doubled; the scale is halved).
-#[inline(always)]
-unsafe fn unpack_mxfp4(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        // SAFETY: a 17-byte block; 16 bytes from offset 1.
-        let (lo, hi) = nibbles(b.as_ptr().add(1));
-        code_values(&KVALUES_FP4, lo, hi)
     }
 }
 
@@ -245,7 +138,7 @@ unsafe fn q8_0_dots<const BLOCK: usize, const R: usize>(
                 // SAFETY: block `b < blocks` of a row that holds `blocks`
                 // (asserted above).
                 let ab = std::slice::from_raw_parts(a.add(b * Q8_0_BYTES), Q8_0_BYTES);
-                let (a0, a1) = unpack_q8_0(ab);
+                let (a0, a1) = self::unpack::<Q8_0>(ab);
                 let sumi = vaddvq_s32(dot(dot(vdupq_n_s32(0), w0, a0), w1, a1));
                 let da = f16[usize::from(u16::from_le_bytes([ab[0], ab[1]]))];
                 *s += (dw * da) * sumi as f32;
@@ -344,7 +237,7 @@ unsafe fn rows_of(
 /// Defines the rows kernels `name` (baseline NEON) and `name_dot` (`SDOT`)
 /// of a Q8_0-activation type from its multi-row driver and unpack function.
 macro_rules! rows_dots {
-    ($name:ident, $name_dot:ident, $driver:ident::<$block:literal>, $part:ident) => {
+    ($name:ident, $name_dot:ident, $driver:ident::<$block:literal>, $part:expr) => {
         /// # Safety
         /// `w` whole rows of `row_bytes`, `acts` `out.len()` rows of
         /// `act_row_bytes` (Q8_0 blocks), `out` rows of at least `col` plus
@@ -412,15 +305,20 @@ macro_rules! rows_dots {
     };
 }
 
-rows_dots!(rows_q8_0, rows_q8_0_sdot, vec_dots::<34>, unpack_q8_0);
-rows_dots!(rows_q4_0, rows_q4_0_sdot, vec_dots::<18>, unpack_q4_0);
-rows_dots!(rows_q5_0, rows_q5_0_sdot, vec_dots::<22>, unpack_q5_0);
-rows_dots!(rows_iq4_nl, rows_iq4_nl_sdot, vec_dots::<18>, unpack_iq4_nl);
+rows_dots!(rows_q8_0, rows_q8_0_sdot, vec_dots::<34>, unpack::<Q8_0>);
+rows_dots!(rows_q4_0, rows_q4_0_sdot, vec_dots::<18>, unpack::<Q4_0>);
+rows_dots!(rows_q5_0, rows_q5_0_sdot, vec_dots::<22>, unpack::<Q5_0>);
+rows_dots!(
+    rows_iq4_nl,
+    rows_iq4_nl_sdot,
+    vec_dots::<18>,
+    unpack::<Iq4Nl>
+);
 rows_dots!(
     rows_mxfp4,
     rows_mxfp4_sdot,
     vec_dots_e8m0::<17>,
-    unpack_mxfp4
+    unpack::<Mxfp4>
 );
 
 /// As [`vec_dot`] against Q8_1 activations, whose `s = d·Σq` carries the
@@ -449,7 +347,7 @@ unsafe fn vec_dot_1<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot:
 /// driver, its block size and its per-type part (an unpack function for
 /// the Q8_0-activation formats, a block kernel for the K-quants).
 macro_rules! dots {
-    ($name:ident, $name_dot:ident, $driver:ident::<$block:literal>, $part:ident) => {
+    ($name:ident, $name_dot:ident, $driver:ident::<$block:literal>, $part:expr) => {
         /// # Safety
         /// Whole blocks of the weight type and of its activation format.
         pub(super) unsafe fn $name(w: &[u8], a: &[u8]) -> f32 {
@@ -473,13 +371,13 @@ dots!(
     vec_dot_q4_1,
     vec_dot_q4_1_sdot,
     vec_dot_1::<20>,
-    unpack_q4_1
+    unpack::<Q4_1>
 );
 dots!(
     vec_dot_q5_1,
     vec_dot_q5_1_sdot,
     vec_dot_1::<24>,
-    unpack_q5_1
+    unpack::<Q5_1>
 );
 
 /// Σ over the 16 lanes of `v·a`.

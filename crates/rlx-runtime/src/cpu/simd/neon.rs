@@ -19,6 +19,13 @@ use crate::cpu::arm::f16x4_to_f32;
 pub(crate) struct U8x32(uint8x16_t, uint8x16_t);
 
 impl U8x32 {
+    /// Bytes 0..16 and 16..32 as signed vectors.
+    #[inline(always)]
+    pub(crate) unsafe fn signed(self) -> (int8x16_t, int8x16_t) {
+        // SAFETY: register operations only.
+        unsafe { (vreinterpretq_s8_u8(self.0), vreinterpretq_s8_u8(self.1)) }
+    }
+
     #[inline(always)]
     unsafe fn map(self, f: impl Fn(uint8x16_t) -> uint8x16_t) -> U8x32 {
         U8x32(f(self.0), f(self.1))
