@@ -1043,8 +1043,11 @@ pub fn compile_cuda(
     })
 }
 
+mod ops;
+
 /// One step of a plan being launched: its node, bindings, dimensions and
-/// output address, and its inputs' addresses and dimensions.
+/// output address, and its inputs' addresses and dimensions. Each op's
+/// launch is a method of it (`plan/ops.rs`).
 struct Cx<'a> {
     plan: &'a CudaPlan,
     g: &'a Graph,
@@ -1798,13 +1801,8 @@ impl CudaPlan {
         if self.prepped.contains(&id) {
             return Ok(());
         }
-        let k = &self.device.kernels;
         let dims = n.shape.resolve(b).expect("bound");
-        let numel: usize = dims.iter().product();
         let out = self.addr(id);
-        let inp = |i: usize| self.addr(n.inputs[i]);
-        let in_dims = |i: usize| g.node(n.inputs[i]).shape.resolve(b).expect("bound");
-        let ml = self.meta_layout;
         // Where this node is folded into a product's prologue this step: the
         // 8-bit blocks it writes instead of its own output.
         let folded = self.folded_blocks(id, b)?;
@@ -1819,342 +1817,32 @@ impl CudaPlan {
             folded,
         };
         match &n.op {
-            Op::KvWrite { slot } => {
-                let kv = kv.ok_or(RunError::NoCache)?;
-                let (group, l) = kv.layer(*slot)?;
-                let rows = in_dims(0)[0];
-                self.launch(
-                    &k.kv_write,
-                    linear(rows * (l.k_width.div_ceil(32) + l.v_width.div_ceil(32))),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(inp(1)),
-                        Arg::Ptr(l.k),
-                        Arg::Ptr(l.v),
-                        Arg::Ptr(self.meta_addr(ml.write_rows(group))),
-                        Arg::I32(rows as i32),
-                        Arg::I32(l.k_width as i32),
-                        Arg::I32(l.v_width as i32),
-                        Arg::I32(kv_code(l.types.k) as i32),
-                        Arg::I32(kv_code(l.types.v) as i32),
-                    ],
-                )?;
-            }
+            Op::KvWrite { slot } => cx.kv_write(slot, kv)?,
             Op::Input { .. } | Op::Weight { .. } | Op::Reshape { .. } => {}
-            Op::Gather => {
-                let (code, table) = weight_of(g, &self.weights, n.inputs[0])?;
-                let width = in_dims(0)[1];
-                let rows = dims[0];
-                self.launch(
-                    &k.gather[code as usize],
-                    linear(rows * width.div_ceil(32)),
-                    &[
-                        Arg::Ptr(table),
-                        Arg::Ptr(inp(1)),
-                        Arg::Ptr(out),
-                        Arg::I32(rows as i32),
-                        Arg::I32(width as i32),
-                    ],
-                )?;
-            }
+            Op::Gather => cx.gather()?,
             Op::MatMul { norm } => self.matmul(&cx, norm)?,
-            Op::Add if folded.is_some() => {
-                let (xq, xd) = folded.expect("checked");
-                let mm = self.folded[&id];
-                let Some(Prologue::AddNorm { norm, .. }) = self.prologues.get(&mm).copied() else {
-                    unreachable!("an add folds only into an AddNorm")
-                };
-                let Op::MatMul { norm: Some(spec2) } = &g.node(mm).op else {
-                    unreachable!("an AddNorm's product has a norm")
-                };
-                let gamma2 = if spec2.has_gamma {
-                    self.addr(g.node(mm).inputs[1])
-                } else {
-                    0
-                };
-                // The sum of x and a, where a is the norm's input if one
-                // is folded in.
-                let (a, x, gamma1, eps1) = match norm {
-                    Some(r) => {
-                        let other = n.inputs.iter().copied().find(|&i| i != r).unwrap_or(r);
-                        let Op::RmsNorm(spec1) = &g.node(r).op else {
-                            unreachable!("a folded norm")
-                        };
-                        let gamma1 = if spec1.has_gamma {
-                            self.addr(g.node(r).inputs[1])
-                        } else {
-                            0
-                        };
-                        (
-                            self.addr(g.node(r).inputs[0]),
-                            self.addr(other),
-                            gamma1,
-                            spec1.eps,
-                        )
-                    }
-                    None => (inp(1), inp(0), 0, 0.0),
-                };
-                let d = *dims.last().expect("rank");
-                self.launch(
-                    &k.add_norm_q8,
-                    norm_rows(numel / d, d),
-                    &[
-                        Arg::Ptr(x),
-                        Arg::Ptr(a),
-                        Arg::Ptr(gamma1),
-                        Arg::F32(eps1),
-                        Arg::I32(i32::from(norm.is_some())),
-                        Arg::Ptr(out),
-                        Arg::Ptr(gamma2),
-                        Arg::F32(spec2.eps),
-                        Arg::Ptr(xq),
-                        Arg::Ptr(xd),
-                        Arg::I32(d as i32),
-                    ],
-                )?;
-            }
-            Op::Add | Op::Mul => {
-                // Output and `a` as [d0, d1, d2, d3]; `b` aligned from the end.
-                let bd = in_dims(1);
-                if dims.len() > 4 || bd.len() > dims.len() {
-                    return Err(node_err(g, id, "broadcast of more than 4 dimensions").into());
-                }
-                let mut od = [1usize; 4];
-                od[4 - dims.len()..].copy_from_slice(&dims);
-                let mut bdims = [1usize; 4];
-                bdims[4 - bd.len()..].copy_from_slice(&bd);
-                let mut strides = [0i64; 4];
-                let mut acc = 1i64;
-                for a in (0..4).rev() {
-                    strides[a] = if bdims[a] == 1 { 0 } else { acc };
-                    acc *= bdims[a] as i64;
-                }
-                let op = if matches!(n.op, Op::Add) { 0 } else { 1 };
-                self.launch(
-                    &k.binary,
-                    linear(numel),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(inp(1)),
-                        Arg::Ptr(out),
-                        Arg::I64(numel as i64),
-                        Arg::I32(od[1] as i32),
-                        Arg::I32(od[2] as i32),
-                        Arg::I32(od[3] as i32),
-                        Arg::I64(strides[0]),
-                        Arg::I64(strides[1]),
-                        Arg::I64(strides[2]),
-                        Arg::I64(strides[3]),
-                        Arg::I32(op),
-                    ],
-                )?;
-            }
-            Op::Scale { .. } | Op::AddConst { .. } | Op::Gelu | Op::Softcap { .. } => {
-                let (op, c) = match n.op {
-                    Op::Scale { factor } => (0, factor),
-                    Op::AddConst { value } => (1, value),
-                    Op::Gelu => (2, 0.0),
-                    Op::Softcap { cap } => (3, cap),
-                    _ => unreachable!(),
-                };
-                self.launch(
-                    &k.unary,
-                    linear(numel),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(out),
-                        Arg::I64(numel as i64),
-                        Arg::I32(op),
-                        Arg::F32(c),
-                    ],
-                )?;
-            }
-            Op::GeGlu => match folded {
-                Some((xq, xd)) => self.launch(
-                    &k.geglu_q8,
-                    linear(numel),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(inp(1)),
-                        Arg::Ptr(xq),
-                        Arg::Ptr(xd),
-                        Arg::I64(numel as i64),
-                    ],
-                )?,
-                None => self.launch(
-                    &k.geglu,
-                    linear(numel),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(inp(1)),
-                        Arg::Ptr(out),
-                        Arg::I64(numel as i64),
-                    ],
-                )?,
-            },
+            Op::Add if folded.is_some() => cx.add_norm_q8()?,
+            Op::Add | Op::Mul => cx.binary()?,
+            Op::Scale { .. } | Op::AddConst { .. } | Op::Gelu | Op::Softcap { .. } => cx.unary()?,
+            Op::GeGlu => cx.geglu()?,
             // Folded into the add after it (a prologue of the product after that).
             Op::RmsNorm(_) if folded.is_some() => {}
             // Run by the norm before it.
             Op::Rope(_) if self.roped.contains(&id) => {}
-            Op::RmsNorm(spec) if self.norm_ropes.contains_key(&id) => {
-                let rope = self.norm_ropes[&id];
-                let Op::Rope(rspec) = &g.node(rope).op else {
-                    unreachable!("found as a rope")
-                };
-                let rdims = g.node(rope).shape.resolve(b).expect("bound");
-                let d = rdims[2];
-                let gamma = if spec.has_gamma { inp(1) } else { 0 };
-                self.launch(
-                    &k.rms_norm_rope,
-                    norm_rows(numel / d, d),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(gamma),
-                        Arg::Ptr(self.addr(rope)),
-                        Arg::I32(d as i32),
-                        Arg::F32(spec.eps),
-                        Arg::Ptr(self.addr(g.node(rope).inputs[1])),
-                        Arg::Ptr(self.device.ptr(&self.rope_tables[&rope])),
-                        Arg::I32(rdims[1] as i32),
-                        Arg::I32(rspec.n_rot as i32),
-                    ],
-                )?;
-            }
-            Op::RmsNorm(spec) => {
-                let d = *dims.last().expect("rank");
-                let gamma = if spec.has_gamma { inp(1) } else { 0 };
-                self.launch(
-                    &k.rms_norm,
-                    norm_rows(numel / d, d),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(gamma),
-                        Arg::Ptr(out),
-                        Arg::I32(d as i32),
-                        Arg::F32(spec.eps),
-                    ],
-                )?;
-            }
-            Op::Rope(spec) => {
-                let table = self.device.ptr(&self.rope_tables[&id]);
-                self.launch(
-                    &k.rope,
-                    linear(numel),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(inp(1)),
-                        Arg::Ptr(table),
-                        Arg::Ptr(out),
-                        Arg::I32(dims[0] as i32),
-                        Arg::I32(dims[1] as i32),
-                        Arg::I32(dims[2] as i32),
-                        Arg::I32(spec.n_rot as i32),
-                    ],
-                )?;
-            }
+            Op::RmsNorm(spec) if self.norm_ropes.contains_key(&id) => cx.rms_norm_rope(spec)?,
+            Op::RmsNorm(spec) => cx.rms_norm(spec)?,
+            Op::Rope(spec) => cx.rope(spec)?,
             Op::Attention(spec) => self.attention(&cx, spec, kv)?,
-            Op::TakeRows => {
-                let width: usize = dims[1..].iter().product();
-                self.launch(
-                    &k.take_rows,
-                    linear(numel),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(inp(1)),
-                        Arg::Ptr(out),
-                        Arg::I64(dims[0] as i64),
-                        Arg::I64(width as i64),
-                    ],
-                )?;
-            }
+            Op::TakeRows => cx.take_rows()?,
             Op::Narrow {
                 axis,
                 start: s,
                 len,
-            } => {
-                let xd = in_dims(0);
-                let from = narrow_from(*s, xd[*axis], *len).map_err(|msg| node_err(g, id, msg))?;
-                let outer: usize = xd[..*axis].iter().product();
-                let inner: usize = xd[*axis + 1..].iter().product();
-                self.launch(
-                    &k.narrow,
-                    linear(numel),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(out),
-                        Arg::I64(outer as i64),
-                        Arg::I64(xd[*axis] as i64),
-                        Arg::I64(from as i64),
-                        Arg::I64(*len as i64),
-                        Arg::I64(inner as i64),
-                    ],
-                )?;
-            }
-            Op::Concat { axis } => {
-                let outer: usize = dims[..*axis].iter().product();
-                let inner: usize = dims[*axis + 1..].iter().product();
-                let mut off = 0;
-                for i in 0..n.inputs.len() {
-                    let len = in_dims(i)[*axis];
-                    self.launch(
-                        &k.concat_part,
-                        linear(outer * len * inner),
-                        &[
-                            Arg::Ptr(inp(i)),
-                            Arg::Ptr(out),
-                            Arg::I64(outer as i64),
-                            Arg::I64(len as i64),
-                            Arg::I64(dims[*axis] as i64),
-                            Arg::I64(off as i64),
-                            Arg::I64(inner as i64),
-                        ],
-                    )?;
-                    off += len;
-                }
-            }
-            Op::MatchRms { floor } => {
-                let d = *dims.last().expect("rank");
-                self.launch(
-                    &k.match_rms,
-                    grid(numel / d, 1, 256),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(inp(1)),
-                        Arg::Ptr(out),
-                        Arg::I32(d as i32),
-                        Arg::F32(*floor),
-                    ],
-                )?;
-            }
-            Op::GaussianTopK { std_multiplier } => {
-                let d = *dims.last().expect("rank");
-                self.launch(
-                    &k.gaussian_topk,
-                    grid(numel / d, 1, 256),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(out),
-                        Arg::I32(d as i32),
-                        Arg::F32(*std_multiplier),
-                    ],
-                )?;
-            }
-            Op::BatchMatMul => {
-                let ad = in_dims(0);
-                self.launch(
-                    &k.batch_matmul,
-                    linear(numel),
-                    &[
-                        Arg::Ptr(inp(0)),
-                        Arg::Ptr(inp(1)),
-                        Arg::Ptr(out),
-                        Arg::I64(ad[0] as i64),
-                        Arg::I32(ad[1] as i32),
-                        Arg::I32(ad[2] as i32),
-                        Arg::I32(dims[2] as i32),
-                    ],
-                )?;
-            }
+            } => cx.narrow(*axis, *s, *len)?,
+            Op::Concat { axis } => cx.concat(*axis)?,
+            Op::MatchRms { floor } => cx.match_rms(*floor)?,
+            Op::GaussianTopK { std_multiplier } => cx.gaussian_topk(*std_multiplier)?,
+            Op::BatchMatMul => cx.batch_matmul()?,
             Op::Moe { top_k } => self.moe(n, *top_k, &dims, out)?,
         }
         Ok(())
