@@ -17,7 +17,7 @@
 use rlx_gguf::GgmlType;
 use std::arch::x86_64::*;
 
-use super::formats::{Legacy, Scale};
+use super::formats::{KQuant, Legacy, Scale, Q2K, Q3K, Q6K};
 use crate::cpu::simd::Bytes32;
 
 use super::scalar::{
@@ -105,18 +105,24 @@ fn dot_u8_ps(ux: __m256i, y: __m256i) -> __m256 {
     ))
 }
 
-/// i16 `lo` in every slot of the low lane and `hi` in the high lane.
+/// A K-quant block's 16 half-unit scales (i16 lanes of `v`), each
+/// duplicated into an i32 lane: scales 0–3 and 8–11, then 4–7 and 12–15.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn i16_pair(lo: i32, hi: i32) -> __m256i {
-    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+fn half_unit_scales(v: __m256i) -> [__m256i; 2] {
+    [_mm256_unpacklo_epi16(v, v), _mm256_unpackhi_epi16(v, v)]
 }
 
-/// Shifts every 16-bit lane right by `n` (a run-time count).
+/// Unit `u`'s scales from [`half_unit_scales`]: scale `2u` in every i16
+/// lane of the low 128 bits, `2u + 1` in the high ones (one permute where
+/// broadcasting two scalars takes four instructions).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn srl16(v: __m256i, n: i32) -> __m256i {
-    _mm256_srl_epi16(v, _mm_cvtsi32_si128(n))
+fn unit_scales(s: &[__m256i; 2], u: usize) -> __m256i {
+    let first = (4 * (u / 4) + 2 * (u % 2)) as i32;
+    let (a, b) = (first, first + 1);
+    let idx = _mm256_setr_epi32(a, a, a, a, b, b, b, b);
+    _mm256_permutevar8x32_epi32(s[(u / 2) % 2], idx)
 }
 
 /// f32 dot: element `i` of the first `n - n % 8` goes to accumulator
@@ -219,9 +225,38 @@ fn q8_k(ab: &[u8]) -> (f32, &[u8], &[u8; 32]) {
     (f32_at(ab, 0), &ab[4..260], arr(&ab[260..]))
 }
 
+/// Σ over a K-quant block's units of `scale(u) · Σ code·q8` in 32-bit
+/// lanes, each code less `bias` where a format stores it biased and the
+/// bias is taken off per unit; `scale(u)` is unit `u`'s scales as i16
+/// lanes (its two halves' for the formats with 16-element sub-blocks).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn k_units<F: KQuant>(
+    wb: &[u8],
+    q8: &[u8],
+    bias: Option<__m256i>,
+    scale: impl Fn(usize) -> __m256i,
+) -> __m256i {
+    // SAFETY: this function has the features `Bytes32` for `__m256i` needs.
+    let high: __m256i = unsafe { F::high(wb) };
+    let mut sumi = _mm256_setzero_si256();
+    for (q, q8) in q8.chunks_exact(128).enumerate() {
+        // SAFETY: as above.
+        let units: [__m256i; 4] = unsafe { F::quad(wb, high, q) };
+        for (i, (unit, q8)) in units.into_iter().zip(q8.chunks_exact(32)).enumerate() {
+            let q8 = load256(arr(q8));
+            let mut p16 = _mm256_maddubs_epi16(unit, q8);
+            if let Some(bias) = bias {
+                p16 = _mm256_sub_epi16(p16, _mm256_maddubs_epi16(bias, q8));
+            }
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale(4 * q + i), p16));
+        }
+    }
+    sumi
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
-    let m3 = _mm256_set1_epi8(3);
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w
         .chunks_exact(GgmlType::Q2_K.block_bytes())
@@ -229,41 +264,24 @@ pub(super) fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
     {
         let (da, q8, bsums) = q8_k(ab);
         let sc = &wb[0..16];
-        let qs = &wb[16..80];
         // Mins: high nibbles × the 16 run sums.
         let mins = _mm_and_si128(_mm_srli_epi16(load128(arr(sc)), 4), _mm_set1_epi8(0xF));
         let prod = _mm256_madd_epi16(_mm256_cvtepi8_epi16(mins), load256(bsums));
         let dmin = -da * f16_at(wb, 82);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
-
-        let mut sumi = _mm256_setzero_si256();
-        for (j, (q2, q8)) in qs.chunks_exact(32).zip(q8.chunks_exact(128)).enumerate() {
-            let bits = load256(arr(q2));
-            for (p, q8) in q8.chunks_exact(32).enumerate() {
-                let q = _mm256_and_si256(srl16(bits, 2 * p as i32), m3);
-                let p16 = _mm256_maddubs_epi16(q, load256(arr(q8)));
-                let s = 8 * j + 2 * p;
-                let scales = i16_pair(i32::from(sc[s] & 0xF), i32::from(sc[s + 1] & 0xF));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scales, p16));
-            }
-        }
+        let scales = half_unit_scales(_mm256_cvtepu8_epi16(_mm_and_si128(
+            load128(arr(sc)),
+            _mm_set1_epi8(0xF),
+        )));
+        let sumi = k_units::<Q2K>(wb, q8, None, |u| unit_scales(&scales, u));
         let d = da * f16_at(wb, 80);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
 }
 
-/// `value` in each byte whose bit `bit` is set in `bits`, 0 elsewhere.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn bit_value(bits: __m256i, bit: usize, value: __m256i) -> __m256i {
-    // SAFETY: this function has the features the method needs.
-    unsafe { <__m256i as Bytes32>::bit_value(bits, bit as u32, value) }
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
-    let m3 = _mm256_set1_epi8(3);
     let four = _mm256_set1_epi8(4);
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w
@@ -271,23 +289,10 @@ pub(super) fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
         .zip(a.chunks_exact(Q8_K_BYTES))
     {
         let (da, q8, _) = q8_k(ab);
-        let hbits = load256(arr(&wb[0..]));
-        let qs = &wb[32..96];
-        let sc = q3_k_scales(&wb[96..108]).map(i32::from);
-        let mut sumi = _mm256_setzero_si256();
-        for (j, (q3, q8)) in qs.chunks_exact(32).zip(q8.chunks_exact(128)).enumerate() {
-            let bits = load256(arr(q3));
-            for (p, q8) in q8.chunks_exact(32).enumerate() {
-                let q8 = load256(arr(q8));
-                let low = _mm256_and_si256(srl16(bits, 2 * p as i32), m3);
-                // Subtract 4 where the high bit (bit 4j + p of hmask) is clear.
-                let sub = _mm256_sub_epi8(four, bit_value(hbits, 4 * j + p, four));
-                let p16 =
-                    _mm256_sub_epi16(_mm256_maddubs_epi16(low, q8), _mm256_maddubs_epi16(sub, q8));
-                let s = 8 * j + 2 * p;
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(i16_pair(sc[s], sc[s + 1]), p16));
-            }
-        }
+        let sc = q3_k_scales(&wb[96..108]).map(|s| s as u8);
+        let scales = half_unit_scales(_mm256_cvtepi8_epi16(load128(&sc)));
+        // Codes are stored + 4.
+        let sumi = k_units::<Q3K>(wb, q8, Some(four), |u| unit_scales(&scales, u));
         let d = da * f16_at(wb, 108);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
@@ -309,72 +314,20 @@ fn k4_scales(scales: &[u8], bsums: &[u8; 32]) -> ([i32; 8], i32) {
     (sc, summ)
 }
 
+/// Q4_K and Q5_K: a 6-bit scale and min per unit, the mins' term from the
+/// activations' run sums.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
-    let m4 = _mm256_set1_epi8(0xF);
+pub(super) fn vec_dot_k4<F: KQuant>(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
     for (wb, ab) in w
-        .chunks_exact(GgmlType::Q4_K.block_bytes())
+        .chunks_exact(F::TY.block_bytes())
         .zip(a.chunks_exact(Q8_K_BYTES))
     {
         let (da, q8, bsums) = q8_k(ab);
         let (sc, summ) = k4_scales(&wb[4..16], bsums);
         mins += (da * f16_at(wb, 2)) * summ as f32;
-        let mut sumi = _mm256_setzero_si256();
-        for (j, (q4, q8)) in wb[16..144]
-            .chunks_exact(32)
-            .zip(q8.chunks_exact(64))
-            .enumerate()
-        {
-            let bits = load256(arr(q4));
-            let lo = _mm256_maddubs_epi16(_mm256_and_si256(bits, m4), load256(arr(q8)));
-            let hi_q = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            let hi = _mm256_maddubs_epi16(hi_q, load256(arr(&q8[32..])));
-            let lo = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j] as i16), lo);
-            let hi = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1] as i16), hi);
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
-        }
-        let d = da * f16_at(wb, 0);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum_ps(acc) - mins
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn vec_dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
-    let m4 = _mm256_set1_epi8(0xF);
-    let sixteen = _mm256_set1_epi8(16);
-    let mut acc = _mm256_setzero_ps();
-    let mut mins = 0f32;
-    for (wb, ab) in w
-        .chunks_exact(GgmlType::Q5_K.block_bytes())
-        .zip(a.chunks_exact(Q8_K_BYTES))
-    {
-        let (da, q8, bsums) = q8_k(ab);
-        let (sc, summ) = k4_scales(&wb[4..16], bsums);
-        mins += (da * f16_at(wb, 2)) * summ as f32;
-        let hbits = load256(arr(&wb[16..]));
-        // The fifth bit of element e is bit e / 32 of qh[e % 32].
-        let mut sumi = _mm256_setzero_si256();
-        for (j, (q5, q8)) in wb[48..176]
-            .chunks_exact(32)
-            .zip(q8.chunks_exact(64))
-            .enumerate()
-        {
-            let bits = load256(arr(q5));
-            let lo_q =
-                _mm256_or_si256(_mm256_and_si256(bits, m4), bit_value(hbits, 2 * j, sixteen));
-            let hi_q = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
-                bit_value(hbits, 2 * j + 1, sixteen),
-            );
-            let lo = _mm256_maddubs_epi16(lo_q, load256(arr(q8)));
-            let hi = _mm256_maddubs_epi16(hi_q, load256(arr(&q8[32..])));
-            let lo = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j] as i16), lo);
-            let hi = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1] as i16), hi);
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
-        }
+        let sumi = k_units::<F>(wb, q8, None, |u| _mm256_set1_epi16(sc[u] as i16));
         let d = da * f16_at(wb, 0);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
@@ -383,47 +336,18 @@ pub(super) fn vec_dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
-    let m4 = _mm256_set1_epi8(0xF);
-    let m2 = _mm256_set1_epi8(3);
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w
         .chunks_exact(GgmlType::Q6_K.block_bytes())
         .zip(a.chunks_exact(Q8_K_BYTES))
     {
         let (da, q8, bsums) = q8_k(ab);
-        let ql = &wb[0..128];
-        let qh = &wb[128..192];
-        let sc = &wb[192..208];
+        let sc: &[u8; 16] = arr(&wb[192..]);
         // Codes are stored + 32: take 32 · Σ sc_s · bsum_s off at the end.
-        let sc16 = _mm256_cvtepi8_epi16(load128(arr(sc)));
+        let sc16 = _mm256_cvtepi8_epi16(load128(sc));
         let offset = _mm256_slli_epi32(_mm256_madd_epi16(load256(bsums), sc16), 5);
-        let mut sumi = _mm256_setzero_si256();
-        for (j, ((ql, qh), q8)) in ql
-            .chunks_exact(64)
-            .zip(qh.chunks_exact(32))
-            .zip(q8.chunks_exact(128))
-            .enumerate()
-        {
-            let l0 = load256(arr(ql));
-            let l1 = load256(arr(&ql[32..]));
-            let h = load256(arr(qh));
-            // Quarter p of this 128-element half: low nibbles of l0, l1, then
-            // high nibbles, with bits 2p..2p+2 of h on top.
-            let lows = [
-                _mm256_and_si256(l0, m4),
-                _mm256_and_si256(l1, m4),
-                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-            ];
-            for (p, (low, q8)) in lows.into_iter().zip(q8.chunks_exact(32)).enumerate() {
-                let high = _mm256_slli_epi16(_mm256_and_si256(srl16(h, 2 * p as i32), m2), 4);
-                let q = _mm256_or_si256(low, high);
-                let p16 = _mm256_maddubs_epi16(q, load256(arr(q8)));
-                let s = 8 * j + 2 * p;
-                let scales = i16_pair(i32::from(sc[s] as i8), i32::from(sc[s + 1] as i8));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scales, p16));
-            }
-        }
+        let scales = half_unit_scales(sc16);
+        let sumi = k_units::<Q6K>(wb, q8, None, |u| unit_scales(&scales, u));
         let sumi = _mm256_sub_epi32(sumi, offset);
         let d = da * f16_at(wb, 208);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);

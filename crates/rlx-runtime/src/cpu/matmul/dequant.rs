@@ -8,6 +8,10 @@
 //! add for `q · d + m` and `d₁ · q − m₁`, IEEE `a − b` being `a + (−b)`; no
 //! FMA), only the element order of the loads differing.
 //!
+//! No closure here holds a vector operation: a closure's body does not get
+//! the entry point's target features, so the operations in it would be
+//! calls rather than inlined instructions.
+//!
 //! # Safety
 //! Every function here is `unsafe` and `#[inline(always)]`: it runs only
 //! inlined into an [`entries!`] entry point compiled for the features of
@@ -18,7 +22,9 @@
 use rlx_gguf::blocks::{e8m0_half, q3_k_scales, scale_min_k4, KVALUES_IQ4NL};
 use rlx_gguf::GgmlType;
 
-use super::formats::{Iq4Nl, Legacy, Mxfp4, Scale, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::formats::{
+    Iq4Nl, KQuant, Legacy, Mxfp4, Scale, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+};
 use crate::cpu::simd::Bytes32;
 
 /// The first `N` elements of `s` as an array (panics if `s` is shorter).
@@ -103,133 +109,94 @@ pub(super) unsafe fn iq4_xs<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// For each unit of `$f`'s blocks of `$src`: `$body` with the block `$b`,
+/// `$s` (`$scales` of the block, evaluated once a block), the unit's index
+/// `$u` and codes `$q`, and the 32 elements `$y` it decodes to. A macro,
+/// not a function taking closures: a closure's body would not get the
+/// entry point's features (the module's `# Safety`).
+macro_rules! for_units {
+    (
+        $f:ty, $c:ty, $src:expr, $dst:expr,
+        |$b:ident, $s:ident = $scales:expr, $u:ident, $q:ident, $y:ident| $body:block
+    ) => {
+        for ($b, y) in blocks(<$f>::TY, $src, $dst) {
+            let $s = $scales;
+            let high = <$f>::high::<$c>($b);
+            for (quad, y) in y.chunks_exact_mut(128).enumerate() {
+                let units = <$f>::quad::<$c>($b, high, quad);
+                for (i, ($q, y)) in units.into_iter().zip(y.chunks_exact_mut(32)).enumerate() {
+                    let ($u, $y) = (4 * quad + i, arr_mut(y));
+                    $body
+                }
+            }
+        }
+    };
+}
+
+/// Q2_K: `d·sc · q − dmin·mn` per 16-element half-unit (4-bit scales and
+/// mins in the 16 bytes at 0).
 #[inline(always)]
 pub(super) unsafe fn q2_k<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
     unsafe {
-        for (b, y) in blocks(GgmlType::Q2_K, src, dst) {
-            let (d, dmin) = (C::f16(b, 80), C::f16(b, 82));
-            let sc = &b[0..16];
-            let dm = |s: usize| (d * f32::from(sc[s] & 0xF), -(dmin * f32::from(sc[s] >> 4)));
-            for (j, (q2, y)) in b[16..80]
-                .chunks_exact(32)
-                .zip(y.chunks_exact_mut(128))
-                .enumerate()
-            {
-                let bits = C::load(arr(q2));
-                for (p, y) in y.chunks_exact_mut(32).enumerate() {
-                    let q = C::shr_mask(bits, 2 * p as u32, 3);
-                    let s = 8 * j + 2 * p;
-                    C::store_mul_add_u8(q, dm(s), dm(s + 1), arr_mut(y));
-                }
-            }
-        }
+        for_units!(Q2K, C, src, dst, |b, dm = (C::f16(b, 80), C::f16(b, 82)), u, q, y| {
+            let (d, dmin) = dm;
+            let dm = |s: usize| (d * f32::from(b[s] & 0xF), -(dmin * f32::from(b[s] >> 4)));
+            C::store_mul_add_u8(q, dm(2 * u), dm(2 * u + 1), y);
+        })
     }
 }
 
+/// Q3_K: `d·sc · (q − 4)` per 16-element half-unit (6-bit signed scales).
 #[inline(always)]
 pub(super) unsafe fn q3_k<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
     unsafe {
         let four = C::splat(4);
-        for (b, y) in blocks(GgmlType::Q3_K, src, dst) {
-            let d = C::f16(b, 108);
-            let hbits = C::load(arr(&b[0..]));
-            let sc = q3_k_scales(&b[96..108]).map(i32::from);
-            for (j, (q3, y)) in b[32..96]
-                .chunks_exact(32)
-                .zip(y.chunks_exact_mut(128))
-                .enumerate()
-            {
-                let bits = C::load(arr(q3));
-                for (p, y) in y.chunks_exact_mut(32).enumerate() {
-                    let low = C::shr_mask(bits, 2 * p as u32, 3);
-                    // 4 less where the element's bit of `hbits` is clear.
-                    let bit = (4 * j + p) as u32;
-                    let q = C::sub(low, C::sub(four, C::bit_value(hbits, bit, four)));
-                    let s = 8 * j + 2 * p;
-                    C::store_mul_i8(q, d * sc[s] as f32, d * sc[s + 1] as f32, arr_mut(y));
-                }
-            }
-        }
+        for_units!(Q3K, C, src, dst, |b, ds = (C::f16(b, 108), q3_k_scales(&b[96..108])), u, q, y| {
+            let (d, sc) = (ds.0, &ds.1);
+            let (d0, d1) = (d * f32::from(sc[2 * u]), d * f32::from(sc[2 * u + 1]));
+            C::store_mul_i8(C::sub(q, four), d0, d1, y);
+        })
     }
 }
 
-/// Q4_K (`FIVE_BITS = false`) and Q5_K: `d·sc_j · q − dmin·mn_j` per
-/// 32-element sub-block.
+/// Q4_K and Q5_K: `d·sc_u · q − dmin·mn_u` per unit.
 #[inline(always)]
-unsafe fn k4<C: Bytes32, const FIVE_BITS: bool>(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+unsafe fn k4<C: Bytes32, F: KQuant>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
     unsafe {
-        let sixteen = C::splat(16);
-        for (b, y) in blocks(ty, src, dst) {
-            let (d, dmin) = (C::f16(b, 0), C::f16(b, 2));
-            let (hbits, qs) = if FIVE_BITS {
-                (C::load(arr(&b[16..])), &b[48..176])
-            } else {
-                (C::splat(0), &b[16..144])
-            };
-            for (j, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
-                let bits = C::load(arr(q));
-                for (h, y) in y.chunks_exact_mut(32).enumerate() {
-                    let sub = 2 * j + h;
-                    let mut q = C::shr_mask(bits, 4 * h as u32, 0xF);
-                    if FIVE_BITS {
-                        q = C::or(q, C::bit_value(hbits, sub as u32, sixteen));
-                    }
-                    let (sc, mn) = scale_min_k4(sub, &b[4..16]);
-                    let dm = (d * f32::from(sc), -(dmin * f32::from(mn)));
-                    C::store_mul_add_u8(q, dm, dm, arr_mut(y));
-                }
-            }
-        }
+        for_units!(F, C, src, dst, |b, dm = (C::f16(b, 0), C::f16(b, 2)), u, q, y| {
+            let (sc, mn) = scale_min_k4(u, &b[4..16]);
+            let dm = (dm.0 * f32::from(sc), -(dm.1 * f32::from(mn)));
+            C::store_mul_add_u8(q, dm, dm, y);
+        })
     }
 }
 
 #[inline(always)]
 pub(super) unsafe fn q4_k<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
-    unsafe { k4::<C, false>(GgmlType::Q4_K, src, dst) }
+    unsafe { k4::<C, Q4K>(src, dst) }
 }
 
 #[inline(always)]
 pub(super) unsafe fn q5_k<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
-    unsafe { k4::<C, true>(GgmlType::Q5_K, src, dst) }
+    unsafe { k4::<C, Q5K>(src, dst) }
 }
 
+/// Q6_K: `(d·sc) · (q − 32)` per 16-element half-unit (8-bit signed
+/// scales at 192), in the reference's order.
 #[inline(always)]
 pub(super) unsafe fn q6_k<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
     unsafe {
         let thirty_two = C::splat(32);
-        for (b, y) in blocks(GgmlType::Q6_K, src, dst) {
-            let d = C::f16(b, 208);
-            let sc = &b[192..208];
-            for (j, ((ql, qh), y)) in b[0..128]
-                .chunks_exact(64)
-                .zip(b[128..192].chunks_exact(32))
-                .zip(y.chunks_exact_mut(128))
-                .enumerate()
-            {
-                let (l0, l1) = (C::load(arr(ql)), C::load(arr(&ql[32..])));
-                let h = C::load(arr(qh));
-                let lows = [
-                    C::shr_mask(l0, 0, 0xF),
-                    C::shr_mask(l1, 0, 0xF),
-                    C::shr_mask(l0, 4, 0xF),
-                    C::shr_mask(l1, 4, 0xF),
-                ];
-                for (p, (low, y)) in lows.into_iter().zip(y.chunks_exact_mut(32)).enumerate() {
-                    let high = C::shl(C::shr_mask(h, 2 * p as u32, 3), 4);
-                    let q = C::sub(C::or(low, high), thirty_two);
-                    // Reference order: (d · scale) · q.
-                    let s = 8 * j + 2 * p;
-                    let (d0, d1) = (d * f32::from(sc[s] as i8), d * f32::from(sc[s + 1] as i8));
-                    C::store_mul_i8(q, d0, d1, arr_mut(y));
-                }
-            }
-        }
+        for_units!(Q6K, C, src, dst, |b, d = C::f16(b, 208), u, q, y| {
+            let sc = |s: usize| d * f32::from(b[192 + s] as i8);
+            C::store_mul_i8(C::sub(q, thirty_two), sc(2 * u), sc(2 * u + 1), y);
+        })
     }
 }
 

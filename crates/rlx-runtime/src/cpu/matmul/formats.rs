@@ -1,10 +1,15 @@
-//! The legacy 32-element block formats, each written once: where a block's
-//! scale is and how its 32 codes unpack into a [`Bytes32`]. The
+//! The block formats' codes, each written once: the legacy 32-element
+//! blocks ([`Legacy`]: where the scale is and how the 32 codes unpack into
+//! a [`Bytes32`]) and the K-quants' 32-element units ([`KQuant`]). The
 //! dequantizers (`dequant.rs`), the AVX2 dots and the NEON dots all read
 //! blocks through these, on every instruction set.
 //!
+//! No closure here holds a vector operation: a closure's body does not get
+//! the entry point's target features, so the operations in it would be
+//! calls rather than inlined instructions.
+//!
 //! # Safety
-//! [`Legacy::codes`] calls [`Bytes32`] methods: it may run only inlined
+//! [`Legacy::codes`] and the [`KQuant`] methods call [`Bytes32`] methods: it may run only inlined
 //! into an entry point compiled for their features (`cpu/simd`'s
 //! `# Safety`). Blocks are read through bounds-checked slices and array
 //! references.
@@ -150,5 +155,178 @@ impl Legacy for Mxfp4 {
     unsafe fn codes<C: Bytes32>(b: &[u8], table: C::Table) -> C {
         // SAFETY: the module's `# Safety`.
         unsafe { C::lookup(table, C::nibbles(at(b, 1))) }
+    }
+}
+
+/// A 256-element K-quant block: eight 32-element units, unit `u` holding
+/// elements `32u .. 32u + 32`, each unit's codes unsigned as stored (Q3_K's
+/// are the value + 4, Q6_K's the value + 32) with the scales of its two
+/// 16-element halves (Q2_K, Q3_K, Q6_K) or its own (Q4_K, Q5_K) apart.
+/// Units come four at a time, as the formats pack them: the four share
+/// their loads.
+pub(super) trait KQuant {
+    const TY: GgmlType;
+
+    /// The bits a block's units share, loaded once a block (Q3_K's and
+    /// Q5_K's high bits; nothing for the others).
+    unsafe fn high<C: Bytes32>(b: &[u8]) -> C;
+    /// Units `4q .. 4q + 4` (`q` 0 or 1), given [`KQuant::high`].
+    unsafe fn quad<C: Bytes32>(b: &[u8], high: C, q: usize) -> [C; 4];
+}
+
+pub(super) struct Q2K;
+pub(super) struct Q3K;
+pub(super) struct Q4K;
+pub(super) struct Q5K;
+pub(super) struct Q6K;
+
+/// Four 2-bit fields of 32 bytes at `at`: bit pairs 0, 2, 4, 6.
+#[inline(always)]
+unsafe fn crumbs<C: Bytes32>(b: &[u8], at: usize) -> [C; 4] {
+    // SAFETY: the module's `# Safety`.
+    unsafe {
+        let bits = C::load(self::at(b, at));
+        [
+            C::shr_mask(bits, 0, 3),
+            C::shr_mask(bits, 2, 3),
+            C::shr_mask(bits, 4, 3),
+            C::shr_mask(bits, 6, 3),
+        ]
+    }
+}
+
+/// The low then the high nibbles of 32 bytes at `at`, and of the 32 after.
+#[inline(always)]
+unsafe fn nibble_pairs<C: Bytes32>(b: &[u8], at: usize) -> [C; 4] {
+    // SAFETY: the module's `# Safety`.
+    unsafe {
+        let (c0, c1) = (C::load(self::at(b, at)), C::load(self::at(b, at + 32)));
+        [
+            C::shr_mask(c0, 0, 0xF),
+            C::shr_mask(c0, 4, 0xF),
+            C::shr_mask(c1, 0, 0xF),
+            C::shr_mask(c1, 4, 0xF),
+        ]
+    }
+}
+
+/// `low[i]` with `value` where bit `first + i` of `high`'s byte is set.
+#[inline(always)]
+unsafe fn with_bits<C: Bytes32>(low: [C; 4], high: C, first: usize, value: C) -> [C; 4] {
+    // SAFETY: the module's `# Safety`.
+    unsafe {
+        let bit = |i: usize| (first + i) as u32;
+        [
+            C::or(low[0], C::bit_value(high, bit(0), value)),
+            C::or(low[1], C::bit_value(high, bit(1), value)),
+            C::or(low[2], C::bit_value(high, bit(2), value)),
+            C::or(low[3], C::bit_value(high, bit(3), value)),
+        ]
+    }
+}
+
+/// Two bits a value: 64 bytes from 16, each 32 holding a quad.
+impl KQuant for Q2K {
+    const TY: GgmlType = GgmlType::Q2_K;
+
+    #[inline(always)]
+    unsafe fn high<C: Bytes32>(_: &[u8]) -> C {
+        // SAFETY: the module's `# Safety`.
+        unsafe { C::splat(0) }
+    }
+
+    #[inline(always)]
+    unsafe fn quad<C: Bytes32>(b: &[u8], _: C, q: usize) -> [C; 4] {
+        // SAFETY: the module's `# Safety`.
+        unsafe { crumbs(b, 16 + 32 * q) }
+    }
+}
+
+/// Q2_K's layout from 32, with a third bit (4) per value from the 32 bytes
+/// at 0: bit `u` of byte `e` for element `e` of unit `u`.
+impl KQuant for Q3K {
+    const TY: GgmlType = GgmlType::Q3_K;
+
+    #[inline(always)]
+    unsafe fn high<C: Bytes32>(b: &[u8]) -> C {
+        // SAFETY: the module's `# Safety`.
+        unsafe { C::load(at(b, 0)) }
+    }
+
+    #[inline(always)]
+    unsafe fn quad<C: Bytes32>(b: &[u8], high: C, q: usize) -> [C; 4] {
+        // SAFETY: the module's `# Safety`.
+        unsafe { with_bits(crumbs::<C>(b, 32 + 32 * q), high, 4 * q, C::splat(4)) }
+    }
+}
+
+/// Nibbles: 128 bytes from 16, each 32 the low then the high nibbles of
+/// two units.
+impl KQuant for Q4K {
+    const TY: GgmlType = GgmlType::Q4_K;
+
+    #[inline(always)]
+    unsafe fn high<C: Bytes32>(_: &[u8]) -> C {
+        // SAFETY: the module's `# Safety`.
+        unsafe { C::splat(0) }
+    }
+
+    #[inline(always)]
+    unsafe fn quad<C: Bytes32>(b: &[u8], _: C, q: usize) -> [C; 4] {
+        // SAFETY: the module's `# Safety`.
+        unsafe { nibble_pairs(b, 16 + 64 * q) }
+    }
+}
+
+/// Q4_K's nibbles from 48, with a fifth bit (16) per value from the 32
+/// bytes at 16: bit `u` of byte `e` for element `e` of unit `u`.
+impl KQuant for Q5K {
+    const TY: GgmlType = GgmlType::Q5_K;
+
+    #[inline(always)]
+    unsafe fn high<C: Bytes32>(b: &[u8]) -> C {
+        // SAFETY: the module's `# Safety`.
+        unsafe { C::load(at(b, 16)) }
+    }
+
+    #[inline(always)]
+    unsafe fn quad<C: Bytes32>(b: &[u8], high: C, q: usize) -> [C; 4] {
+        // SAFETY: the module's `# Safety`.
+        unsafe { with_bits(nibble_pairs::<C>(b, 48 + 64 * q), high, 4 * q, C::splat(16)) }
+    }
+}
+
+/// Four low bits from the 128 bytes at 0 (per 128-element half: the low
+/// nibbles of bytes 0..32 and 32..64, then their high nibbles) and two high
+/// bits from the 64 bytes at 128 (per half, bit pairs 0, 2, 4, 6 of 32
+/// bytes).
+impl KQuant for Q6K {
+    const TY: GgmlType = GgmlType::Q6_K;
+
+    #[inline(always)]
+    unsafe fn high<C: Bytes32>(_: &[u8]) -> C {
+        // SAFETY: the module's `# Safety`.
+        unsafe { C::splat(0) }
+    }
+
+    #[inline(always)]
+    unsafe fn quad<C: Bytes32>(b: &[u8], _: C, q: usize) -> [C; 4] {
+        // SAFETY: the module's `# Safety`.
+        unsafe {
+            let (l0, l1) = (C::load(at(b, 64 * q)), C::load(at(b, 64 * q + 32)));
+            let lows = [
+                C::shr_mask(l0, 0, 0xF),
+                C::shr_mask(l1, 0, 0xF),
+                C::shr_mask(l0, 4, 0xF),
+                C::shr_mask(l1, 4, 0xF),
+            ];
+            let [h0, h1, h2, h3] = crumbs::<C>(b, 128 + 32 * q);
+            [
+                C::or(lows[0], C::shl(h0, 4)),
+                C::or(lows[1], C::shl(h1, 4)),
+                C::or(lows[2], C::shl(h2, 4)),
+                C::or(lows[3], C::shl(h3, 4)),
+            ]
+        }
     }
 }

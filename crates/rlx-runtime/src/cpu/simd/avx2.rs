@@ -90,8 +90,9 @@ impl Bytes32 for __m256i {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn shl(v: Self, n: u32) -> Self {
-        let shifted = _mm256_sll_epi16(v, _mm_cvtsi32_si128(n as i32));
-        _mm256_and_si256(shifted, _mm256_set1_epi8((0xFFu8 << n) as i8))
+        // A 16-bit shift: the low byte's top bits would enter the high
+        // byte, which the contract rules out.
+        _mm256_sll_epi16(v, _mm_cvtsi32_si128(n as i32))
     }
 
     #[inline]

@@ -43,8 +43,8 @@ pub(crate) trait Bytes32: Copy {
     unsafe fn sub(a: Self, b: Self) -> Self;
     /// `(v >> n) & mask` in every byte (`n < 8`).
     unsafe fn shr_mask(v: Self, n: u32, mask: u8) -> Self;
-    /// `v << n` in every byte, the bits shifted out of a byte dropped
-    /// (`n < 8`).
+    /// `v << n` in every byte, for bytes below `1 << (8 − n)` (`n < 8`):
+    /// bits shifted out of a byte may enter the next one.
     unsafe fn shl(v: Self, n: u32) -> Self;
     /// `value` in every byte whose bit `bit` is set in `bits`, 0 elsewhere.
     unsafe fn bit_value(bits: Self, bit: u32, value: Self) -> Self;
