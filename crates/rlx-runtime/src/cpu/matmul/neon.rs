@@ -15,7 +15,9 @@ use rlx_gguf::GgmlType;
 use std::arch::aarch64::*;
 use std::sync::OnceLock;
 
-use super::formats::{Iq4Nl, Legacy, Mxfp4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::formats::{
+    Iq4Nl, KQuant, Legacy, Mxfp4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+};
 use super::scalar::{e8m0_half, scale_min_k4, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES};
 use crate::cpu::arm::sdot;
 use crate::cpu::simd::neon::U8x32;
@@ -432,11 +434,30 @@ unsafe fn sub32_sum(
     }
 }
 
-/// Q4_K and Q5_K (`QH` true: a fifth bit per element from 32 bytes at 16):
-/// eight sub-blocks of 32 with 6-bit scales and mins; the nibbles of 32
-/// bytes are two sub-blocks (low, then high).
+/// A K-quant block's eight units (`formats.rs`), as 16 signed vectors of
+/// 16 codes in element order.
 #[inline(always)]
-unsafe fn k4_block<const QH: bool>(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
+unsafe fn k_units<F: KQuant>(wb: &[u8]) -> [int8x16_t; 16] {
+    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
+    // CPU); the block is read through its slice.
+    unsafe {
+        let high = F::high::<U8x32>(wb);
+        let [a, b] = [0, 1].map(|q| F::quad::<U8x32>(wb, high, q));
+        let units = [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]];
+        std::array::from_fn(|i| {
+            let (lo, hi) = units[i / 2].signed();
+            if i % 2 == 0 {
+                lo
+            } else {
+                hi
+            }
+        })
+    }
+}
+
+/// Q4_K and Q5_K: eight sub-blocks of 32 with 6-bit scales and mins.
+#[inline(always)]
+unsafe fn k4_block<F: KQuant>(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
     // CPU), so every load and store stays inside the slices it names.
     unsafe {
@@ -445,25 +466,8 @@ unsafe fn k4_block<const QH: bool>(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
         let d = f16[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
         let dmin = f16[usize::from(u16::from_le_bytes([wb[2], wb[3]]))];
         let scales = &wb[4..16];
-        let qs = if QH { 48 } else { 16 };
-        // SAFETY: Q5_K's 32 high-bit bytes at 16.
-        let qh = QH.then(|| [vld1q_u8(wb.as_ptr().add(16)), vld1q_u8(wb.as_ptr().add(32))]);
-        let one = vdupq_n_u8(1);
-        let pair = |p: usize| {
-            // SAFETY: 128 bytes of nibbles from `qs` in a 144/176-byte block.
-            let (l0, h0) = nibbles(wb.as_ptr().add(qs + 32 * p));
-            let (l1, h1) = nibbles(wb.as_ptr().add(qs + 32 * p + 16));
-            let mut v = [l0, l1, h0, h1];
-            if let Some(qh) = qh {
-                for (i, x) in v.iter_mut().enumerate() {
-                    // Element e's bit is bit e / 32 of qh[e % 32].
-                    let shift = vdupq_n_s8(-((2 * p + i / 2) as i8));
-                    let bit = vandq_u8(vshlq_u8(qh[i % 2], shift), one);
-                    *x = vorrq_u8(*x, vshlq_n_u8::<4>(bit));
-                }
-            }
-            v.map(|x| vreinterpretq_s8_u8(x))
-        };
+        let v = k_units::<F>(wb);
+        let pair = |p: usize| [v[4 * p], v[4 * p + 1], v[4 * p + 2], v[4 * p + 3]];
         let sumi = sub32_sum(ab, dot, |j| i32::from(scale_min_k4(j, scales).0), pair);
         let bsum = |i: usize| i32::from(i16::from_le_bytes([ab[260 + 2 * i], ab[261 + 2 * i]]));
         let summ: i32 = (0..8)
@@ -477,14 +481,14 @@ unsafe fn k4_block<const QH: bool>(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
 unsafe fn q4_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
     // CPU), so every load and store stays inside the slices it names.
-    unsafe { k4_block::<false>(wb, ab, dot) }
+    unsafe { k4_block::<Q4K>(wb, ab, dot) }
 }
 
 #[inline(always)]
 unsafe fn q5_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
     // CPU), so every load and store stays inside the slices it names.
-    unsafe { k4_block::<true>(wb, ab, dot) }
+    unsafe { k4_block::<Q5K>(wb, ab, dot) }
 }
 
 /// IQ4_XS: eight sub-blocks of 32 code-table values with 6-bit scales less
@@ -514,8 +518,7 @@ unsafe fn iq4_xs_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     }
 }
 
-/// Q6_K: sixteen sub-blocks of 16 with 8-bit scales; four bits from `ql`,
-/// two from `qh`, minus 32.
+/// Q6_K: sixteen sub-blocks of 16 with 8-bit scales; codes stored + 32.
 #[inline(always)]
 unsafe fn q6_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
@@ -523,36 +526,13 @@ unsafe fn q6_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     unsafe {
         let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
         let d = f16_table()[usize::from(u16::from_le_bytes([wb[208], wb[209]]))];
-        let mask = vdupq_n_u8(0x0f);
-        let three = vdupq_n_u8(3);
+        let v = k_units::<Q6K>(wb);
         let mut sumi = 0i32;
-        for h in 0..2 {
-            // SAFETY: a 210-byte block: `ql` 128 bytes from 0, `qh` 64 from 128.
-            let ql = wb.as_ptr().add(64 * h);
-            let qh = wb.as_ptr().add(128 + 32 * h);
-            let lo: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(ql.add(16 * i)));
-            let hb: [uint8x16_t; 2] = std::array::from_fn(|i| vld1q_u8(qh.add(16 * i)));
-            for quad in 0..4 {
-                for k in 0..2 {
-                    let byte = lo[2 * (quad % 2) + k];
-                    let low = if quad < 2 {
-                        vandq_u8(byte, mask)
-                    } else {
-                        vshrq_n_u8::<4>(byte)
-                    };
-                    let shift = vdupq_n_s8(-2 * quad as i8);
-                    let high = vandq_u8(vshlq_u8(hb[k], shift), three);
-                    let v = vsubq_s8(
-                        vreinterpretq_s8_u8(vorrq_u8(low, vshlq_n_u8::<4>(high))),
-                        vdupq_n_s8(32),
-                    );
-                    // SAFETY: element 128h + 32·quad + 16k of the 256 from 4.
-                    let a =
-                        vld1q_s8(ab.as_ptr().add(4 + 128 * h + 32 * quad + 16 * k) as *const i8);
-                    let j = 8 * h + 2 * quad + k;
-                    sumi += i32::from(wb[192 + j] as i8) * dot16(dot, v, a);
-                }
-            }
+        for (j, v) in v.into_iter().enumerate() {
+            let v = vsubq_s8(v, vdupq_n_s8(32));
+            // SAFETY: elements 16j .. 16j + 16 of the 256 from 4.
+            let a = vld1q_s8(ab.as_ptr().add(4 + 16 * j) as *const i8);
+            sumi += i32::from(wb[192 + j] as i8) * dot16(dot, v, a);
         }
         (da * d) * sumi as f32
     }
@@ -605,20 +585,6 @@ unsafe fn sub16_sum(
     }
 }
 
-/// Sub-block `j` of 16 of Q2_K/Q3_K's 2-bit values (64 bytes as four
-/// vectors), in the low two bits: each byte holds elements `l`, `l + 32`,
-/// `l + 64`, `l + 96` of one 128-element half, so `j = 8h + 2s + k` is
-/// bits `2s` of vector `2h + k`.
-#[inline(always)]
-unsafe fn crumbs(qs: &[uint8x16_t; 4], j: usize) -> uint8x16_t {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        let (h, s, k) = (j / 8, j / 2 % 4, j % 2);
-        vshlq_u8(qs[2 * h + k], vdupq_n_s8(-2 * s as i8))
-    }
-}
-
 /// Q2_K: sixteen sub-blocks of 16 with 4-bit scales (low nibbles) and mins
 /// (high nibbles) in the 16 bytes at 0; 2-bit values from 16.
 #[inline(always)]
@@ -632,12 +598,9 @@ unsafe fn q2_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
         let dmin = f16[usize::from(u16::from_le_bytes([wb[82], wb[83]]))];
         // SAFETY: an 84-byte block: 16 scale bytes from 0, 64 of values from 16.
         let sc = vld1q_u8(wb.as_ptr());
-        let qs: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(wb.as_ptr().add(16 + 16 * i)));
         let scales = widen(vreinterpretq_s8_u8(vandq_u8(sc, vdupq_n_u8(0x0f))));
-        let three = vdupq_n_u8(3);
-        let sumi = sub16_sum(ab, dot, scales, |j| {
-            vreinterpretq_s8_u8(vandq_u8(crumbs(&qs, j), three))
-        });
+        let v = k_units::<Q2K>(wb);
+        let sumi = sub16_sum(ab, dot, scales, |j| v[j]);
         // Σ min_j · bsum_j, with the activations' 16 i16 run sums at 260.
         let mins = vshrq_n_u8::<4>(sc);
         let (m0, m1) = (
@@ -669,10 +632,7 @@ unsafe fn q3_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
         let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
         let d = f16_table()[usize::from(u16::from_le_bytes([wb[108], wb[109]]))];
         let p = wb.as_ptr();
-        // SAFETY: a 110-byte block: `hmask` 32 bytes from 0, values 64 from 32,
-        // the scales' low nibbles 8 bytes from 96.
-        let hmask = [vld1q_u8(p), vld1q_u8(p.add(16))];
-        let qs: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(p.add(32 + 16 * i)));
+        // SAFETY: a 110-byte block: the scales' low nibbles 8 bytes from 96.
         let low = vld1_u8(p.add(96));
         // Scale j: the low nibble of byte j (j < 8) or high of j - 8, and high
         // bits from the 4 bytes at 104, less 32.
@@ -684,13 +644,9 @@ unsafe fn q3_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
         let shifts = vld1q_s8(HIGH_SHIFTS.as_ptr());
         let high = vandq_u8(vshlq_u8(high, shifts), vdupq_n_u8(0x30));
         let scales = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(low, high)), vdupq_n_s8(32));
-        let three = vdupq_n_u8(3);
-        let sumi = sub16_sum(ab, dot, widen(scales), |j| {
-            // The elements' bit is bit j / 2 of hmask vector j % 2; where it is
-            // clear, setting bits 2–7 over the 2-bit value takes 4 from it.
-            let clear = vceqzq_u8(vandq_u8(hmask[j % 2], vdupq_n_u8(1 << (j / 2))));
-            vreinterpretq_s8_u8(vbslq_u8(three, crumbs(&qs, j), clear))
-        });
+        // Codes stored + 4.
+        let v = k_units::<Q3K>(wb).map(|v| vsubq_s8(v, vdupq_n_s8(4)));
+        let sumi = sub16_sum(ab, dot, widen(scales), |j| v[j]);
         (da * d) * sumi as f32
     }
 }
