@@ -123,3 +123,35 @@ fn run_model(model: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+#[test]
+fn an_instruction_set_cap_is_taken_or_refused_by_name() {
+    // The portable kernels run anywhere, and the bench says which ran.
+    let out = rlx()
+        .args(["bench", "-m"])
+        .arg(tiny())
+        .args(["-p", "0", "-n", "2", "-r", "1", "--json", "--isa", "scalar"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let backend = json[0]["backend"].as_str().unwrap();
+    assert!(backend.ends_with(", scalar"), "{backend}");
+    // Another architecture's set is an error naming what this CPU has.
+    let other = if cfg!(target_arch = "aarch64") {
+        "avx2"
+    } else {
+        "neon"
+    };
+    let (code, err) = run("run", &["-n", "2", "--raw", "--isa", other, "Hello"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("--isa {other}")) && err.contains("choose from scalar"),
+        "{err}"
+    );
+}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use rlx_gguf::GgufFile;
 use rlx_ir::{Bindings, CacheSlot, Sym};
+use rlx_runtime::cpu::features::Isa;
 use rlx_runtime::{
     open, Backend, BackendOptions, CompileOptions, Device, Executable, KvDType, KvError,
     KvLayerSpec, KvPoolConfig, KvTypes, Placement, Precision, RunError, SplitBackend, WeightStore,
@@ -106,6 +107,9 @@ pub struct ModelOptions {
     /// Where a GPU backend keeps its compiled kernels between runs (`None`:
     /// compiled at every start).
     pub kernel_cache: Option<std::path::PathBuf>,
+    /// The highest instruction set the CPU's kernels may use (lowered to
+    /// what the CPU has); `None`: the best it has.
+    pub isa: Option<Isa>,
 }
 
 impl Default for ModelOptions {
@@ -117,6 +121,7 @@ impl Default for ModelOptions {
             batch_invariant: false,
             offload: Offload::default(),
             kernel_cache: None,
+            isa: None,
         }
     }
 }
@@ -172,6 +177,7 @@ impl Model {
         let store = Arc::new(WeightStore::new(Arc::new(file)));
         let threads = BackendOptions {
             kernel_cache: options.kernel_cache.clone(),
+            isa: options.isa,
             ..BackendOptions::threads(options.threads)
         };
         let off = &options.offload;

@@ -14,7 +14,8 @@ use rlx_ir::{Graph, Op};
 
 use crate::batch::Batch;
 use crate::compile::{CompileOptions, HostTensor, Precision, RunError, StepOutputs, Tap};
-use crate::cpu::CpuBackend;
+use crate::cpu::features::Isa;
+use crate::cpu::{CpuBackend, CpuDevice};
 use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet, StepLayout};
 use crate::reduce::{reduce_row, LogitRows, RowDigest, RowReduce};
 use crate::weights::WeightStore;
@@ -65,6 +66,9 @@ pub struct BackendOptions {
     /// Where a device that compiles its kernels at start keeps them between
     /// runs; `None`: compiled at every start.
     pub kernel_cache: Option<std::path::PathBuf>,
+    /// The highest instruction set the CPU's kernels may use (lowered to
+    /// what the CPU has); `None`: the best it has.
+    pub isa: Option<Isa>,
 }
 
 impl BackendOptions {
@@ -74,6 +78,7 @@ impl BackendOptions {
             threads,
             weights: None,
             kernel_cache: None,
+            isa: None,
         }
     }
 }
@@ -257,7 +262,12 @@ pub fn open(
     opts: &BackendOptions,
 ) -> Result<Arc<dyn Backend>, RunError> {
     match device {
-        Device::Cpu => Ok(Arc::new(CpuBackend::new(Arc::clone(store), opts.threads))),
+        Device::Cpu => {
+            let cpu = CpuDevice::new(opts.threads);
+            let isa = opts.isa.map_or(cpu.isa(), |cap| cap.min(cpu.isa()));
+            let cpu = cpu.with_isa(isa);
+            Ok(Arc::new(CpuBackend::with_device(Arc::clone(store), cpu)))
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) => Ok(Arc::new(crate::cuda::CudaBackend::new(
             ordinal,

@@ -342,6 +342,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     "repetitions": r.tps.len(),
                     "precision": args.model.precision_name(),
                     "device": args.model.device,
+                    "backend": model.backend().describe(),
+                    "cpu": cpu_name(),
                     "kv_type": kv.to_string(),
                     "model_bytes": file_bytes,
                     "bytes_per_token": r.bytes_per_token,
@@ -375,6 +377,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     .map_or(String::new(), |f| format!("{:.0} %", f * 100.0))
             )?;
         }
+        writeln!(
+            out,
+            "\nbackend: {}; cpu: {}",
+            model.backend().describe(),
+            cpu_name().unwrap_or_else(|| "unknown".into())
+        )?;
         if bandwidth > 0.0 {
             writeln!(
                 out,
@@ -384,4 +392,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The CPU's model name, as Linux reports it.
+fn cpu_name() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map(|(_, name)| name.trim().to_string())
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use rlx_gemma::{Device, GpuLayers, Model, ModelOptions, Offload};
+use rlx_runtime::cpu::features::Isa;
 use rlx_runtime::Precision;
 use rlx_runtime::{KvChoice, KvDType, KvTypes};
 
@@ -37,6 +38,11 @@ pub struct ModelArgs {
     /// the row kernels at every batch size, at some cost to batched speed.
     #[arg(long)]
     pub batch_invariant: bool,
+    /// The highest instruction set the CPU kernels may use: `auto` (the
+    /// best this CPU has), or `avx512`, `avx2`, `neon`, `scalar` to compare
+    /// paths on one machine (e.g. the AVX2-only path of a CPU with AVX-512).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "avx512", "avx2", "neon", "scalar"])]
+    pub isa: String,
     /// K/V cache type of keys and values: `f32`, `f16`, `bf16` (half the
     /// cache memory and bandwidth), `q8_0`, `q4_0` (ggml's blocks: about a
     /// quarter and an eighth of f32), or `auto`: f32 with `exact`, f16 with
@@ -94,6 +100,32 @@ impl ModelArgs {
         (choice != KvChoice::default()).then(|| choice.resolve(model.default_kv_dtype()))
     }
 
+    /// The instruction-set cap `--isa` names (`None` for `auto`); one this
+    /// CPU lacks is an error.
+    pub fn isa(&self) -> Result<Option<Isa>> {
+        let isa = match self.isa.as_str() {
+            "auto" => return Ok(None),
+            "avx512" => Isa::Avx512,
+            "avx2" => Isa::Avx2,
+            "neon" => Isa::Neon,
+            _ => Isa::Scalar,
+        };
+        let arm = cfg!(target_arch = "aarch64");
+        let this_arch = isa == Isa::Scalar || (isa == Isa::Neon) == arm;
+        if !this_arch || isa > Isa::detect() {
+            bail!(
+                "--isa {isa}: this CPU's kernels go up to {} (choose from {})",
+                Isa::detect(),
+                Isa::supported()
+                    .iter()
+                    .map(|i| i.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        Ok(Some(isa))
+    }
+
     /// The device `--device` names.
     pub fn device(&self) -> Result<Device> {
         Device::parse(&self.device).map_err(|e| anyhow::anyhow!("--device: {e}"))
@@ -133,6 +165,7 @@ impl ModelArgs {
             _ => Precision::Exact,
         };
         opts.batch_invariant = self.batch_invariant;
+        opts.isa = self.isa()?;
         opts.offload = self.offload(kv_tokens, opts.device)?;
         // NVRTC takes tens of seconds over the GPU kernels at every start
         // without a cache.

@@ -75,11 +75,14 @@ impl Backend for CpuBackend {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "cpu: {} threads, {:?}",
-            self.device.threads(),
-            self.device.isa()
-        )
+        let isa = self.device.isa();
+        let extra = match isa {
+            Isa::Avx512 if features::has_avx512_vnni() => " + vnni",
+            Isa::Neon if features::has_neon_i8mm() => " + dotprod + i8mm",
+            Isa::Neon if features::has_neon_dotprod() => " + dotprod",
+            _ => "",
+        };
+        format!("cpu: {} threads, {isa}{extra}", self.device.threads())
     }
 
     fn store(&self) -> &Arc<WeightStore> {

@@ -151,6 +151,9 @@ struct Tiles {
     widen_f16: unsafe fn(&[u16], &mut [f32]),
     /// bf16 bits to f32.
     widen_bf16: unsafe fn(&[u16], &mut [f32]),
+    /// The instruction set they are compiled for (block K/V rows are
+    /// dequantized with its kernels).
+    isa: Isa,
 }
 
 impl Tiles {
@@ -708,7 +711,7 @@ fn block_rows<'a>(
             tile.resize(nk * dim, 0.0);
             for (j, dst) in tile.chunks_exact_mut(dim).enumerate() {
                 let at = start + j * stride;
-                dequantize_blocks(ty, &v[bytes(at)..bytes(at + dim)], dst);
+                dequantize_blocks(ty, tiles.isa, &v[bytes(at)..bytes(at + dim)], dst);
             }
             return Block::F32(&tile[..], dim);
         }

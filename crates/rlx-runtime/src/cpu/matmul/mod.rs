@@ -156,11 +156,12 @@ pub enum MatmulError {
 }
 
 /// Dequantizes whole blocks of `ty` into `dst` (`rlx_gguf::dequantize`'s
-/// values, bit for bit) with the fastest kernel this CPU has for the type.
-pub(crate) fn dequantize_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
-    // SAFETY: `dequant` hands out kernels of the ISA asked for, which is
-    // what this CPU has.
-    unsafe { kernels::dequant(ty, Isa::detect()).apply(src, dst) }
+/// values, bit for bit) with the fastest kernel for the type up to `isa`
+/// (lowered to what this CPU has).
+pub(crate) fn dequantize_blocks(ty: GgmlType, isa: Isa, src: &[u8], dst: &mut [f32]) {
+    // SAFETY: `dequant` hands out kernels of the ISA asked for, which is at
+    // most what this CPU has.
+    unsafe { kernels::dequant(ty, isa.min(Isa::detect())).apply(src, dst) }
 }
 
 /// The activation format [`Precision::Quantized`] pairs with weights of type

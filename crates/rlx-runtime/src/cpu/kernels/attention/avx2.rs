@@ -7,5 +7,8 @@
 use std::arch::x86_64::*;
 
 use super::simd::tiles;
+use crate::cpu::features::Isa;
 
-tiles!(__m256, "avx2,fma,f16c", scores: (2, 4, 8), pv: (2, 4, 4));
+tiles!(
+    __m256,
+    Isa::Avx2, "avx2,fma,f16c", scores: (2, 4, 8), pv: (2, 4, 4));

@@ -6,5 +6,8 @@
 use std::arch::aarch64::*;
 
 use super::simd::tiles;
+use crate::cpu::features::Isa;
 
-tiles!(float32x4_t, "neon", scores: (2, 4, 8), pv: (4, 8, 8));
+tiles!(
+    float32x4_t,
+    Isa::Neon, "neon", scores: (2, 4, 8), pv: (4, 8, 8));

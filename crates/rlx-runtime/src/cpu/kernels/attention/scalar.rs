@@ -3,9 +3,11 @@
 use half::{bf16, f16};
 
 use super::{Tiles, KEYS};
+use crate::cpu::features::Isa;
 use crate::cpu::kernels::elementwise::exp_f32;
 
 pub(super) const TILES: Tiles = Tiles {
+    isa: Isa::Scalar,
     scores: scores::<f32>,
     scores_f16: scores::<u16>,
     softmax,

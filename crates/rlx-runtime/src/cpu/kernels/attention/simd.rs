@@ -60,18 +60,20 @@ impl Elem for u16 {
 }
 
 /// Compiles the tile kernels for one instruction set: `$v` its [`Lanes`],
-/// `$features` what they need, `scores` the keys per register tile for 4,
+/// `$isa` the set, `$features` what they need, `scores` the keys per register tile for 4,
 /// 2 and 1 query rows (rows × keys accumulators, a multiple of `N`),
 /// `pv` the column vectors per register tile for 4, 2 and 1 rows. Defines
 /// `TILES`.
 macro_rules! tiles {
     (
         $v:ty,
+        $isa:expr,
         $features:literal,
         scores: ($c4:literal, $c2:literal, $c1:literal),
         pv: ($n4:literal, $n2:literal, $n1:literal) $(,)?
     ) => {
         pub(super) const TILES: super::Tiles = super::Tiles {
+            isa: $isa,
             scores: entry::scores::<f32>,
             scores_f16: entry::scores::<u16>,
             softmax: entry::softmax,
