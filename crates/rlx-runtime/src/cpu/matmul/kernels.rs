@@ -183,7 +183,8 @@ fn scalar_quant_dot(ty: GgmlType) -> Option<VecDot> {
 }
 
 /// VNNI kernels where written (they need AVX-512 VNNI on top of
-/// [`Isa::Avx512`]), else the AVX2 ones.
+/// [`Isa::Avx512`]), else the AVX2 ones (the same row kernels for the
+/// formats VNNI has them for).
 #[cfg(target_arch = "x86_64")]
 fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
     use super::super::features::has_avx512_vnni;
@@ -214,12 +215,17 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
     if isa < Isa::Avx2 {
         return None;
     }
+    // The row kernels of the VNNI formats, with AVX2's dot.
+    let rows = |rows: RowsDot| Some(QuantDot::Rows { rows, panel: None });
+    match ty {
+        T::Q8_0 => return rows(v::rows_avx2::<{ v::Q8_0 }>),
+        T::Q4_0 => return rows(v::rows_avx2::<{ v::Q4_0 }>),
+        T::Q5_0 => return rows(v::rows_avx2::<{ v::Q5_0 }>),
+        _ => {}
+    }
     Some(QuantDot::Row(match ty {
-        T::Q4_0 => avx2::vec_dot_legacy::<f::Q4_0>,
         T::Q4_1 => avx2::vec_dot_legacy::<f::Q4_1>,
-        T::Q5_0 => avx2::vec_dot_legacy::<f::Q5_0>,
         T::Q5_1 => avx2::vec_dot_legacy::<f::Q5_1>,
-        T::Q8_0 => avx2::vec_dot_legacy::<f::Q8_0>,
         T::IQ4_NL => avx2::vec_dot_legacy::<f::Iq4Nl>,
         T::MXFP4 => avx2::vec_dot_legacy::<f::Mxfp4>,
         T::Q2_K => avx2::vec_dot_q2_k,

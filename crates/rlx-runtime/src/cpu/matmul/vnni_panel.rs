@@ -65,7 +65,7 @@ unsafe fn tile<const TYPE: u8, const R: usize>(
             for r in 0..R {
                 let wb = w.add(r * row_bytes + b * wb_bytes);
                 _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
-                _mm256_storeu_si256(wq[r].as_mut_ptr().cast(), codes::<TYPE>(wb));
+                _mm256_storeu_si256(wq[r].as_mut_ptr().cast(), codes::<TYPE, true>(wb));
                 let dw = table[usize::from(wb.cast::<u16>().read_unaligned())];
                 let mut sum = start;
                 for (q, &x) in x.iter().enumerate() {

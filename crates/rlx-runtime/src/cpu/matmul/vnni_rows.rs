@@ -1,19 +1,26 @@
-//! AVX-512 VNNI kernels for the 32-element block formats (Q4_0, Q5_0, Q8_0)
-//! against Q8_0 activations, several weight rows per call.
+//! Kernels for the 32-element block formats (Q4_0, Q5_0, Q8_0) against Q8_0
+//! activations, several weight rows per call, written once for two x86
+//! integer dots: AVX-512 VNNI's `vpdpbusd` on 256-bit vectors ([`rows`]) and
+//! AVX2's `vpmaddubsw` + `vpmaddwd` ([`rows_avx2`]).
 //!
 //! Each activation block is loaded once and dotted with 4 weight rows. The
 //! weight codes are made unsigned (`q + C`, with `C` = 8, 16 or 128), so one
-//! `vpdpbusd` forms `Σ (q + C)·x`; its accumulator starts at `−C·Σx` (computed
-//! once per activation block), which leaves the exact `Σ q·x`. Per block, per
-//! row: `acc += (f32(Σ) · d_x) · d_w` in 8 lanes, reduced once per row. A row's
-//! operations don't depend on which rows share its call, so results don't
-//! depend on the task split.
+//! unsigned × signed dot forms `Σ (q + C)·x`; its accumulator starts at
+//! `−C·Σx` (computed once per activation block), which leaves the exact
+//! `Σ q·x`. AVX2's pairwise `vpmaddubsw` would saturate on Q8_0's
+//! `(q + 128)·x`, so there Q8_0 stays signed: `|q| · (x with q's sign)`.
+//! Per block, per row: `acc += (f32(Σ) · d_x) · d_w` in 8 lanes, reduced once
+//! per row. A row's operations don't depend on which rows share its call, so
+//! results don't depend on the task split.
 //!
 //! # Safety
-//! Every function needs AVX-512 F + BW + VL + VNNI (on top of AVX2, FMA,
-//! F16C): `kernels` hands them out only when `has_avx512_vnni()` and the
-//! requested ISA is `Isa::Avx512`, which `matmul` checks against the CPU. The
-//! entry points check the slice lengths before any raw-pointer read.
+//! [`rows`] needs AVX-512 F + BW + VL + VNNI (on top of AVX2, FMA, F16C):
+//! `kernels` hands it out only when `has_avx512_vnni()` and the requested ISA
+//! is `Isa::Avx512`; [`rows_avx2`] needs AVX2 + FMA + F16C and is handed out
+//! from `Isa::Avx2` on; `matmul` checks the ISA against the CPU. The other
+//! functions are `#[inline(always)]` and run only inlined into those two
+//! entry points, with their features. The entry points check the slice
+//! lengths before any raw-pointer read.
 
 use std::arch::x86_64::*;
 
@@ -21,6 +28,7 @@ use super::avx2::hsum_ps;
 
 use super::scalar::Q8_0_BYTES;
 use crate::cpu::simd::table::f16_table;
+use crate::cpu::simd::Bytes32;
 
 /// Weight formats [`rows`] handles.
 pub(super) const Q8_0: u8 = 0;
@@ -46,21 +54,23 @@ pub(super) const fn layout(ty: u8) -> (usize, i8) {
     }
 }
 
-/// The block's 32 codes plus `C`, as u8.
+/// The block's 32 codes plus `C`, as u8 (Q8_0's as they are, signed, for
+/// AVX2: see the module's notes).
 ///
 /// # Safety
 /// `wb` points at a whole block of format `TYPE`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn codes<const TYPE: u8>(wb: *const u8) -> __m256i {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
+#[inline(always)]
+pub(super) unsafe fn codes<const TYPE: u8, const VNNI: bool>(wb: *const u8) -> __m256i {
+    // SAFETY: this function's contract (the module's `# Safety`): it runs
+    // inlined into an entry point with the features of `VNNI`'s dot, and the
     // entry point checked the slice lengths the pointers walk.
     unsafe {
         match TYPE {
-            Q8_0 => _mm256_xor_si256(
+            Q8_0 if VNNI => _mm256_xor_si256(
                 _mm256_loadu_si256(wb.add(2).cast()),
                 _mm256_set1_epi8(0x80u8 as i8),
             ),
+            Q8_0 => _mm256_loadu_si256(wb.add(2).cast()),
             _ => {
                 let qs = if TYPE == Q4_0 { wb.add(2) } else { wb.add(6) };
                 // Low nibbles in bytes 0..16, high nibbles in 16..32 (an
@@ -73,10 +83,40 @@ pub(super) unsafe fn codes<const TYPE: u8>(wb: *const u8) -> __m256i {
                 } else {
                     // Bit e of qh is element e's fifth bit.
                     let qh = wb.add(2).cast::<u32>().read_unaligned();
-                    // Nibbles are < 16, so adding 16 sets the bit.
-                    _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(0x10))
+                    if VNNI {
+                        // Nibbles are < 16, so adding 16 sets the bit.
+                        _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(0x10))
+                    } else {
+                        let high = <__m256i as Bytes32>::from_bits(qh);
+                        _mm256_or_si256(nib, _mm256_and_si256(high, _mm256_set1_epi8(0x10)))
+                    }
                 }
             }
+        }
+    }
+}
+
+/// `Σ codes·x` over each group of four bytes into the i32 lanes of `acc`:
+/// one `vpdpbusd`, or AVX2's pairwise products (`codes` unsigned below 128
+/// there, or for Q8_0 signed: see the module's notes).
+#[inline(always)]
+unsafe fn dot<const TYPE: u8, const VNNI: bool>(
+    acc: __m256i,
+    codes: __m256i,
+    x: __m256i,
+) -> __m256i {
+    // SAFETY: as for [`codes`].
+    unsafe {
+        if VNNI {
+            _mm256_dpbusd_epi32(acc, codes, x)
+        } else {
+            let (u, s) = if TYPE == Q8_0 {
+                (_mm256_sign_epi8(codes, codes), _mm256_sign_epi8(x, codes))
+            } else {
+                (codes, x)
+            };
+            let pairs = _mm256_maddubs_epi16(u, s);
+            _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
         }
     }
 }
@@ -89,9 +129,8 @@ pub(super) unsafe fn codes<const TYPE: u8>(wb: *const u8) -> __m256i {
 /// # Safety
 /// `w + r·row_bytes` for `r < R` and `a + i·a_row_bytes` for `i < M` point at
 /// `nb` whole blocks each.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile<const TYPE: u8, const R: usize, const M: usize>(
+#[inline(always)]
+unsafe fn tile<const TYPE: u8, const R: usize, const M: usize, const VNNI: bool>(
     w: *const u8,
     row_bytes: usize,
     nb: usize,
@@ -112,16 +151,21 @@ unsafe fn tile<const TYPE: u8, const R: usize, const M: usize>(
             for r in 0..R {
                 let wb = w.add(r * row_bytes + b * wb_bytes);
                 _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
-                q[r] = codes::<TYPE>(wb);
+                q[r] = codes::<TYPE, VNNI>(wb);
                 dw[r] = _mm256_set1_ps(table[usize::from(wb.cast::<u16>().read_unaligned())]);
             }
             for (i, acc) in acc.iter_mut().enumerate() {
                 let ab = a.add(i * a_row_bytes + b * Q8_0_BYTES);
                 let x = _mm256_loadu_si256(ab.add(2).cast());
-                let start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, cv, x));
+                // AVX2's Q8_0 codes are signed: nothing to take off.
+                let start = if TYPE == Q8_0 && !VNNI {
+                    zero
+                } else {
+                    _mm256_sub_epi32(zero, dot::<Q4_0, VNNI>(zero, cv, x))
+                };
                 let dx = _mm256_set1_ps(table[usize::from(ab.cast::<u16>().read_unaligned())]);
                 for r in 0..R {
-                    let sum = _mm256_dpbusd_epi32(start, q[r], x);
+                    let sum = dot::<TYPE, VNNI>(start, q[r], x);
                     let t = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), dx);
                     acc[r] = _mm256_fmadd_ps(t, dw[r], acc[r]);
                 }
@@ -144,10 +188,9 @@ unsafe fn tile<const TYPE: u8, const R: usize, const M: usize>(
 ///
 /// # Safety
 /// The rows lie inside `w`, `a` holds `out.len()` rows of `nb` blocks.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn row_group<const TYPE: u8, const R: usize>(
+unsafe fn row_group<const TYPE: u8, const R: usize, const VNNI: bool>(
     w: *const u8,
     row_bytes: usize,
     nb: usize,
@@ -163,7 +206,7 @@ unsafe fn row_group<const TYPE: u8, const R: usize>(
         let done = out.len() / ACTS * ACTS;
         let mut groups = out.chunks_exact_mut(ACTS);
         for (g, o) in (&mut groups).enumerate() {
-            let y = tile::<TYPE, R, ACTS>(
+            let y = tile::<TYPE, R, ACTS, VNNI>(
                 w,
                 row_bytes,
                 nb,
@@ -176,7 +219,7 @@ unsafe fn row_group<const TYPE: u8, const R: usize>(
             }
         }
         for (i, o) in groups.into_remainder().iter_mut().enumerate() {
-            let [y] = tile::<TYPE, R, 1>(
+            let [y] = tile::<TYPE, R, 1, VNNI>(
                 w,
                 row_bytes,
                 nb,
@@ -192,8 +235,8 @@ unsafe fn row_group<const TYPE: u8, const R: usize>(
 /// `out[i][col + r]` = row `r` of `w` (rows of `row_bytes`) · Q8_0 activation
 /// row `i` of `acts` (rows of `a_row_bytes`), for every row of `w` and every
 /// `i < out.len()`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn rows<const TYPE: u8>(
+#[inline(always)]
+unsafe fn rows_body<const TYPE: u8, const VNNI: bool>(
     w: &[u8],
     row_bytes: usize,
     acts: &[u8],
@@ -214,7 +257,7 @@ pub(super) unsafe fn rows<const TYPE: u8>(
         while r + ROWS <= n {
             // SAFETY: rows r..r + ROWS lie inside `w`, and `acts` holds
             // `out.len()` rows of `nb` blocks (asserted above).
-            row_group::<TYPE, ROWS>(
+            row_group::<TYPE, ROWS, VNNI>(
                 w.add(r * row_bytes),
                 row_bytes,
                 nb,
@@ -228,7 +271,7 @@ pub(super) unsafe fn rows<const TYPE: u8>(
         }
         while r < n {
             // SAFETY: as above, for row `r`.
-            row_group::<TYPE, 1>(
+            row_group::<TYPE, 1, VNNI>(
                 w.add(r * row_bytes),
                 row_bytes,
                 nb,
@@ -241,4 +284,32 @@ pub(super) unsafe fn rows<const TYPE: u8>(
             r += 1;
         }
     }
+}
+
+/// [`rows_body`] with AVX-512 VNNI's dot.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn rows<const TYPE: u8>(
+    w: &[u8],
+    row_bytes: usize,
+    acts: &[u8],
+    a_row_bytes: usize,
+    out: &mut [&mut [f32]],
+    col: usize,
+) {
+    // SAFETY: this function's contract (the module's `# Safety`).
+    unsafe { rows_body::<TYPE, true>(w, row_bytes, acts, a_row_bytes, out, col) }
+}
+
+/// [`rows_body`] with AVX2's dot.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows_avx2<const TYPE: u8>(
+    w: &[u8],
+    row_bytes: usize,
+    acts: &[u8],
+    a_row_bytes: usize,
+    out: &mut [&mut [f32]],
+    col: usize,
+) {
+    // SAFETY: this function's contract (the module's `# Safety`).
+    unsafe { rows_body::<TYPE, false>(w, row_bytes, acts, a_row_bytes, out, col) }
 }
