@@ -188,7 +188,7 @@ fn scalar_quant_dot(ty: GgmlType) -> Option<VecDot> {
 #[cfg(target_arch = "x86_64")]
 fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
     use super::super::features::has_avx512_vnni;
-    use super::{avx2, avx512, formats as f, vnni_panel as p, vnni_rows as v};
+    use super::{avx2, avx512, formats as f, int8_rows as v, vnni_panel as p};
     use GgmlType as T;
     if isa >= Isa::Avx512 && has_avx512_vnni() {
         let f = match ty {

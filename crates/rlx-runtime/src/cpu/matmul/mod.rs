@@ -45,6 +45,8 @@ mod dequant;
 mod exact;
 mod formats;
 mod gemm;
+#[cfg(target_arch = "x86_64")]
+mod int8_rows;
 mod kernels;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -57,8 +59,6 @@ mod scalar;
 mod vnni_gemm;
 #[cfg(target_arch = "x86_64")]
 mod vnni_panel;
-#[cfg(target_arch = "x86_64")]
-mod vnni_rows;
 
 use std::ops::Range;
 use std::sync::Mutex;

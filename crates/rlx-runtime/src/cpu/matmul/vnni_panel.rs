@@ -9,7 +9,7 @@
 //! for each of the 16 rows: 8 instructions cover a block for 16 rows, and
 //! the block's scaling (`Σ·d_x·d_w`, after `−C·Σx` from the panel's block
 //! sums) is one conversion and one FMA for all 16. The row kernels of
-//! `vnni_rows` instead scale every (weight row, activation row) pair per
+//! `int8_rows` instead scale every (weight row, activation row) pair per
 //! block, and the GEMM must first decode the weights into panels.
 //!
 //! # Safety
@@ -21,7 +21,7 @@
 use std::arch::x86_64::*;
 
 use super::act::{ActPanels, LANES, QUADS};
-use super::vnni_rows::{codes, layout, PREFETCH};
+use super::int8_rows::{codes, layout, PREFETCH};
 use crate::cpu::simd::table::f16_table;
 
 /// Weight rows per register tile.
