@@ -58,6 +58,22 @@ pub fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     }
 }
 
+/// All eight 6-bit scales and mins of Q4_K/Q5_K's 12 packed bytes at once,
+/// one per byte of two little-endian u64 (scale `j` in byte `j`): what
+/// [`scale_min_k4`] gives for each `j`, in a few word operations.
+#[inline]
+pub fn scales_mins_k4(s: &[u8; 12]) -> (u64, u64) {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let u = |i: usize| u32_at(s, 4 * i);
+    let (u0, u1, u2) = (u(0), u(1), u(2));
+    let scales = [u0 & LOW6, (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4)];
+    let mins = [u1 & LOW6, ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4)];
+    let join = |p: [u32; 2]| u64::from(p[0]) | (u64::from(p[1]) << 32);
+    (join(scales), join(mins))
+}
+
 /// The 16 signed 6-bit sub-block scales of a Q3_K block (its 12 scale bytes).
 #[inline]
 pub fn q3_k_scales(s: &[u8]) -> [i8; 16] {
@@ -97,6 +113,22 @@ mod tests {
         ];
         assert_eq!(scale_min_k4(0, &s), (1, 5));
         assert_eq!(scale_min_k4(4, &s), (0xA | (3 << 4), 0x9 | (1 << 4)));
+    }
+
+    #[test]
+    fn packed_k4_scales_unpack_like_each_one() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..1000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let b: [u8; 12] = std::array::from_fn(|i| (state >> (i * 5 % 60)) as u8);
+            let (sc, mn) = scales_mins_k4(&b);
+            for j in 0..8 {
+                let got = ((sc >> (8 * j)) as u8, (mn >> (8 * j)) as u8);
+                assert_eq!(got, scale_min_k4(j, &b), "{b:?} {j}");
+            }
+        }
     }
 
     #[test]

@@ -19,9 +19,10 @@ use std::arch::x86_64::*;
 
 use super::formats::{KQuant, Legacy, Scale, Q2K, Q3K, Q6K};
 use crate::cpu::simd::Bytes32;
+use rlx_gguf::blocks::scales_mins_k4;
 
 use super::scalar::{
-    e8m0_half, f32_at, q3_k_scales, scale_min_k4, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES,
+    e8m0_half, f32_at, q3_k_scales, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES,
 };
 
 /// The first `N` elements of `s` as an array (panics if `s` is shorter).
@@ -299,39 +300,56 @@ pub(super) fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
     hsum_ps(acc)
 }
 
-/// Q4_K/Q5_K scales and mins, and the mins' integer term `Σ mn_j · bsum_j`
-/// over 32-element sub-blocks.
+/// The sum of the eight i32 lanes of `v` (exact: integers).
 #[inline]
-fn k4_scales(scales: &[u8], bsums: &[u8; 32]) -> ([i32; 8], i32) {
-    let mut sc = [0i32; 8];
-    let mut summ = 0i32;
-    for (j, s) in sc.iter_mut().enumerate() {
-        let (scale, min) = scale_min_k4(j, scales);
-        *s = i32::from(scale);
-        let b = |i: usize| i32::from(i16::from_le_bytes([bsums[2 * i], bsums[2 * i + 1]]));
-        summ += i32::from(min) * (b(2 * j) + b(2 * j + 1));
-    }
-    (sc, summ)
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
 }
 
-/// Q4_K and Q5_K: a 6-bit scale and min per unit, the mins' term from the
-/// activations' run sums.
+/// Q4_K and Q5_K: a 6-bit scale and min per unit, the mins' term
+/// `Σ mn_j · bsum_j` from the activations' run sums. Scales and mins are
+/// unpacked in a few word operations and applied as vectors (the integers
+/// the scalar loop formed).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_k4<F: KQuant>(w: &[u8], a: &[u8]) -> f32 {
+    let bytes = F::TY.block_bytes();
+    // Each min twice: it scales two of the 16-element run sums.
+    let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
-    for (wb, ab) in w
-        .chunks_exact(F::TY.block_bytes())
-        .zip(a.chunks_exact(Q8_K_BYTES))
-    {
+    for (wb, ab) in w.chunks_exact(bytes).zip(a.chunks_exact(Q8_K_BYTES)) {
+        prefetch_ahead(wb, bytes);
         let (da, q8, bsums) = q8_k(ab);
-        let (sc, summ) = k4_scales(&wb[4..16], bsums);
+        let (sc, mn) = scales_mins_k4(arr(&wb[4..16]));
+        let mn = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(mn as i64), dup));
+        let summ = hsum_epi32(_mm256_madd_epi16(load256(bsums), mn));
         mins += (da * f16_at(wb, 2)) * summ as f32;
-        let sumi = k_units::<F>(wb, q8, None, |u| _mm256_set1_epi16(sc[u] as i16));
+        // Scale u in both i16 halves of i32 lane u.
+        let sc = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
+        let sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+        let sumi = k_units::<F>(wb, q8, None, |u| {
+            _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(u as i32))
+        });
         let d = da * f16_at(wb, 0);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc) - mins
+}
+
+/// Prefetches the `bytes`-byte block this far ahead of `b`: weight rows
+/// stream from DRAM, and one core's demand misses alone reach only part of
+/// the bandwidth. Addresses past the end of the weights are harmless hints.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn prefetch_ahead(b: &[u8], bytes: usize) {
+    const AHEAD: usize = 8192;
+    for line in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(AHEAD + line).cast());
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -341,6 +359,7 @@ pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
         .chunks_exact(GgmlType::Q6_K.block_bytes())
         .zip(a.chunks_exact(Q8_K_BYTES))
     {
+        prefetch_ahead(wb, GgmlType::Q6_K.block_bytes());
         let (da, q8, bsums) = q8_k(ab);
         let sc: &[u8; 16] = arr(&wb[192..]);
         // Codes are stored + 32: take 32 · Σ sc_s · bsum_s off at the end.

@@ -14,6 +14,7 @@ use std::ops::Range;
 
 use super::avx2::{arr, f16_at, hsum_ps as hsum_ps256, load128, load256};
 use super::scalar::{f32_at, Q8_K_BYTES};
+use rlx_gguf::blocks::scales_mins_k4;
 
 /// f32 dot: element `i` goes to accumulator `(i / 16) % 4`, lane `i % 16`
 /// (FMA; the last partial vector is a zero-filled masked load); accumulators
@@ -280,21 +281,6 @@ pub(super) fn hsum_ps(v: __m512) -> f32 {
     hsum_ps256(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
 }
 
-/// The 8 six-bit scales and 8 mins of a Q4_K/Q5_K super-block's 12 packed
-/// bytes, one per byte, as two little-endian u64.
-#[inline]
-fn unpack_scales_k4(s: &[u8; 12]) -> (u64, u64) {
-    const LOW6: u32 = 0x3f3f_3f3f;
-    const LOW4: u32 = 0x0f0f_0f0f;
-    const LOW2: u32 = 0x0303_0303;
-    let u = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
-    let (u0, u1, u2) = (u(0), u(1), u(2));
-    let scales = [u0 & LOW6, (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4)];
-    let mins = [u1 & LOW6, ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4)];
-    let join = |p: [u32; 2]| u64::from(p[0]) | (u64::from(p[1]) << 32);
-    (join(scales), join(mins))
-}
-
 /// Prefetches the `BYTES`-byte block this far ahead of `b`: weight rows
 /// stream from DRAM, and one core's demand misses alone reach only part of
 /// the bandwidth. Addresses past the end of the weights are harmless hints.
@@ -334,7 +320,7 @@ pub(super) fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
     {
         prefetch_ahead::<144>(wb);
         let da = f32_at(ab, 0);
-        let (sc, mn) = unpack_scales_k4(wb[4..16].try_into().expect("12 bytes"));
+        let (sc, mn) = scales_mins_k4(arr(&wb[4..16]));
         let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(mn as i64), dup));
         let bsums = load256(arr(&ab[260..292]));
         let min_sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, mins));
@@ -480,26 +466,6 @@ mod tests {
                         assert_eq!(single.to_bits(), want.to_bits(), "k={k}");
                     }
                 }
-            }
-        }
-    }
-
-    #[test]
-    fn packed_k4_scales_unpack_like_the_reference() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        for _ in 0..1000 {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let b: [u8; 12] = std::array::from_fn(|i| (state >> (i * 5 % 60)) as u8);
-            let (sc, mn) = super::unpack_scales_k4(&b);
-            for j in 0..8 {
-                let (s, m) = super::super::scalar::scale_min_k4(j, &b);
-                assert_eq!(
-                    ((sc >> (8 * j)) as u8, (mn >> (8 * j)) as u8),
-                    (s, m),
-                    "{b:?} {j}"
-                );
             }
         }
     }
