@@ -61,12 +61,12 @@ pub fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
 /// All eight 6-bit scales and mins of Q4_K/Q5_K's 12 packed bytes at once,
 /// one per byte of two little-endian u64 (scale `j` in byte `j`): what
 /// [`scale_min_k4`] gives for each `j`, in a few word operations.
-#[inline]
+#[inline(always)]
 pub fn scales_mins_k4(s: &[u8; 12]) -> (u64, u64) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;
-    let u = |i: usize| u32_at(s, 4 * i);
+    let u = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
     let (u0, u1, u2) = (u(0), u(1), u(2));
     let scales = [u0 & LOW6, (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4)];
     let mins = [u1 & LOW6, ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4)];
