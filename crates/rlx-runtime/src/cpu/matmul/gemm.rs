@@ -1,7 +1,8 @@
 //! Prefill matmul for the integer block formats: a blocked matrix-matrix
 //! product for [`Precision::Quantized`] calls with many activation rows, on
-//! AVX-512 VNNI (`vpdpbusd`, see `vnni_gemm`) and on ARM's i8mm (`USMMLA`,
-//! see `neon_gemm`).
+//! AVX-512 VNNI (`vpdpbusd`, see `vnni_gemm`), AVX2 (the same tile with
+//! `vpmaddubsw`, for codes below 128) and on ARM's i8mm (`USMMLA`, see
+//! `neon_gemm`) or dot product.
 //!
 //! * Activations are quantized once to Q8_0 (the same blocks the row kernels
 //!   use) and laid out per tile of [`MT`] rows: for every word of
@@ -68,6 +69,13 @@ pub(super) const MMLA: Shape = Shape {
     pad: 2,
     max_code: 255,
 };
+/// AVX2's `vpmaddubsw` + `vpmaddwd`: as [`VNNI`], for codes that cannot
+/// saturate the pairwise i16 sums (below 128: not Q8_0, IQ4_NL).
+pub(super) const AVX2: Shape = Shape {
+    word: 4,
+    pad: 1,
+    max_code: 127,
+};
 /// Indexed `SDOT`: a row's 4 codes against 4 i8, four activation rows'
 /// words in one register. Signed × signed, so codes above 127 (Q8_0,
 /// IQ4_NL) cannot take it.
@@ -83,6 +91,8 @@ pub(super) const SDOT: Shape = Shape {
 pub(super) fn shape(isa: Isa) -> Option<Shape> {
     if cfg!(target_arch = "x86_64") && isa >= Isa::Avx512 && has_avx512_vnni() {
         Some(VNNI)
+    } else if cfg!(target_arch = "x86_64") && isa >= Isa::Avx2 {
+        Some(AVX2)
     } else if cfg!(target_arch = "aarch64") && isa == Isa::Neon && has_neon_i8mm() {
         Some(MMLA)
     } else if cfg!(target_arch = "aarch64") && isa == Isa::Neon && has_neon_dotprod() {
@@ -347,20 +357,24 @@ type TileFn<const P: usize> =
 /// The tile kernels for `mt` activation rows and `sub`-element sub-blocks:
 /// one panel, two panels.
 #[cfg(target_arch = "x86_64")]
-fn tile_fns(mt: usize, sub: usize, _shape: Shape) -> (TileFn<1>, TileFn<2>) {
-    use super::vnni_gemm::tile;
+fn tile_fns(mt: usize, sub: usize, shape: Shape) -> (TileFn<1>, TileFn<2>) {
+    use super::vnni_gemm::{tile, tile_avx2};
     macro_rules! pick {
-        ($($n:literal)*) => {
+        ($tile:ident: $($n:literal)*) => {
             match (mt, sub) {
                 $(
-                    ($n, 16) => (tile::<1, $n, 4> as TileFn<1>, tile::<2, $n, 4> as TileFn<2>),
-                    ($n, _) => (tile::<1, $n, 8> as TileFn<1>, tile::<2, $n, 8> as TileFn<2>),
+                    ($n, 16) => ($tile::<1, $n, 4> as TileFn<1>, $tile::<2, $n, 4> as TileFn<2>),
+                    ($n, _) => ($tile::<1, $n, 8> as TileFn<1>, $tile::<2, $n, 8> as TileFn<2>),
                 )*
                 _ => unreachable!("tiles hold 1..=MT rows"),
             }
         };
     }
-    pick!(1 2 3 4 5 6)
+    if shape == AVX2 {
+        pick!(tile_avx2: 1 2 3 4 5 6)
+    } else {
+        pick!(tile: 1 2 3 4 5 6)
+    }
 }
 
 /// As above, for `USMMLA` (row pairs) or `SDOT` (four rows).

@@ -172,8 +172,8 @@ pub fn activation_type(ty: GgmlType) -> Option<GgmlType> {
 }
 
 /// Whether [`Precision::Quantized`] calls with many activation rows run as
-/// the blocked GEMM at `isa` on this CPU (it needs AVX-512 VNNI, or ARM's
-/// i8mm).
+/// the blocked GEMM at `isa` on this CPU (it needs AVX2, or ARM's dot
+/// product).
 pub fn has_prefill_gemm(isa: Isa) -> bool {
     gemm::shape(isa).is_some()
 }
