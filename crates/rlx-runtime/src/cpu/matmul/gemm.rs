@@ -1,6 +1,6 @@
 //! Prefill matmul for the integer block formats: a blocked matrix-matrix
 //! product for [`Precision::Quantized`] calls with many activation rows, on
-//! AVX-512 VNNI (`vpdpbusd`, see `vnni_gemm`), AVX2 (the same tile with
+//! AVX-512 VNNI (`vpdpbusd`, see `x86_gemm`), AVX2 (the same tile with
 //! `vpmaddubsw`, for codes below 128) and on ARM's i8mm (`USMMLA`, see
 //! `neon_gemm`) or dot product.
 //!
@@ -19,7 +19,7 @@
 //! into exact 32-bit sums, and scale them with the same fused operations, so
 //! an output has the same bits on either.
 //!
-//! Each output's arithmetic (sub-blocks in order, see `vnni_gemm`) depends
+//! Each output's arithmetic (sub-blocks in order, see `x86_gemm`) depends
 //! only on its weight row and activation row, so results don't depend on the
 //! thread count, the tile an activation row falls in, or the other weights of
 //! a fused call.
@@ -358,7 +358,7 @@ type TileFn<const P: usize> =
 /// one panel, two panels.
 #[cfg(target_arch = "x86_64")]
 fn tile_fns(mt: usize, sub: usize, shape: Shape) -> (TileFn<1>, TileFn<2>) {
-    use super::vnni_gemm::{tile, tile_avx2};
+    use super::x86_gemm::{tile, tile_avx2};
     macro_rules! pick {
         ($tile:ident: $($n:literal)*) => {
             match (mt, sub) {

@@ -56,9 +56,9 @@ mod neon_f32;
 mod neon_gemm;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
-mod vnni_gemm;
-#[cfg(target_arch = "x86_64")]
 mod vnni_panel;
+#[cfg(target_arch = "x86_64")]
+mod x86_gemm;
 
 use std::ops::Range;
 use std::sync::Mutex;
