@@ -15,6 +15,8 @@
 #   THREADS, REPS            defaults for the positional arguments (2, 5)
 #   PRECISIONS="exact q8"    which rlx precisions to run (default both)
 #   RLX=path/to/rlx          use this binary instead of building rlx-cli
+#   RLX_ARGS="--isa avx2"    more flags for `rlx bench` (an instruction-set
+#                            cap to match a llama.cpp built without AVX-512)
 #   LLAMA_BENCH=path         llama-bench, by default from ~/.cache/llama.cpp-ref
 #                            (built by ../shared/scripts/build-llama.sh or by
 #                            hand from the llama-cpp-python sdist)
@@ -81,7 +83,7 @@ PY
     "$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -r "$REPS" $args -o json >"$TMP/l.json" 2>/dev/null
     for p in $PRECISIONS; do
       # shellcheck disable=SC2086
-      "$RLX" bench -m "$MODEL" -t "$THREADS" -r "$REPS" $args --json --precision "$p" >"$TMP/$p.json"
+      "$RLX" bench -m "$MODEL" -t "$THREADS" -r "$REPS" $args ${RLX_ARGS:-} --json --precision "$p" >"$TMP/$p.json"
     done
     python3 - "$t" "$TMP" "$PRECISIONS" <<'PY'
 import json, statistics, sys
