@@ -45,13 +45,6 @@ pub(super) fn load256(b: &[u8; 32]) -> __m256i {
     unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn load_ps(x: &[f32; 8]) -> __m256 {
-    // SAFETY: the array holds the 8 floats the unaligned load reads.
-    unsafe { _mm256_loadu_ps(x.as_ptr()) }
-}
-
 /// The f16 at `b[off..off + 2]` as f32 (exact, like `half`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -126,36 +119,11 @@ fn unit_scales(s: &[__m256i; 2], u: usize) -> __m256i {
     _mm256_permutevar8x32_epi32(s[(u / 2) % 2], idx)
 }
 
-/// f32 dot: element `i` of the first `n - n % 8` goes to accumulator
-/// `(i / 8) % 4`, lane `i % 8` (FMA); accumulators are added `(a0 + a1) +
-/// (a2 + a3)`, lanes as in [`hsum_ps`], and the last `n % 8` products in order.
+/// f32 dot ([`super::exact::dot_f32_lanes`] on 8 lanes, the tail in order).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
-    let n = x.len().min(w.len());
-    let (x, w) = (&x[..n], &w[..n]);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let xs = x.chunks_exact(32);
-    let ws = w.chunks_exact(32);
-    let (xr, wr) = (xs.remainder(), ws.remainder());
-    for (xc, wc) in xs.zip(ws) {
-        for (j, a) in acc.iter_mut().enumerate() {
-            let xv = load_ps(arr(&xc[8 * j..]));
-            let wv = load_ps(arr(&wc[8 * j..]));
-            *a = _mm256_fmadd_ps(xv, wv, *a);
-        }
-    }
-    let x8 = xr.chunks_exact(8);
-    let w8 = wr.chunks_exact(8);
-    let (xt, wt) = (x8.remainder(), w8.remainder());
-    for ((xc, wc), a) in x8.zip(w8).zip(acc.iter_mut()) {
-        *a = _mm256_fmadd_ps(load_ps(arr(xc)), load_ps(arr(wc)), *a);
-    }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut sum = hsum_ps(v);
-    for (&xv, &wv) in xt.iter().zip(wt) {
-        sum += xv * wv;
-    }
-    sum
+    // SAFETY: this function has the features `__m256`'s lanes need.
+    unsafe { super::exact::dot_f32_lanes::<__m256, false>(x, w) }
 }
 
 // ---- Integer dot products against Q8_0 / Q8_1 activations ----

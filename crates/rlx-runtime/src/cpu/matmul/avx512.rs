@@ -16,38 +16,13 @@ use super::avx2::{arr, f16_at, hsum_ps as hsum_ps256, load128, load256};
 use super::scalar::{f32_at, Q8_K_BYTES};
 use rlx_gguf::blocks::scales_mins_k4;
 
-/// f32 dot: element `i` goes to accumulator `(i / 16) % 4`, lane `i % 16`
-/// (FMA; the last partial vector is a zero-filled masked load); accumulators
-/// are added `(a0 + a1) + (a2 + a3)`, then lane `l` with lane `l + 8`, then
-/// the 8 lanes as a pairwise tree like the AVX2 kernel.
+/// f32 dot ([`super::exact::dot_f32_lanes`] on 16 lanes, the last partial
+/// vector a zero-filled masked load, which neither reads nor faults on the
+/// masked lanes).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
-    // and the pointers cover the rows and lengths given.
-    unsafe {
-        let n = x.len().min(w.len());
-        let (x, w) = (&x[..n], &w[..n]);
-        let mut acc = [_mm512_setzero_ps(); 4];
-        let xs = x.chunks_exact(64);
-        let ws = w.chunks_exact(64);
-        let (xr, wr) = (xs.remainder(), ws.remainder());
-        for (xc, wc) in xs.zip(ws) {
-            for (j, a) in acc.iter_mut().enumerate() {
-                let xv = _mm512_loadu_ps(xc[16 * j..16 * j + 16].as_ptr());
-                let wv = _mm512_loadu_ps(wc[16 * j..16 * j + 16].as_ptr());
-                *a = _mm512_fmadd_ps(xv, wv, *a);
-            }
-        }
-        for ((xc, wc), a) in xr.chunks(16).zip(wr.chunks(16)).zip(acc.iter_mut()) {
-            // Masked lanes are neither read nor faulted on.
-            let mask: __mmask16 = ((1u32 << xc.len()) - 1) as u16;
-            let xv = _mm512_maskz_loadu_ps(mask, xc.as_ptr());
-            let wv = _mm512_maskz_loadu_ps(mask, wc.as_ptr());
-            *a = _mm512_fmadd_ps(xv, wv, *a);
-        }
-        let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-        hsum_ps(v)
-    }
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL.
+    unsafe { super::exact::dot_f32_lanes::<__m512, true>(x, w) }
 }
 
 /// Weight rows per prefill register tile: 4 weight rows × 6 activation rows

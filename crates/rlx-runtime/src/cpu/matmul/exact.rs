@@ -2,6 +2,8 @@
 
 use rlx_gguf::GgmlType;
 
+use crate::cpu::simd::Lanes;
+
 /// Lanes of the scalar dot: element `i` adds into lane `i % 8`.
 const LANES: usize = 8;
 
@@ -24,6 +26,59 @@ pub(super) fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
         sum += xv * wv;
     }
     sum
+}
+
+/// f32 dot over `min(x.len(), w.len())` elements on `V`'s `N` lanes, the
+/// SIMD sets' one source: element `i` of the first `4N·⌊n/4N⌋` into
+/// accumulator `(i / N) % 4`, lane `i % N` (FMA); each whole vector of the
+/// rest into accumulators 0, 1, 2 in turn; the accumulators added
+/// `(a0 + a1) + (a2 + a3)` and their lanes by `V::hsum`; the last `n % N`
+/// products then added in order, or (`MASKED_TAIL`, where partial loads are
+/// cheap) as one more partial vector into the next accumulator.
+///
+/// # Safety
+/// Runs only inlined into an entry point compiled for `V`'s features (the
+/// `cpu/simd` contract); every load stays inside the slices.
+#[inline(always)]
+pub(super) unsafe fn dot_f32_lanes<V: Lanes, const MASKED_TAIL: bool>(x: &[f32], w: &[f32]) -> f32 {
+    let n = x.len().min(w.len());
+    let (x, w) = (&x[..n], &w[..n]);
+    let lanes = V::N;
+    // SAFETY: the contract above; pointers are offsets below `n` of both
+    // slices, whole vectors within them and partial ones masked to them.
+    unsafe {
+        let mut acc = [V::zero(); 4];
+        let main = n / (4 * lanes) * 4 * lanes;
+        let (xp, wp) = (x.as_ptr(), w.as_ptr());
+        let mut i = 0;
+        while i < main {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let at = i + j * lanes;
+                *a = V::fma(V::load(xp.add(at)), V::load(wp.add(at)), *a);
+            }
+            i += 4 * lanes;
+        }
+        let mut j = 0;
+        while i + lanes <= n {
+            acc[j] = V::fma(V::load(xp.add(i)), V::load(wp.add(i)), acc[j]);
+            (i, j) = (i + lanes, j + 1);
+        }
+        if MASKED_TAIL && i < n {
+            let m = V::prefix(n - i);
+            acc[j] = V::fma(
+                V::load_part(m, xp.add(i)),
+                V::load_part(m, wp.add(i)),
+                acc[j],
+            );
+            i = n;
+        }
+        let v = V::add(V::add(acc[0], acc[1]), V::add(acc[2], acc[3]));
+        let mut sum = V::hsum(v);
+        for (&xv, &wv) in x[i..].iter().zip(&w[i..]) {
+            sum += xv * wv;
+        }
+        sum
+    }
 }
 
 /// `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`, the order the SIMD

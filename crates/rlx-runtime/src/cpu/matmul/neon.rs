@@ -683,36 +683,13 @@ dots!(
     iq4_xs_block
 );
 
-/// f32 dot product over `min(x.len(), w.len())` elements: four fused
-/// multiply-add accumulators, then the tail.
+/// f32 dot ([`super::exact::dot_f32_lanes`] on 4 lanes, the tail in order).
 ///
 /// # Safety
 /// None beyond NEON, which every AArch64 CPU has.
 pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        let n = x.len().min(w.len());
-        let mut acc = [vdupq_n_f32(0.0); 4];
-        let mut i = 0;
-        while i + 16 <= n {
-            for (j, a) in acc.iter_mut().enumerate() {
-                // SAFETY: i + 4j + 4 <= n for both slices.
-                *a = vfmaq_f32(
-                    *a,
-                    vld1q_f32(x.as_ptr().add(i + 4 * j)),
-                    vld1q_f32(w.as_ptr().add(i + 4 * j)),
-                );
-            }
-            i += 16;
-        }
-        let v = vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3]));
-        let mut sum = vaddvq_f32(v);
-        for j in i..n {
-            sum += x[j] * w[j];
-        }
-        sum
-    }
+    // SAFETY: NEON is part of every AArch64 CPU.
+    unsafe { super::exact::dot_f32_lanes::<float32x4_t, false>(x, w) }
 }
 
 #[cfg(test)]
