@@ -17,8 +17,10 @@
 use std::arch::x86_64::*;
 
 use super::avx512::hsum_ps;
+use super::formats::{self as f, KQuant, Legacy};
 use super::scalar::scale_min_k4;
 use crate::cpu::simd::table::f16_table;
+use crate::cpu::simd::Bytes32;
 
 /// Weight formats [`rows`] handles.
 pub(super) const Q8_0: u8 = 0;
@@ -66,30 +68,22 @@ fn u8_ps(q: __m128i) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q))
 }
 
-/// The 32 signed codes of a legacy block.
+/// The 32 signed codes of a legacy block, through `formats.rs`.
 ///
 /// # Safety
 /// `wb` points at a whole block of format `TYPE`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn legacy_codes<const TYPE: u8>(wb: *const u8) -> __m256i {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
-    // and the entry point checked the slice lengths the pointers walk.
+    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL
+    // (so AVX2 for `Bytes32`), and the entry point checked the slice lengths the pointers walk.
     unsafe {
-        if TYPE == Q8_0 {
-            return _mm256_loadu_si256(wb.add(2).cast());
-        }
-        let qs = if TYPE == Q4_0 { wb.add(2) } else { wb.add(6) };
-        // Low nibbles in bytes 0..16, high nibbles in 16..32.
-        let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.cast()));
-        let shifts = _mm256_set_epi64x(0x0004_0004_0004_0004, 0x0004_0004_0004_0004, 0, 0);
-        let nib = _mm256_and_si256(_mm256_srlv_epi16(both, shifts), _mm256_set1_epi8(0xF));
-        if TYPE == Q4_0 {
-            _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
-        } else {
-            let qh = wb.add(2).cast::<u32>().read_unaligned();
-            let q = _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(0x10));
-            _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+        let block = std::slice::from_raw_parts(wb, layout(TYPE).0);
+        let none = <__m256i as Bytes32>::table(&[0; 16]);
+        match TYPE {
+            Q8_0 => f::Q8_0::codes(block, none),
+            Q4_0 => f::Q4_0::codes(block, none),
+            _ => f::Q5_0::codes(block, none),
         }
     }
 }
@@ -138,25 +132,28 @@ unsafe fn q4_k_block(wb: *const u8, x: *const f32, table: &[f32; 65536], acc: &m
             *d1 = d * f32::from(sc);
             *m1 = dmin * f32::from(mn);
         }
-        let m4 = _mm_set1_epi8(0xF);
         let value = |q: __m128i, s: usize| {
             _mm512_sub_ps(
                 _mm512_mul_ps(u8_ps(q), _mm512_set1_ps(d1[s])),
                 _mm512_set1_ps(m1[s]),
             )
         };
-        for j in 0..4 {
-            // Sub-block 2j is the low nibbles of these 32 bytes (accumulators 0,
-            // 1), sub-block 2j + 1 the high ones (2, 3).
-            let b0 = _mm_loadu_si128(wb.add(16 + 32 * j).cast());
-            let b1 = _mm_loadu_si128(wb.add(32 + 32 * j).cast());
-            let x = x.add(64 * j);
-            fma16(&mut acc[0], x, value(_mm_and_si128(b0, m4), 2 * j));
-            fma16(&mut acc[1], x.add(16), value(_mm_and_si128(b1, m4), 2 * j));
-            let h0 = _mm_and_si128(_mm_srli_epi16(b0, 4), m4);
-            let h1 = _mm_and_si128(_mm_srli_epi16(b1, 4), m4);
-            fma16(&mut acc[2], x.add(32), value(h0, 2 * j + 1));
-            fma16(&mut acc[3], x.add(48), value(h1, 2 * j + 1));
+        let block = std::slice::from_raw_parts(wb, layout(Q4_K).0);
+        let high = f::Q4K::high::<__m256i>(block);
+        for q in 0..2 {
+            // Units 4q .. 4q + 4 (through `formats.rs`): an even unit's
+            // halves go to accumulators 0 and 1, an odd one's to 2 and 3.
+            let units = f::Q4K::quad::<__m256i>(block, high, q);
+            for (i, unit) in units.into_iter().enumerate() {
+                let (u, a) = (4 * q + i, 2 * (i % 2));
+                let x = x.add(32 * u);
+                fma16(&mut acc[a], x, value(_mm256_castsi256_si128(unit), u));
+                fma16(
+                    &mut acc[a + 1],
+                    x.add(16),
+                    value(_mm256_extracti128_si256(unit, 1), u),
+                );
+            }
         }
     }
 }
@@ -173,23 +170,13 @@ unsafe fn q6_k_block(wb: *const u8, x: *const f32, table: &[f32; 65536], acc: &m
     unsafe {
         let d = table[usize::from(wb.add(208).cast::<u16>().read_unaligned())];
         let sc = wb.add(192).cast::<i8>();
-        let m4 = _mm256_set1_epi8(0xF);
-        let m2 = _mm256_set1_epi8(3);
+        let block = std::slice::from_raw_parts(wb, layout(Q6_K).0);
+        let none = f::Q6K::high::<__m256i>(block);
         for j in 0..2 {
-            let ql = wb.add(64 * j);
-            let l0 = _mm256_loadu_si256(ql.cast());
-            let l1 = _mm256_loadu_si256(ql.add(32).cast());
-            let h = _mm256_loadu_si256(wb.add(128 + 32 * j).cast());
-            let lows = [
-                _mm256_and_si256(l0, m4),
-                _mm256_and_si256(l1, m4),
-                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-            ];
-            for (p, low) in lows.into_iter().enumerate() {
-                let hb = _mm256_srlv_epi16(h, _mm256_set1_epi16(2 * p as i16));
-                let high = _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4);
-                let q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+            // Units 4j .. 4j + 4 through `formats.rs`, stored + 32.
+            let units = f::Q6K::quad::<__m256i>(block, none, j);
+            for (p, unit) in units.into_iter().enumerate() {
+                let q = _mm256_sub_epi8(unit, _mm256_set1_epi8(32));
                 // Elements 128j + 32p ..: accumulators 2(p % 2), 2(p % 2) + 1.
                 let s = 8 * j + 2 * p;
                 let x = x.add(128 * j + 32 * p);
