@@ -185,8 +185,31 @@ pub fn adjusted(logit: f32, changes: &[Adjust], p: &Penalties) -> f64 {
     v
 }
 
+/// Every token's adjusted logit under `r`, in token order: `-inf` where
+/// the mask bans it (see [`adjusted`]).
+fn adjusted_row<'a>(logits: &'a [f32], r: &'a RowReduce) -> impl Iterator<Item = (u32, f64)> + 'a {
+    let mut at = 0;
+    logits.iter().enumerate().map(move |(i, &l)| {
+        while at < r.adjust.len() && (r.adjust[at].token as usize) < i {
+            at += 1;
+        }
+        let end = at
+            + r.adjust[at..]
+                .iter()
+                .take_while(|a| a.token as usize == i)
+                .count();
+        let changes = &r.adjust[at..end];
+        at = end;
+        let banned = r.allowed.as_ref().is_some_and(|a| !is_allowed(a, i));
+        let l = if banned { f32::NEG_INFINITY } else { l };
+        (i as u32, adjusted(l, changes, &r.penalties))
+    })
+}
+
 /// The digest of one row, on the host: the reference every device's
-/// reduction is checked against.
+/// reduction is checked against. Streams the row (three passes, nothing
+/// the size of the row allocated): a 262,144-token row's log-probabilities
+/// are read from it every token.
 pub fn reduce_row(logits: &[f32], r: &RowReduce) -> RowDigest {
     let mut digest = RowDigest {
         top: Vec::new(),
@@ -203,53 +226,30 @@ pub fn reduce_row(logits: &[f32], r: &RowReduce) -> RowDigest {
         digest.invalid = Some((i as u32, l));
         return digest;
     }
-    let masked;
-    let logits = match &r.allowed {
-        Some(allowed) => {
-            let mut row = logits.to_vec();
-            mask_row(&mut row, allowed);
-            masked = row;
-            &masked[..]
+    // The best `r.top` by adjusted logit, ties to the lower token: tokens
+    // come in order, so an equal value goes after those listed.
+    let mut best: Vec<(u32, f64)> = Vec::with_capacity(r.top + 1);
+    for (t, x) in adjusted_row(logits, r) {
+        if x == f64::NEG_INFINITY {
+            continue;
         }
-        None => logits,
-    };
-    let mut v: Vec<f64> = Vec::with_capacity(logits.len());
-    let mut at = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        while at < r.adjust.len() && (r.adjust[at].token as usize) < i {
-            at += 1;
+        digest.live += 1;
+        let beats_last = best.last().is_none_or(|l| x.total_cmp(&l.1).is_gt());
+        if best.len() < r.top || beats_last {
+            let at = best.partition_point(|e| e.1.total_cmp(&x).is_ge());
+            best.insert(at, (t, x));
+            best.truncate(r.top);
         }
-        let end = at
-            + r.adjust[at..]
-                .iter()
-                .take_while(|a| a.token as usize == i)
-                .count();
-        v.push(adjusted(l, &r.adjust[at..end], &r.penalties));
-        at = end;
     }
-    let live: Vec<(u32, f64)> = v
-        .iter()
-        .enumerate()
-        .filter(|(_, &x)| x != f64::NEG_INFINITY)
-        .map(|(i, &x)| (i as u32, x))
-        .collect();
-    digest.live = live.len();
-    if live.is_empty() {
+    digest.top = best;
+    if digest.live == 0 {
         return digest;
     }
-    let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    let k = r.top.min(live.len());
-    let mut best = live.clone();
-    if k < best.len() {
-        best.select_nth_unstable_by(k - 1, order);
-        best.truncate(k);
-    }
-    best.sort_unstable_by(order);
-    digest.top = best;
     let max = digest.max();
-    digest.sum_exp = live.iter().map(|&(_, x)| (x - max).exp()).sum();
+    let live = || adjusted_row(logits, r).filter(|&(_, x)| x != f64::NEG_INFINITY);
+    digest.sum_exp = live().map(|(_, x)| (x - max).exp()).sum();
     if let Some(d) = r.draw {
-        digest.drawn = race(&live, max, &d).map(|(t, _)| t);
+        digest.drawn = race(live(), max, &d).map(|(t, _)| t);
     }
     digest
 }
@@ -267,11 +267,11 @@ pub fn race_uniform(u: f64, i: u32) -> f32 {
 
 /// The winner of `d`'s race over the live tokens (token, adjusted logit)
 /// whose maximum is `max`, and its key (f32, as the GPU computes it).
-pub fn race(live: &[(u32, f64)], max: f64, d: &Draw) -> Option<(u32, f32)> {
+pub fn race(live: impl IntoIterator<Item = (u32, f64)>, max: f64, d: &Draw) -> Option<(u32, f32)> {
     let floor = max + d.ln_min_p;
     let inv_temp = 1.0 / d.temperature;
     let mut best: Option<(u32, f32)> = None;
-    for &(t, x) in live.iter().filter(|&&(_, x)| x >= floor) {
+    for (t, x) in live.into_iter().filter(|&(_, x)| x >= floor) {
         let e = -race_uniform(d.u, t).ln();
         let key = e.ln() - ((x - max) * inv_temp) as f32;
         if best.is_none_or(|(bt, bk)| key < bk || (key == bk && t < bt)) {

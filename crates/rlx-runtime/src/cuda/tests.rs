@@ -1768,7 +1768,7 @@ fn race_keys(
     let max = v.iter().map(|t| t.1).fold(f64::NEG_INFINITY, f64::max);
     let mut keys: Vec<(u32, f32)> = v
         .iter()
-        .filter_map(|&(t, x)| crate::reduce::race(&[(t, x)], max, d))
+        .filter_map(|&(t, x)| crate::reduce::race([(t, x)], max, d))
         .collect();
     keys.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
     keys
