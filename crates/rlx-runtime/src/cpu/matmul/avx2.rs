@@ -143,7 +143,7 @@ pub(super) fn vec_dot_legacy<F: Legacy>(w: &[u8], a: &[u8]) -> f32 {
     let table = unsafe { <__m256i as Bytes32>::table(F::TABLE) };
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
-    for (wb, ab) in w.chunks_exact(F::TY.block_bytes()).zip(a.chunks_exact(act)) {
+    for (wb, ab) in w.chunks_exact(F::BYTES).zip(a.chunks_exact(act)) {
         if F::MIN {
             mins += f16_product(wb, 2, ab, 2);
         }
@@ -284,7 +284,7 @@ fn hsum_epi32(v: __m256i) -> i32 {
 /// the scalar loop formed).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_k4<F: KQuant>(w: &[u8], a: &[u8]) -> f32 {
-    let bytes = F::TY.block_bytes();
+    let bytes = F::BYTES;
     // Each min twice: it scales two of the 16-element run sums.
     let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     let mut acc = _mm256_setzero_ps();
@@ -313,7 +313,7 @@ pub(super) fn vec_dot_k4<F: KQuant>(w: &[u8], a: &[u8]) -> f32 {
 /// the bandwidth. Addresses past the end of the weights are harmless hints.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn prefetch_ahead(b: &[u8], bytes: usize) {
+pub(super) fn prefetch_ahead(b: &[u8], bytes: usize) {
     const AHEAD: usize = 8192;
     for line in (0..bytes).step_by(64) {
         _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(AHEAD + line).cast());

@@ -12,7 +12,8 @@ use rlx_gguf::GgmlType;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx2::{arr, f16_at, hsum_ps as hsum_ps256, load128, load256};
+use super::avx2::{arr, f16_at, hsum_ps as hsum_ps256, load128, load256, prefetch_ahead};
+use super::formats::{KQuant, Q6K};
 use super::scalar::{f32_at, Q8_K_BYTES};
 use rlx_gguf::blocks::scales_mins_k4;
 
@@ -256,18 +257,6 @@ pub(super) fn hsum_ps(v: __m512) -> f32 {
     hsum_ps256(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
 }
 
-/// Prefetches the `BYTES`-byte block this far ahead of `b`: weight rows
-/// stream from DRAM, and one core's demand misses alone reach only part of
-/// the bandwidth. Addresses past the end of the weights are harmless hints.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn prefetch_ahead<const BYTES: usize>(b: &[u8]) {
-    const AHEAD: usize = 8192;
-    for line in (0..BYTES).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(AHEAD + line).cast());
-    }
-}
-
 /// Word indices for `vpermw`: word `w` of chunk `c` takes scale
 /// `c·per_chunk + w / (32 / per_chunk)`.
 #[inline]
@@ -278,22 +267,43 @@ fn scale_index(c: usize, per_chunk: usize) -> __m512i {
     unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
 }
 
-/// Q4_K · Q8_K. Per 64-element chunk: the 32 packed bytes give two
-/// sub-blocks of nibbles, `maddubs` forms 16-bit pair sums (≤ 2·15·127, no
-/// saturation), and `vpdpwssd` multiplies them by the sub-block scales and
-/// accumulates in i32. Mins use the activation block sums.
+/// `Σ scale · Σ code·q8` over a K-quant block's units, in i32 lanes: the
+/// units of [`KQuant::quad`] two to a vector (a 64-element chunk), `maddubs`
+/// pair sums (codes below 64: ≤ 2·63·128, no saturation), and `vpdpwssd`
+/// multiplies them by the chunk's scales — word `w` of chunk `c` takes
+/// `scales` word `idx[c]`'s — and accumulates.
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
-    let m4 = _mm512_set1_epi8(0xF);
+fn k_sums<F: KQuant>(wb: &[u8], q8: &[u8], scales: __m512i, idx: &[__m512i; 4]) -> __m512i {
+    // SAFETY: this function has the features `Bytes32` for `__m256i` needs.
+    let high: __m256i = unsafe { F::high(wb) };
+    let mut sumi = _mm512_setzero_si512();
+    for (q, q8) in q8.chunks_exact(128).enumerate() {
+        // SAFETY: as above.
+        let units: [__m256i; 4] = unsafe { F::quad(wb, high, q) };
+        for (p, q8) in q8.chunks_exact(64).enumerate() {
+            let codes =
+                _mm512_inserti64x4(_mm512_castsi256_si512(units[2 * p]), units[2 * p + 1], 1);
+            let pairs = _mm512_maddubs_epi16(codes, load512(arr(q8)));
+            let s = _mm512_permutexvar_epi16(idx[2 * q + p], scales);
+            sumi = _mm512_dpwssd_epi32(sumi, pairs, s);
+        }
+    }
+    sumi
+}
+
+/// Q4_K and Q5_K · Q8_K: [`k_sums`] with each unit's 6-bit scale, and the
+/// mins' term `Σ mn_j · bsum_j` from the activations' run sums.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) fn vec_dot_k4<F: KQuant>(w: &[u8], a: &[u8]) -> f32 {
+    let bytes = F::BYTES;
     let idx: [__m512i; 4] = std::array::from_fn(|c| scale_index(c, 2));
+    // Each min twice: it scales two of the 16-element run sums.
     let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     let mut acc = _mm512_setzero_ps();
     let mut acc_min = _mm256_setzero_ps();
-    for (wb, ab) in w
-        .chunks_exact(GgmlType::Q4_K.block_bytes())
-        .zip(a.chunks_exact(Q8_K_BYTES))
-    {
-        prefetch_ahead::<144>(wb);
+    for (wb, ab) in w.chunks_exact(bytes).zip(a.chunks_exact(Q8_K_BYTES)) {
+        prefetch_ahead(wb, bytes);
         let da = f32_at(ab, 0);
         let (sc, mn) = scales_mins_k4(arr(&wb[4..16]));
         let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(mn as i64), dup));
@@ -301,74 +311,28 @@ pub(super) fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
         let min_sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, mins));
         acc_min = _mm256_fmadd_ps(_mm256_set1_ps(da * f16_at(wb, 2)), min_sums, acc_min);
         let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-        let mut sumi = _mm512_setzero_si512();
-        for (c, (q4, q8)) in wb[16..144]
-            .chunks_exact(32)
-            .zip(ab[4..260].chunks_exact(64))
-            .enumerate()
-        {
-            // Immediate shifts: `vpsrlvw` is slow on Intel cores.
-            let bits = load256(arr(q4));
-            let both =
-                _mm512_inserti64x4(_mm512_castsi256_si512(bits), _mm256_srli_epi16(bits, 4), 1);
-            let q = _mm512_and_si512(both, m4);
-            let pairs = _mm512_maddubs_epi16(q, load512(arr(q8)));
-            let s = _mm512_permutexvar_epi16(idx[c], scales);
-            sumi = _mm512_dpwssd_epi32(sumi, pairs, s);
-        }
+        let sumi = k_sums::<F>(wb, &ab[4..260], scales, &idx);
         let d = da * f16_at(wb, 0);
         acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc) - hsum_ps256(acc_min)
 }
 
-/// Q6_K · Q8_K: codes `q + 32` (6 bits from ql's nibble and qh's crumb) per
-/// 64-element chunk, `maddubs` pair sums (≤ 2·63·128), `vpdpwssd` with the
-/// four 16-element sub-block scales of the chunk; `32 · Σ scale · bsum` is
-/// taken off per super-block.
+/// Q6_K · Q8_K: [`k_sums`] of the codes `q + 32` with the 16-element
+/// sub-blocks' scales; `32 · Σ scale · bsum` is taken off per super-block.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
-    let m4 = _mm512_set1_epi8(0xF);
-    let m2 = _mm512_set1_epi8(3);
     let idx: [__m512i; 4] = std::array::from_fn(|c| scale_index(c, 4));
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w
         .chunks_exact(GgmlType::Q6_K.block_bytes())
         .zip(a.chunks_exact(Q8_K_BYTES))
     {
-        prefetch_ahead::<210>(wb);
+        prefetch_ahead(wb, GgmlType::Q6_K.block_bytes());
         let da = f32_at(ab, 0);
         let sc16 = _mm256_cvtepi8_epi16(load128(arr(&wb[192..208])));
         let offset = _mm256_slli_epi32(_mm256_madd_epi16(load256(arr(&ab[260..292])), sc16), 5);
-        let scales = _mm512_castsi256_si512(sc16);
-        let mut sumi = _mm512_setzero_si512();
-        for (j, ((ql, qh), q8)) in wb[0..128]
-            .chunks_exact(64)
-            .zip(wb[128..192].chunks_exact(32))
-            .zip(ab[4..260].chunks_exact(128))
-            .enumerate()
-        {
-            let l = load512(arr(ql));
-            let h = load256(arr(qh));
-            // Quarters 0, 1 take qh bits 0–1 and 2–3; quarters 2, 3 bits 4–5
-            // and 6–7 (immediate shifts: `vpsrlvw` is slow on Intel cores).
-            let join =
-                |lo: __m256i, hi: __m256i| _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            let quarters = [
-                (_mm512_and_si512(l, m4), join(h, _mm256_srli_epi16(h, 2))),
-                (
-                    _mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                    join(_mm256_srli_epi16(h, 4), _mm256_srli_epi16(h, 6)),
-                ),
-            ];
-            for (p, ((low, hb), q8)) in quarters.into_iter().zip(q8.chunks_exact(64)).enumerate() {
-                let high = _mm512_slli_epi16(_mm512_and_si512(hb, m2), 4);
-                let q = _mm512_or_si512(low, high);
-                let pairs = _mm512_maddubs_epi16(q, load512(arr(q8)));
-                let s = _mm512_permutexvar_epi16(idx[2 * j + p], scales);
-                sumi = _mm512_dpwssd_epi32(sumi, pairs, s);
-            }
-        }
+        let sumi = k_sums::<Q6K>(wb, &ab[4..260], _mm512_castsi256_si512(sc16), &idx);
         let sumi = _mm256_sub_epi32(
             _mm256_add_epi32(
                 _mm512_castsi512_si256(sumi),

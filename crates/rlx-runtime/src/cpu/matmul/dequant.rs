@@ -41,15 +41,16 @@ fn arr_mut<T, const N: usize>(s: &mut [T]) -> &mut [T; N] {
         .expect("length checked by the slice")
 }
 
-/// `ty`'s blocks of `src` with the elements of `dst` they decode to.
+/// The blocks of `src` (`bytes` each) with the `elems` elements of `dst`
+/// each decodes to.
 #[inline(always)]
 fn blocks<'a>(
-    ty: GgmlType,
+    bytes: usize,
+    elems: usize,
     src: &'a [u8],
     dst: &'a mut [f32],
 ) -> impl Iterator<Item = (&'a [u8], &'a mut [f32])> {
-    src.chunks_exact(ty.block_bytes())
-        .zip(dst.chunks_exact_mut(ty.block_elems()))
+    src.chunks_exact(bytes).zip(dst.chunks_exact_mut(elems))
 }
 
 #[inline(always)]
@@ -70,7 +71,7 @@ pub(super) unsafe fn legacy<C: Bytes32, F: Legacy>(src: &[u8], dst: &mut [f32]) 
     // SAFETY: the module's `# Safety`.
     unsafe {
         let table = C::table(F::TABLE);
-        for (b, y) in blocks(F::TY, src, dst) {
+        for (b, y) in blocks(F::BYTES, 32, src, dst) {
             let d = match F::SCALE {
                 Scale::F16 => C::f16(b, 0),
                 Scale::E8m0 => e8m0_half(b[0]),
@@ -91,7 +92,7 @@ pub(super) unsafe fn iq4_xs<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
     unsafe {
         let values = C::table(&KVALUES_IQ4NL);
-        for (b, y) in blocks(GgmlType::IQ4_XS, src, dst) {
+        for (b, y) in blocks(GgmlType::IQ4_XS.block_bytes(), 256, src, dst) {
             let d = C::f16(b, 0);
             let scales_h = u32::from(u16::from_le_bytes([b[2], b[3]]));
             for (j, (qs, y)) in b[8..136]
@@ -119,7 +120,7 @@ macro_rules! for_units {
         $f:ty, $c:ty, $src:expr, $dst:expr,
         |$b:ident, $s:ident = $scales:expr, $u:ident, $q:ident, $y:ident| $body:block
     ) => {
-        for ($b, y) in blocks(<$f>::TY, $src, $dst) {
+        for ($b, y) in blocks(<$f>::BYTES, 256, $src, $dst) {
             let $s = $scales;
             let high = <$f>::high::<$c>($b);
             for (quad, y) in y.chunks_exact_mut(128).enumerate() {

@@ -31,16 +31,49 @@ pub(super) enum Scale {
 /// A 32-element block: its scale, an optional f16 minimum, and its codes.
 pub(super) trait Legacy {
     const TY: GgmlType;
+    /// Bytes a block.
+    const BYTES: usize = Self::TY.block_bytes();
     const SCALE: Scale;
     /// Unsigned codes and an f16 minimum at byte 2 (`d·q + m`), else
     /// signed codes (`d·q`).
     const MIN: bool;
     /// The code table [`Legacy::codes`] looks nibbles up in, if it does.
     const TABLE: &'static [i8; 16] = &[0; 16];
+    /// What [`Legacy::unsigned`] adds to each code so that it fits an
+    /// unsigned byte (0 for the formats with a minimum, whose codes are).
+    const OFFSET: u8;
 
     /// The block's 32 codes in element order, given [`Legacy::TABLE`] as
-    /// loaded by [`Bytes32::table`].
-    unsafe fn codes<C: Bytes32>(b: &[u8], table: C::Table) -> C;
+    /// loaded by [`Bytes32::table`]. A format implements this or
+    /// [`Legacy::unsigned`], whichever its bits give directly.
+    #[inline(always)]
+    unsafe fn codes<C: Bytes32>(b: &[u8], table: C::Table) -> C {
+        // SAFETY: the module's `# Safety`.
+        unsafe {
+            let u = Self::unsigned::<C>(b, table);
+            if Self::OFFSET == 0 {
+                u
+            } else {
+                C::sub(u, C::splat(Self::OFFSET))
+            }
+        }
+    }
+
+    /// [`Legacy::codes`] plus [`Legacy::OFFSET`], each an unsigned byte:
+    /// the operand of an unsigned × signed integer dot, whose sum the
+    /// caller corrects by `OFFSET · Σx`.
+    #[inline(always)]
+    unsafe fn unsigned<C: Bytes32>(b: &[u8], table: C::Table) -> C {
+        // SAFETY: the module's `# Safety`.
+        unsafe {
+            let q = Self::codes::<C>(b, table);
+            if Self::OFFSET == 0 {
+                q
+            } else {
+                C::sub(q, C::splat(Self::OFFSET.wrapping_neg()))
+            }
+        }
+    }
 }
 
 /// The first `N` bytes of `s` from `at` on, as an array.
@@ -63,6 +96,7 @@ impl Legacy for Q8_0 {
     const TY: GgmlType = GgmlType::Q8_0;
     const SCALE: Scale = Scale::F16;
     const MIN: bool = false;
+    const OFFSET: u8 = 128;
 
     #[inline(always)]
     unsafe fn codes<C: Bytes32>(b: &[u8], _: C::Table) -> C {
@@ -76,11 +110,12 @@ impl Legacy for Q4_0 {
     const TY: GgmlType = GgmlType::Q4_0;
     const SCALE: Scale = Scale::F16;
     const MIN: bool = false;
+    const OFFSET: u8 = 8;
 
     #[inline(always)]
-    unsafe fn codes<C: Bytes32>(b: &[u8], _: C::Table) -> C {
+    unsafe fn unsigned<C: Bytes32>(b: &[u8], _: C::Table) -> C {
         // SAFETY: the module's `# Safety`.
-        unsafe { C::sub(C::nibbles(at(b, 2)), C::splat(8)) }
+        unsafe { C::nibbles(at(b, 2)) }
     }
 }
 
@@ -89,6 +124,7 @@ impl Legacy for Q4_1 {
     const TY: GgmlType = GgmlType::Q4_1;
     const SCALE: Scale = Scale::F16;
     const MIN: bool = true;
+    const OFFSET: u8 = 0;
 
     #[inline(always)]
     unsafe fn codes<C: Bytes32>(b: &[u8], _: C::Table) -> C {
@@ -102,16 +138,20 @@ impl Legacy for Q5_0 {
     const TY: GgmlType = GgmlType::Q5_0;
     const SCALE: Scale = Scale::F16;
     const MIN: bool = false;
+    const OFFSET: u8 = 16;
 
     #[inline(always)]
-    unsafe fn codes<C: Bytes32>(b: &[u8], _: C::Table) -> C {
+    unsafe fn unsigned<C: Bytes32>(b: &[u8], _: C::Table) -> C {
         // SAFETY: the module's `# Safety`.
-        unsafe {
-            // A clear fifth bit means q − 16 < 0: set the byte's top nibble.
-            let neg = C::andnot(C::from_bits(u32_at(b, 2)), C::splat(0xF0));
-            C::or(C::nibbles(at(b, 6)), neg)
-        }
+        unsafe { fifth_bit(C::nibbles(at(b, 6)), u32_at(b, 2)) }
     }
+}
+
+/// `nibbles` with 16 added where bit `e` of `bits` is set, for element `e`.
+#[inline(always)]
+unsafe fn fifth_bit<C: Bytes32>(nibbles: C, bits: u32) -> C {
+    // SAFETY: the module's `# Safety`.
+    unsafe { C::or(nibbles, C::and(C::from_bits(bits), C::splat(0x10))) }
 }
 
 /// Nibbles with a fifth bit from the mask at byte 4.
@@ -119,14 +159,12 @@ impl Legacy for Q5_1 {
     const TY: GgmlType = GgmlType::Q5_1;
     const SCALE: Scale = Scale::F16;
     const MIN: bool = true;
+    const OFFSET: u8 = 0;
 
     #[inline(always)]
     unsafe fn codes<C: Bytes32>(b: &[u8], _: C::Table) -> C {
         // SAFETY: the module's `# Safety`.
-        unsafe {
-            let high = C::and(C::from_bits(u32_at(b, 4)), C::splat(0x10));
-            C::or(C::nibbles(at(b, 8)), high)
-        }
+        unsafe { fifth_bit(C::nibbles(at(b, 8)), u32_at(b, 4)) }
     }
 }
 
@@ -136,6 +174,7 @@ impl Legacy for Iq4Nl {
     const SCALE: Scale = Scale::F16;
     const MIN: bool = false;
     const TABLE: &'static [i8; 16] = &KVALUES_IQ4NL;
+    const OFFSET: u8 = 128;
 
     #[inline(always)]
     unsafe fn codes<C: Bytes32>(b: &[u8], table: C::Table) -> C {
@@ -150,6 +189,7 @@ impl Legacy for Mxfp4 {
     const SCALE: Scale = Scale::E8m0;
     const MIN: bool = false;
     const TABLE: &'static [i8; 16] = &KVALUES_FP4;
+    const OFFSET: u8 = 128;
 
     #[inline(always)]
     unsafe fn codes<C: Bytes32>(b: &[u8], table: C::Table) -> C {
@@ -166,6 +206,8 @@ impl Legacy for Mxfp4 {
 /// their loads.
 pub(super) trait KQuant {
     const TY: GgmlType;
+    /// Bytes a block.
+    const BYTES: usize = Self::TY.block_bytes();
 
     /// The bits a block's units share, loaded once a block (Q3_K's and
     /// Q5_K's high bits; nothing for the others).

@@ -4,7 +4,8 @@
 //! AVX2's `vpmaddubsw` + `vpmaddwd` ([`rows_avx2`]).
 //!
 //! Each activation block is loaded once and dotted with 4 weight rows. The
-//! weight codes are made unsigned (`q + C`, with `C` = 8, 16 or 128), so one
+//! weight codes are read unsigned (`q + C`: `formats.rs`'s
+//! `Legacy::unsigned`, with `C` = 8, 16 or 128), so one
 //! unsigned × signed dot forms `Σ (q + C)·x`; its accumulator starts at
 //! `−C·Σx` (computed once per activation block), which leaves the exact
 //! `Σ q·x`. AVX2's pairwise `vpmaddubsw` would saturate on Q8_0's
@@ -25,15 +26,10 @@
 use std::arch::x86_64::*;
 
 use super::avx2::hsum_ps;
-
+use super::formats::Legacy;
 use super::scalar::Q8_0_BYTES;
 use crate::cpu::simd::table::f16_table;
 use crate::cpu::simd::Bytes32;
-
-/// Weight formats [`rows`] handles.
-pub(super) const Q8_0: u8 = 0;
-pub(super) const Q4_0: u8 = 1;
-pub(super) const Q5_0: u8 = 2;
 
 /// Bytes ahead of each row's read position to prefetch: a large LM head
 /// streams from DRAM, and one core's demand misses alone reach only part of
@@ -44,73 +40,45 @@ pub(super) const PREFETCH: usize = 8192;
 const ROWS: usize = 4;
 const ACTS: usize = 4;
 
-/// `(block bytes, code offset C)` of a format.
-pub(super) const fn layout(ty: u8) -> (usize, i8) {
-    match ty {
-        // 128 as the byte `vpdpbusd` reads unsigned.
-        Q8_0 => (34, -128),
-        Q4_0 => (18, 8),
-        _ => (22, 16),
-    }
+/// Whether AVX2's dot takes `F`'s codes signed: `vpmaddubsw`'s pair sums
+/// saturate on `(q + 128)·x`.
+#[inline(always)]
+const fn signed<F: Legacy, const VNNI: bool>() -> bool {
+    !VNNI && F::OFFSET == 128
 }
 
-/// The block's 32 codes plus `C`, as u8 (Q8_0's as they are, signed, for
-/// AVX2: see the module's notes).
+/// The block's 32 codes plus `F::OFFSET`, as u8, or its signed codes where
+/// [`signed`] says so.
 ///
 /// # Safety
-/// `wb` points at a whole block of format `TYPE`.
+/// `wb` points at a whole block of format `F`.
 #[inline(always)]
-pub(super) unsafe fn codes<const TYPE: u8, const VNNI: bool>(wb: *const u8) -> __m256i {
+pub(super) unsafe fn codes<F: Legacy, const VNNI: bool>(wb: *const u8) -> __m256i {
     // SAFETY: this function's contract (the module's `# Safety`): it runs
-    // inlined into an entry point with the features of `VNNI`'s dot, and the
-    // entry point checked the slice lengths the pointers walk.
+    // inlined into an entry point with the features of `VNNI`'s dot, whose
+    // lengths checks cover the block.
     unsafe {
-        match TYPE {
-            Q8_0 if VNNI => _mm256_xor_si256(
-                _mm256_loadu_si256(wb.add(2).cast()),
-                _mm256_set1_epi8(0x80u8 as i8),
-            ),
-            Q8_0 => _mm256_loadu_si256(wb.add(2).cast()),
-            _ => {
-                let qs = if TYPE == Q4_0 { wb.add(2) } else { wb.add(6) };
-                // Low nibbles in bytes 0..16, high nibbles in 16..32 (an
-                // immediate shift: `vpsrlvw` is slow on Intel cores).
-                let bytes = _mm_loadu_si128(qs.cast());
-                let both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
-                let nib = _mm256_and_si256(both, _mm256_set1_epi8(0xF));
-                if TYPE == Q4_0 {
-                    nib
-                } else {
-                    // Bit e of qh is element e's fifth bit.
-                    let qh = wb.add(2).cast::<u32>().read_unaligned();
-                    if VNNI {
-                        // Nibbles are < 16, so adding 16 sets the bit.
-                        _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(0x10))
-                    } else {
-                        let high = <__m256i as Bytes32>::from_bits(qh);
-                        _mm256_or_si256(nib, _mm256_and_si256(high, _mm256_set1_epi8(0x10)))
-                    }
-                }
-            }
+        let b = std::slice::from_raw_parts(wb, F::BYTES);
+        let table = <__m256i as Bytes32>::table(F::TABLE);
+        if signed::<F, VNNI>() {
+            F::codes(b, table)
+        } else {
+            F::unsigned(b, table)
         }
     }
 }
 
 /// `Σ codes·x` over each group of four bytes into the i32 lanes of `acc`:
 /// one `vpdpbusd`, or AVX2's pairwise products (`codes` unsigned below 128
-/// there, or for Q8_0 signed: see the module's notes).
+/// there, or signed: see the module's notes).
 #[inline(always)]
-unsafe fn dot<const TYPE: u8, const VNNI: bool>(
-    acc: __m256i,
-    codes: __m256i,
-    x: __m256i,
-) -> __m256i {
+unsafe fn dot<const VNNI: bool>(acc: __m256i, codes: __m256i, x: __m256i, signed: bool) -> __m256i {
     // SAFETY: as for [`codes`].
     unsafe {
         if VNNI {
             _mm256_dpbusd_epi32(acc, codes, x)
         } else {
-            let (u, s) = if TYPE == Q8_0 {
+            let (u, s) = if signed {
                 (_mm256_sign_epi8(codes, codes), _mm256_sign_epi8(x, codes))
             } else {
                 (codes, x)
@@ -130,7 +98,7 @@ unsafe fn dot<const TYPE: u8, const VNNI: bool>(
 /// `w + r·row_bytes` for `r < R` and `a + i·a_row_bytes` for `i < M` point at
 /// `nb` whole blocks each.
 #[inline(always)]
-unsafe fn tile<const TYPE: u8, const R: usize, const M: usize, const VNNI: bool>(
+unsafe fn tile<F: Legacy, const R: usize, const M: usize, const VNNI: bool>(
     w: *const u8,
     row_bytes: usize,
     nb: usize,
@@ -141,8 +109,8 @@ unsafe fn tile<const TYPE: u8, const R: usize, const M: usize, const VNNI: bool>
     // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
     // entry point checked the slice lengths the pointers walk.
     unsafe {
-        let (wb_bytes, c) = layout(TYPE);
-        let cv = _mm256_set1_epi8(c);
+        let (wb_bytes, signed) = (F::BYTES, signed::<F, VNNI>());
+        let cv = _mm256_set1_epi8(F::OFFSET as i8);
         let zero = _mm256_setzero_si256();
         let mut acc = [[_mm256_setzero_ps(); R]; M];
         for b in 0..nb {
@@ -151,21 +119,21 @@ unsafe fn tile<const TYPE: u8, const R: usize, const M: usize, const VNNI: bool>
             for r in 0..R {
                 let wb = w.add(r * row_bytes + b * wb_bytes);
                 _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
-                q[r] = codes::<TYPE, VNNI>(wb);
+                q[r] = codes::<F, VNNI>(wb);
                 dw[r] = _mm256_set1_ps(table[usize::from(wb.cast::<u16>().read_unaligned())]);
             }
             for (i, acc) in acc.iter_mut().enumerate() {
                 let ab = a.add(i * a_row_bytes + b * Q8_0_BYTES);
                 let x = _mm256_loadu_si256(ab.add(2).cast());
-                // AVX2's Q8_0 codes are signed: nothing to take off.
-                let start = if TYPE == Q8_0 && !VNNI {
+                // Signed codes: nothing to take off.
+                let start = if signed {
                     zero
                 } else {
-                    _mm256_sub_epi32(zero, dot::<Q4_0, VNNI>(zero, cv, x))
+                    _mm256_sub_epi32(zero, dot::<VNNI>(zero, cv, x, false))
                 };
                 let dx = _mm256_set1_ps(table[usize::from(ab.cast::<u16>().read_unaligned())]);
                 for r in 0..R {
-                    let sum = dot::<TYPE, VNNI>(start, q[r], x);
+                    let sum = dot::<VNNI>(start, q[r], x, signed);
                     let t = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), dx);
                     acc[r] = _mm256_fmadd_ps(t, dw[r], acc[r]);
                 }
@@ -190,7 +158,7 @@ unsafe fn tile<const TYPE: u8, const R: usize, const M: usize, const VNNI: bool>
 /// The rows lie inside `w`, `a` holds `out.len()` rows of `nb` blocks.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn row_group<const TYPE: u8, const R: usize, const VNNI: bool>(
+unsafe fn row_group<F: Legacy, const R: usize, const VNNI: bool>(
     w: *const u8,
     row_bytes: usize,
     nb: usize,
@@ -206,7 +174,7 @@ unsafe fn row_group<const TYPE: u8, const R: usize, const VNNI: bool>(
         let done = out.len() / ACTS * ACTS;
         let mut groups = out.chunks_exact_mut(ACTS);
         for (g, o) in (&mut groups).enumerate() {
-            let y = tile::<TYPE, R, ACTS, VNNI>(
+            let y = tile::<F, R, ACTS, VNNI>(
                 w,
                 row_bytes,
                 nb,
@@ -219,7 +187,7 @@ unsafe fn row_group<const TYPE: u8, const R: usize, const VNNI: bool>(
             }
         }
         for (i, o) in groups.into_remainder().iter_mut().enumerate() {
-            let [y] = tile::<TYPE, R, 1, VNNI>(
+            let [y] = tile::<F, R, 1, VNNI>(
                 w,
                 row_bytes,
                 nb,
@@ -236,7 +204,7 @@ unsafe fn row_group<const TYPE: u8, const R: usize, const VNNI: bool>(
 /// row `i` of `acts` (rows of `a_row_bytes`), for every row of `w` and every
 /// `i < out.len()`.
 #[inline(always)]
-unsafe fn rows_body<const TYPE: u8, const VNNI: bool>(
+unsafe fn rows_body<F: Legacy, const VNNI: bool>(
     w: &[u8],
     row_bytes: usize,
     acts: &[u8],
@@ -247,7 +215,7 @@ unsafe fn rows_body<const TYPE: u8, const VNNI: bool>(
     // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
     // entry point checked the slice lengths the pointers walk.
     unsafe {
-        let nb = row_bytes / layout(TYPE).0;
+        let nb = row_bytes / F::BYTES;
         let n = w.len() / row_bytes.max(1);
         assert!(nb * Q8_0_BYTES <= a_row_bytes && acts.len() >= out.len() * a_row_bytes);
         assert!(out.iter().all(|o| o.len() >= col + n));
@@ -257,7 +225,7 @@ unsafe fn rows_body<const TYPE: u8, const VNNI: bool>(
         while r + ROWS <= n {
             // SAFETY: rows r..r + ROWS lie inside `w`, and `acts` holds
             // `out.len()` rows of `nb` blocks (asserted above).
-            row_group::<TYPE, ROWS, VNNI>(
+            row_group::<F, ROWS, VNNI>(
                 w.add(r * row_bytes),
                 row_bytes,
                 nb,
@@ -271,7 +239,7 @@ unsafe fn rows_body<const TYPE: u8, const VNNI: bool>(
         }
         while r < n {
             // SAFETY: as above, for row `r`.
-            row_group::<TYPE, 1, VNNI>(
+            row_group::<F, 1, VNNI>(
                 w.add(r * row_bytes),
                 row_bytes,
                 nb,
@@ -288,7 +256,7 @@ unsafe fn rows_body<const TYPE: u8, const VNNI: bool>(
 
 /// [`rows_body`] with AVX-512 VNNI's dot.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn rows<const TYPE: u8>(
+pub(super) unsafe fn rows<F: Legacy>(
     w: &[u8],
     row_bytes: usize,
     acts: &[u8],
@@ -297,12 +265,12 @@ pub(super) unsafe fn rows<const TYPE: u8>(
     col: usize,
 ) {
     // SAFETY: this function's contract (the module's `# Safety`).
-    unsafe { rows_body::<TYPE, true>(w, row_bytes, acts, a_row_bytes, out, col) }
+    unsafe { rows_body::<F, true>(w, row_bytes, acts, a_row_bytes, out, col) }
 }
 
 /// [`rows_body`] with AVX2's dot.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn rows_avx2<const TYPE: u8>(
+pub(super) unsafe fn rows_avx2<F: Legacy>(
     w: &[u8],
     row_bytes: usize,
     acts: &[u8],
@@ -311,5 +279,5 @@ pub(super) unsafe fn rows_avx2<const TYPE: u8>(
     col: usize,
 ) {
     // SAFETY: this function's contract (the module's `# Safety`).
-    unsafe { rows_body::<TYPE, false>(w, row_bytes, acts, a_row_bytes, out, col) }
+    unsafe { rows_body::<F, false>(w, row_bytes, acts, a_row_bytes, out, col) }
 }

@@ -193,18 +193,19 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
     if isa >= Isa::Avx512 && has_avx512_vnni() {
         let f = match ty {
             T::Q8_0 => Some(QuantDot::Rows {
-                rows: v::rows::<{ v::Q8_0 }>,
-                panel: Some(p::rows::<{ v::Q8_0 }>),
+                rows: v::rows::<f::Q8_0>,
+                panel: Some(p::rows::<f::Q8_0>),
             }),
             T::Q4_0 => Some(QuantDot::Rows {
-                rows: v::rows::<{ v::Q4_0 }>,
-                panel: Some(p::rows::<{ v::Q4_0 }>),
+                rows: v::rows::<f::Q4_0>,
+                panel: Some(p::rows::<f::Q4_0>),
             }),
             T::Q5_0 => Some(QuantDot::Rows {
-                rows: v::rows::<{ v::Q5_0 }>,
-                panel: Some(p::rows::<{ v::Q5_0 }>),
+                rows: v::rows::<f::Q5_0>,
+                panel: Some(p::rows::<f::Q5_0>),
             }),
-            T::Q4_K => Some(QuantDot::Row(avx512::vec_dot_q4_k)),
+            T::Q4_K => Some(QuantDot::Row(avx512::vec_dot_k4::<f::Q4K>)),
+            T::Q5_K => Some(QuantDot::Row(avx512::vec_dot_k4::<f::Q5K>)),
             T::Q6_K => Some(QuantDot::Row(avx512::vec_dot_q6_k)),
             _ => None,
         };
@@ -218,9 +219,9 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
     // The row kernels of the VNNI formats, with AVX2's dot.
     let rows = |rows: RowsDot| Some(QuantDot::Rows { rows, panel: None });
     match ty {
-        T::Q8_0 => return rows(v::rows_avx2::<{ v::Q8_0 }>),
-        T::Q4_0 => return rows(v::rows_avx2::<{ v::Q4_0 }>),
-        T::Q5_0 => return rows(v::rows_avx2::<{ v::Q5_0 }>),
+        T::Q8_0 => return rows(v::rows_avx2::<f::Q8_0>),
+        T::Q4_0 => return rows(v::rows_avx2::<f::Q4_0>),
+        T::Q5_0 => return rows(v::rows_avx2::<f::Q5_0>),
         _ => {}
     }
     Some(QuantDot::Row(match ty {

@@ -21,7 +21,8 @@
 use std::arch::x86_64::*;
 
 use super::act::{ActPanels, LANES, QUADS};
-use super::int8_rows::{codes, layout, PREFETCH};
+use super::formats::Legacy;
+use super::int8_rows::{codes, PREFETCH};
 use crate::cpu::simd::table::f16_table;
 
 /// Weight rows per register tile.
@@ -36,7 +37,7 @@ const ROWS: usize = 4;
 /// pointers at `nb` blocks of it.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile<const TYPE: u8, const R: usize>(
+unsafe fn tile<F: Legacy, const R: usize>(
     w: *const u8,
     row_bytes: usize,
     nb: usize,
@@ -48,10 +49,10 @@ unsafe fn tile<const TYPE: u8, const R: usize>(
     // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
     // entry point checked the slice lengths the pointers walk.
     unsafe {
-        let (wb_bytes, c) = layout(TYPE);
+        let wb_bytes = F::BYTES;
         // `vpdpbusd` reads the codes plus C as unsigned bytes: Σ (q + C)·x =
         // Σ q·x + C·Σx, so each block's sum starts at −C·Σx.
-        let neg_c = _mm512_set1_epi32(-i32::from(c as u8));
+        let neg_c = _mm512_set1_epi32(-i32::from(F::OFFSET));
         let mut acc = [_mm512_setzero_ps(); R];
         let mut wq = [[0u8; 32]; R];
         for b in 0..nb {
@@ -65,7 +66,7 @@ unsafe fn tile<const TYPE: u8, const R: usize>(
             for r in 0..R {
                 let wb = w.add(r * row_bytes + b * wb_bytes);
                 _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
-                _mm256_storeu_si256(wq[r].as_mut_ptr().cast(), codes::<TYPE, true>(wb));
+                _mm256_storeu_si256(wq[r].as_mut_ptr().cast(), codes::<F, true>(wb));
                 let dw = table[usize::from(wb.cast::<u16>().read_unaligned())];
                 let mut sum = start;
                 for (q, &x) in x.iter().enumerate() {
@@ -87,7 +88,7 @@ unsafe fn tile<const TYPE: u8, const R: usize>(
 /// As [`tile`], for every panel of `p`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn row_group<const TYPE: u8, const R: usize>(
+unsafe fn row_group<F: Legacy, const R: usize>(
     w: *const u8,
     row_bytes: usize,
     p: &ActPanels,
@@ -102,7 +103,7 @@ unsafe fn row_group<const TYPE: u8, const R: usize>(
         let mut lanes = [[0f32; LANES]; R];
         for panel in 0..p.rows.div_ceil(LANES) {
             let first = panel * nb;
-            let acc = tile::<TYPE, R>(
+            let acc = tile::<F, R>(
                 w,
                 row_bytes,
                 nb,
@@ -127,7 +128,7 @@ unsafe fn row_group<const TYPE: u8, const R: usize>(
 /// `out[i][col + r]` = row `r` of `w` (rows of `row_bytes`) · activation
 /// row `i` of the panels, for every row of `w` and every `i < p.rows()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn rows<const TYPE: u8>(
+pub(super) unsafe fn rows<F: Legacy>(
     w: &[u8],
     row_bytes: usize,
     p: &ActPanels,
@@ -137,7 +138,7 @@ pub(super) unsafe fn rows<const TYPE: u8>(
     // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
     // entry point checked the slice lengths the pointers walk.
     unsafe {
-        let nb = row_bytes / layout(TYPE).0;
+        let nb = row_bytes / F::BYTES;
         let n = w.len() / row_bytes.max(1);
         let panels = p.rows.div_ceil(LANES);
         assert!(nb == p.blocks && out.len() >= p.rows);
@@ -150,12 +151,12 @@ pub(super) unsafe fn rows<const TYPE: u8>(
         while r + ROWS <= n {
             // SAFETY: rows r..r + ROWS lie inside `w`; the panels hold `nb`
             // blocks of every panel (asserted above).
-            row_group::<TYPE, ROWS>(w.add(r * row_bytes), row_bytes, p, table, out, col + r);
+            row_group::<F, ROWS>(w.add(r * row_bytes), row_bytes, p, table, out, col + r);
             r += ROWS;
         }
         while r < n {
             // SAFETY: as above, for row `r`.
-            row_group::<TYPE, 1>(w.add(r * row_bytes), row_bytes, p, table, out, col + r);
+            row_group::<F, 1>(w.add(r * row_bytes), row_bytes, p, table, out, col + r);
             r += 1;
         }
     }

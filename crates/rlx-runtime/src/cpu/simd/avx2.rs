@@ -68,12 +68,6 @@ impl Bytes32 for __m256i {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn andnot(a: Self, b: Self) -> Self {
-        _mm256_andnot_si256(a, b)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn sub(a: Self, b: Self) -> Self {
         _mm256_sub_epi8(a, b)
     }

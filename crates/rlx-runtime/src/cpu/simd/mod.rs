@@ -37,8 +37,6 @@ pub(crate) trait Bytes32: Copy {
     unsafe fn from_bits(x: u32) -> Self;
     unsafe fn and(a: Self, b: Self) -> Self;
     unsafe fn or(a: Self, b: Self) -> Self;
-    /// `!a & b`.
-    unsafe fn andnot(a: Self, b: Self) -> Self;
     /// Bytewise wrapping `a − b`.
     unsafe fn sub(a: Self, b: Self) -> Self;
     /// `(v >> n) & mask` in every byte (`n < 8`).

@@ -121,12 +121,6 @@ impl Bytes32 for U8x32 {
     }
 
     #[inline(always)]
-    unsafe fn andnot(a: Self, b: Self) -> Self {
-        // SAFETY: register operations only.
-        unsafe { U8x32::zip(a, b, |a, b| vbicq_u8(b, a)) }
-    }
-
-    #[inline(always)]
     unsafe fn sub(a: Self, b: Self) -> Self {
         // SAFETY: register operations only.
         unsafe { U8x32::zip(a, b, |a, b| vsubq_u8(a, b)) }
