@@ -10,7 +10,6 @@
 
 use rlx_gguf::GgmlType;
 use std::arch::x86_64::*;
-use std::ops::Range;
 
 use super::avx2::{arr, f16_at, hsum_ps as hsum_ps256, load128, load256, prefetch_ahead};
 use super::formats::{KQuant, Q6K};
@@ -26,215 +25,14 @@ pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
     unsafe { super::exact::dot_f32_lanes::<__m512, true>(x, w) }
 }
 
-/// Weight rows per prefill register tile: 4 weight rows × 6 activation rows
-/// (`exact::TILE_ACTS`) is 24 zmm accumulators, plus 4 weight vectors and 1
-/// activation vector.
-const TILE_ROWS: usize = 4;
-/// Rows longer than this are taken `SPAN` elements per pass, with
-/// `SPAN_TILES` weight tiles sharing each pass.
-const LONG_ROW: usize = 1024;
-const SPAN: usize = 256;
-const SPAN_TILES: usize = 4;
-
-/// Prefill (`m ≥ 2`) f32 dots: `out[i][col + r]` = row `i` of `x` (rows `k`
-/// apart, `out.len()` of them) · row `r` of `w` (rows `k` apart). Each dot puts
-/// element `e` in lane `e % 16` of its own accumulator (FMA, the last partial
-/// vector a zero-filled masked load), then [`hsum_ps`] — one accumulator per
-/// output instead of [`dot_f32`]'s four, so a 4 × 6 tile fits the registers
-/// and needs ~0.4 loads per FMA. The order depends on neither the tile size
-/// nor the neighbours, so the thread split never shows.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) fn dot_f32_tile(x: &[f32], w: &[f32], k: usize, out: &mut [&mut [f32]], col: usize) {
-    super::exact::act_groups(x, w, k, 16, out, col, |group, xs, n, out| {
-        let (x, w) = (group.as_ptr(), w.as_ptr());
-        // SAFETY: `group` holds `out.len()` rows `xs` apart and `w` holds
-        // `n` rows (`act_groups` checked); this function's caller has
-        // AVX-512.
-        unsafe { super::exact::by_group_rows!(out.len(), act_group(x, xs, w, n, k, out, col)) }
-    })
-}
-
-/// One row pair of [`dot_f32_tile`]'s layout, for tests.
-#[cfg(test)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) fn dot_f32_prefill(x: &[f32], w: &[f32]) -> f32 {
-    let k = x.len().min(w.len());
-    // SAFETY: one row of `k` elements each of `x` and `w`, which hold them.
-    unsafe { tile::<1, 1>(x.as_ptr(), k, w.as_ptr(), k)[0][0] }
-}
-
-/// `M` activation rows at `x` (`xs` apart) against the `n` weight rows at
-/// `w`.
-///
-/// # Safety
-/// `x` holds `M` rows and `w` `n` rows of `k` floats; `out` has `M` rows of
-/// at least `col + n`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn act_group<const M: usize>(
-    x: *const f32,
-    xs: usize,
-    w: *const f32,
-    n: usize,
-    k: usize,
-    out: &mut [&mut [f32]],
-    col: usize,
-) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
-    // and the pointers cover the rows and lengths given.
-    unsafe {
-        let mut r = 0;
-        if k > LONG_ROW {
-            // Long rows: `M` rows of `x` no longer stay in L1 next to the weight
-            // stream, so take `SPAN` elements at a time for 4 weight tiles.
-            while r + SPAN_TILES * TILE_ROWS <= n {
-                let mut acc = [[[_mm512_setzero_ps(); TILE_ROWS]; M]; SPAN_TILES];
-                for c in (0..k).step_by(SPAN) {
-                    for (t, a) in acc.iter_mut().enumerate() {
-                        let wt = w.add((r + t * TILE_ROWS) * k);
-                        tile_span(x, xs, wt, k, c..(c + SPAN).min(k), a);
-                    }
-                }
-                for a in &acc {
-                    for (o, y) in out.iter_mut().zip(reduce(a)) {
-                        o[col + r..col + r + TILE_ROWS].copy_from_slice(&y);
-                    }
-                    r += TILE_ROWS;
-                }
-            }
-        }
-        while r + TILE_ROWS <= n {
-            let y = tile::<TILE_ROWS, M>(x, xs, w.add(r * k), k);
-            for (o, y) in out.iter_mut().zip(y) {
-                o[col + r..col + r + TILE_ROWS].copy_from_slice(&y);
-            }
-            r += TILE_ROWS;
-        }
-        while r < n {
-            let y = tile::<1, M>(x, xs, w.add(r * k), k);
-            for (o, [y]) in out.iter_mut().zip(y) {
-                o[col + r] = y;
-            }
-            r += 1;
-        }
-    }
-}
-
-/// `out[i][r]` = activation row `i` · weight row `r`, in the
-/// [`dot_f32_tile`] layout.
-///
-/// # Safety
-/// `x` holds `M` rows (`xs` apart) and `w` `R` rows of `k` floats.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn tile<const R: usize, const M: usize>(
-    x: *const f32,
-    xs: usize,
-    w: *const f32,
-    k: usize,
-) -> [[f32; R]; M] {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
-    // and the pointers cover the rows and lengths given.
-    unsafe {
-        let mut acc = [[_mm512_setzero_ps(); R]; M];
-        tile_span(x, xs, w, k, 0..k, &mut acc);
-        reduce(&acc)
-    }
-}
-
-/// Adds elements `span` (16-aligned start; a partial last vector only when
-/// it ends at `k`) of each dot into `acc`, in element order.
-///
-/// # Safety
-/// As for [`tile`], and `span.end <= k`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn tile_span<const R: usize, const M: usize>(
-    x: *const f32,
-    xs: usize,
-    w: *const f32,
-    k: usize,
-    span: Range<usize>,
-    acc: &mut [[__m512; R]; M],
-) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 F + BW + VL,
-    // and the pointers cover the rows and lengths given.
-    unsafe {
-        let mut wv = [_mm512_setzero_ps(); R];
-        let mut c = span.start;
-        while c + 16 <= span.end {
-            for (r, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_loadu_ps(w.add(r * k + c));
-            }
-            for (i, a) in acc.iter_mut().enumerate() {
-                let xv = _mm512_loadu_ps(x.add(i * xs + c));
-                for (a, &v) in a.iter_mut().zip(&wv) {
-                    *a = _mm512_fmadd_ps(xv, v, *a);
-                }
-            }
-            c += 16;
-        }
-        if c < span.end {
-            // Masked lanes are neither read nor faulted on.
-            let mask: __mmask16 = ((1u32 << (span.end - c)) - 1) as u16;
-            for (r, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_maskz_loadu_ps(mask, w.add(r * k + c));
-            }
-            for (i, a) in acc.iter_mut().enumerate() {
-                let xv = _mm512_maskz_loadu_ps(mask, x.add(i * xs + c));
-                for (a, &v) in a.iter_mut().zip(&wv) {
-                    *a = _mm512_fmadd_ps(xv, v, *a);
-                }
-            }
-        }
-    }
-}
-
-/// Each accumulator's [`hsum_ps`].
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn reduce<const R: usize, const M: usize>(acc: &[[__m512; R]; M]) -> [[f32; R]; M] {
-    let mut out = [[0f32; R]; M];
-    for (o, a) in out.iter_mut().zip(acc) {
-        if R == 4 {
-            // SAFETY: with R = 4 the row holds the 4 floats the store writes.
-            unsafe { _mm_storeu_ps(o.as_mut_ptr(), hsum_ps_x4([a[0], a[1], a[2], a[3]])) };
-        } else {
-            for (o, &v) in o.iter_mut().zip(a) {
-                *o = hsum_ps(v);
-            }
-        }
-    }
-    out
-}
-
-/// [`hsum_ps`] of four vectors at once, the same adds in the same order
-/// (lane `l` + lane `l + 8`, then the 8 lanes as a tree), with the four
-/// reductions side by side in one register.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn hsum_ps_x4(v: [__m512; 4]) -> __m128 {
-    // [p0..8, q0..8] + [p8..16, q8..16]: lane l + lane l + 8.
-    let pq = _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0b01_00_01_00>(v[0], v[1]),
-        _mm512_shuffle_f32x4::<0b11_10_11_10>(v[0], v[1]),
-    );
-    let rs = _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0b01_00_01_00>(v[2], v[3]),
-        _mm512_shuffle_f32x4::<0b11_10_11_10>(v[2], v[3]),
-    );
-    // Per 128-bit lane, one output's 4 lanes: h_j = s_j + s_{j + 4}.
-    let h = _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0b10_00_10_00>(pq, rs),
-        _mm512_shuffle_f32x4::<0b11_01_11_01>(pq, rs),
-    );
-    // (h0 + h2, h1 + h3), then their sum in lane 0 of each 128-bit lane.
-    let q = _mm512_add_ps(h, _mm512_permute_ps::<0b11_10_11_10>(h));
-    let t = _mm512_add_ps(q, _mm512_movehdup_ps(q));
-    let idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, t))
-}
+super::f32_tile::f32_tile!(
+    /// Prefill (`m ≥ 2`) f32 dots on 16 lanes (`f32_tile.rs`), long rows
+    /// in spans.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    dot_f32_tile,
+    __m512,
+    true
+);
 
 // ---- AVX-512 VNNI integer dot products ----
 //
@@ -398,8 +196,10 @@ mod tests {
                     for r in 0..n {
                         let (xi, wr) = (&x[i * k..(i + 1) * k], &w[r * k..(r + 1) * k]);
                         let want = prefill_model(xi, wr);
+                        let mut one = [f32::NAN];
                         // SAFETY: as above.
-                        let single = unsafe { super::dot_f32_prefill(xi, wr) };
+                        unsafe { super::dot_f32_tile(xi, wr, k, &mut [&mut one[..]], 0) };
+                        let single = one[0];
                         let got = yi[2 + r];
                         assert_eq!(got.to_bits(), want.to_bits(), "k={k} m={m} n={n}");
                         assert_eq!(single.to_bits(), want.to_bits(), "k={k}");

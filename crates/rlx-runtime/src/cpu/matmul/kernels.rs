@@ -293,7 +293,7 @@ pub(super) fn f32_dot_tile(isa: Isa) -> Option<DotF32Tile> {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => Some(super::avx512::dot_f32_tile),
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => Some(super::neon_f32::dot_f32_tile),
+        Isa::Neon => Some(super::neon::dot_f32_tile),
         _ => None,
     }
 }

@@ -43,6 +43,7 @@ mod avx512;
 mod avx512_fused;
 mod dequant;
 mod exact;
+mod f32_tile;
 mod formats;
 mod gemm;
 #[cfg(target_arch = "x86_64")]
@@ -50,8 +51,6 @@ mod int8_rows;
 mod kernels;
 #[cfg(target_arch = "aarch64")]
 mod neon;
-#[cfg(target_arch = "aarch64")]
-mod neon_f32;
 #[cfg(target_arch = "aarch64")]
 mod neon_gemm;
 mod scalar;

@@ -24,6 +24,13 @@ use crate::cpu::simd::neon::U8x32;
 use crate::cpu::simd::table::f16_table;
 use crate::cpu::simd::Bytes32;
 
+super::f32_tile::f32_tile!(
+    /// Prefill (`m ≥ 2`) f32 dots on 4 lanes (`f32_tile.rs`).
+    dot_f32_tile,
+    float32x4_t,
+    false
+);
+
 /// # Safety
 /// `out.len() == x.len() / 32 * 34`; `x.len()` a multiple of 32.
 pub(super) unsafe fn q8_0(x: &[f32], out: &mut [u8]) {

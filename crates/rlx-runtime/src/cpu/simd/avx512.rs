@@ -160,6 +160,40 @@ impl Lanes for __m512 {
         _mm512_reduce_add_ps(v)
     }
 
+    /// Four [`Lanes::hsum`]s side by side in one register: lane `l` + lane
+    /// `l + 8`, then `l + 4`, `l + 2`, `l + 1`, as the single sum adds.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn hsum4(v: [Self; 4]) -> [f32; 4] {
+        // [p0..8, q0..8] + [p8..16, q8..16]: lane l + lane l + 8.
+        let pq = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(v[0], v[1]),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(v[0], v[1]),
+        );
+        let rs = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(v[2], v[3]),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(v[2], v[3]),
+        );
+        // Per 128-bit lane, one output's 4 lanes: h_j = s_j + s_{j + 4}.
+        let h = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(pq, rs),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(pq, rs),
+        );
+        // (h0 + h2, h1 + h3), then their sum in lane 0 of each 128-bit lane.
+        let q = _mm512_add_ps(h, _mm512_permute_ps::<0b11_10_11_10>(h));
+        let t = _mm512_add_ps(q, _mm512_movehdup_ps(q));
+        let idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        let mut out = [0f32; 4];
+        // SAFETY: the array holds the 4 floats the store writes.
+        unsafe {
+            _mm_storeu_ps(
+                out.as_mut_ptr(),
+                _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, t)),
+            )
+        };
+        out
+    }
+
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn hmax(v: Self) -> f32 {

@@ -109,6 +109,16 @@ pub(crate) trait Lanes: Copy {
     unsafe fn pow2(k: Self) -> Self;
     /// Sum of the lanes.
     unsafe fn hsum(v: Self) -> f32;
+    /// [`Lanes::hsum`] of four vectors (the same adds in the same order).
+    #[inline(always)]
+    unsafe fn hsum4(v: [Self; 4]) -> [f32; 4] {
+        let mut out = [0f32; 4];
+        for (o, v) in out.iter_mut().zip(v) {
+            // SAFETY: the trait's contract.
+            *o = unsafe { Self::hsum(v) };
+        }
+        out
+    }
     /// Maximum of the lanes.
     unsafe fn hmax(v: Self) -> f32;
     /// Lane `i` of the result is the sum of the lanes of `v[i]`, for `N`
