@@ -161,6 +161,69 @@ fn run_holds_its_output_to_a_schema_or_an_expression() {
 }
 
 #[test]
+fn a_constrained_output_is_closed_within_n_or_reported_cut() {
+    // An unbounded list the 270M model goes on with: closed to fit -n.
+    let schema = r#"{"type": "object", "properties": {"nums": {"type": "array",
+        "items": {"type": "integer"}}, "name": {"type": "string"}}, "required": ["nums", "name"]}"#;
+    let mut closed = 0;
+    for seed in ["1", "2", "3", "4"] {
+        let out = ok(rlx()
+            .args(["run", "-m"])
+            .arg(real_model())
+            .args([
+                "--raw",
+                "Reply with JSON only.\n",
+                "-n",
+                "24",
+                "--temp",
+                "1",
+            ])
+            .args(["--seed", seed, "--json", "-t", "2", "--json-schema", schema]));
+        let v = json(&out);
+        assert_eq!(v["complete"], true, "{v}");
+        let text = v["text"].as_str().unwrap();
+        let value: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert!(value["nums"].is_array() && value["name"].is_string(), "{v}");
+        if v["stop"] == "closed" {
+            closed += 1;
+            assert_eq!(v["finish_reason"], "length", "{v}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("closed early"), "{err}");
+        }
+    }
+    assert!(closed > 0, "no output needed closing");
+    // A pattern no ending of which fits in the tokens left: cut, said so.
+    let schema = r#"{"type": "string", "pattern": "^[a-z]{100}$"}"#;
+    for args in [&["--json"][..], &[]] {
+        let out = rlx()
+            .args(["run", "-m"])
+            .arg(real_model())
+            .args(["--raw", "A word:", "-n", "10", "--temp", "1", "-t", "2"])
+            .args(["--json-schema", schema])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("output incomplete: stopped by -n after 10 tokens"),
+            "{err}"
+        );
+        if args.is_empty() {
+            // The partial output is still printed.
+            assert!(String::from_utf8_lossy(&out.stdout).starts_with('"'));
+        } else {
+            let v = json(&out);
+            assert_eq!(
+                (&v["complete"], &v["finish_reason"]),
+                (&false.into(), &"length".into()),
+                "{v}"
+            );
+        }
+    }
+}
+
+#[test]
 fn cache_types_are_taken_as_llama_cpp_spells_them() {
     // `-ctk`/`-ctv` as llama.cpp's users type them, keys and values apart;
     // `rlx bench --json` reports what ran.

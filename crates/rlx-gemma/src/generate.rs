@@ -26,6 +26,10 @@ pub enum Finish {
     StopString,
     /// The token budget ran out.
     Length,
+    /// The token budget was running out, and the constraint closed the
+    /// output by its shortest valid continuation: it is complete, but
+    /// shorter than the model would have written it.
+    Closed,
     /// The constraint's output is complete.
     Complete,
     /// Whoever takes the output asked to stop (an interrupt, or a client
@@ -82,6 +86,21 @@ pub trait Constraint {
     fn forced(&mut self) -> Vec<u32>;
     /// Whether the output is complete and nothing more may follow.
     fn is_complete(&self) -> bool;
+    /// The tokens the output may still take, told after each token: a
+    /// constraint that can close its output early (forcing the closing)
+    /// starts when it must.
+    fn budget(&mut self, _left: usize) {}
+    /// Whether the constraint is closing the output early because the
+    /// budget is running out.
+    fn cut_short(&self) -> bool {
+        false
+    }
+    /// The output's length in bytes when the constraint began closing it
+    /// (for the budget, or because it started repeating itself), if it did:
+    /// what came before is the model's.
+    fn closed_at(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A token's log-probability under the model (before sampling's filters
@@ -397,13 +416,20 @@ impl Generation {
     ) -> std::result::Result<Option<Finish>, GenerationError> {
         self.sampler.accept(t);
         self.tokens.push(t);
+        let cut_short = constraint.as_deref().is_some_and(|c| c.cut_short());
         if self.opts.stop_tokens.contains(&t) {
-            return Ok(Some(self.flush(tok, out).unwrap_or(Finish::StopToken)));
+            let finish = if cut_short {
+                Finish::Closed
+            } else {
+                Finish::StopToken
+            };
+            return Ok(Some(self.flush(tok, out).unwrap_or(finish)));
         }
         let mut complete = false;
         if let Some(c) = constraint.as_deref_mut() {
             c.accept(t).map_err(GenerationError::Constraint)?;
             complete = c.is_complete();
+            c.budget(self.opts.max_tokens.saturating_sub(self.tokens.len()));
         }
         let (text, stopped) = match tok {
             Some(tok) => self.filter.push(&self.decoder.push(tok, t)),
@@ -420,7 +446,12 @@ impl Generation {
             return Ok(Some(Finish::StopString));
         }
         if complete {
-            return Ok(Some(self.flush(tok, out).unwrap_or(Finish::Complete)));
+            let finish = if cut_short {
+                Finish::Closed
+            } else {
+                Finish::Complete
+            };
+            return Ok(Some(self.flush(tok, out).unwrap_or(finish)));
         }
         if self.tokens.len() >= self.opts.max_tokens {
             return Ok(Some(self.flush(tok, out).unwrap_or(Finish::Length)));

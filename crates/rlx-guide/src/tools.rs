@@ -13,7 +13,8 @@
 use serde_json::{json, Value};
 
 use crate::gemma4::{self, Delta};
-use crate::Spec;
+use crate::shape::JsonShape;
+use crate::{closed_objects, Spec};
 
 /// A function the model may call.
 #[derive(Clone, Debug, PartialEq)]
@@ -119,17 +120,16 @@ impl ToolUse {
             .map(|t| {
                 json!({
                     "type": "object",
-                    "properties": {"name": {"const": t.name}, "arguments": closed(&t.parameters)},
+                    "properties": {"name": {"const": t.name}, "arguments": closed_objects(&t.parameters)},
                     "required": ["name", "arguments"],
                     "additionalProperties": false
                 })
             })
             .collect();
-        let mut calls = json!({"type": "array", "items": {"anyOf": one}, "minItems": 1});
-        if !self.parallel {
-            calls["maxItems"] = json!(1);
-        }
-        calls
+        // At most one call per function (a model that lists more is
+        // repeating itself), or one call where parallel calls are off.
+        let most = if self.parallel { tools.len() } else { 1 };
+        json!({"type": "array", "items": {"anyOf": one}, "minItems": 1, "maxItems": most})
     }
 
     /// For [`Syntax::Json`]: the system text that describes the tools and
@@ -162,25 +162,6 @@ impl ToolUse {
         }
         text.push_str(" Reply with the JSON object only.");
         Some(text)
-    }
-}
-
-/// `schema` with every object that lists its properties closed to others
-/// (unless it says otherwise), as Gemma 4's call grammar is: a function
-/// gets the arguments it declares, not whatever else a model writes.
-fn closed(schema: &Value) -> Value {
-    match schema {
-        Value::Object(o) => {
-            let mut o: serde_json::Map<String, Value> =
-                o.iter().map(|(k, v)| (k.clone(), closed(v))).collect();
-            if o.get("properties").is_some_and(Value::is_object) {
-                o.entry("additionalProperties")
-                    .or_insert(Value::Bool(false));
-            }
-            Value::Object(o)
-        }
-        Value::Array(items) => Value::Array(items.iter().map(closed).collect()),
-        other => other.clone(),
     }
 }
 
@@ -228,18 +209,23 @@ impl ReplyReader {
         }
     }
 
-    pub fn finish(&mut self) -> Delta {
+    /// The end of the reply; `closed_at` is where the constraint began
+    /// closing it, if it did (calls that were not finished by then are
+    /// dropped: their arguments are the closing's, not the model's).
+    pub fn finish(&mut self, closed_at: Option<usize>) -> Delta {
         match self {
             ReplyReader::Plain => Delta::default(),
             ReplyReader::Gemma4(p) => p.finish(),
-            ReplyReader::Json(held) => read_json_reply(&std::mem::take(held)),
+            ReplyReader::Json(held) => read_json_reply(&std::mem::take(held), closed_at),
         }
     }
 }
 
 /// A whole JSON reply: its calls, or its response as content; text that is
-/// not such a reply (cut short, say) is content as it stands.
-pub fn read_json_reply(text: &str) -> Delta {
+/// not such a reply (cut short, say) is content as it stands. Of a reply
+/// the constraint closed from byte `closed_at` on, only the calls finished
+/// before it count; a call repeating an earlier one is dropped.
+pub fn read_json_reply(text: &str, closed_at: Option<usize>) -> Delta {
     let plain = || Delta {
         content: text.to_owned(),
         ..Delta::default()
@@ -256,14 +242,24 @@ pub fn read_json_reply(text: &str) -> Delta {
     let Some(Value::Array(list)) = reply.get("tool_calls") else {
         return plain();
     };
-    let mut calls = Vec::new();
-    for c in list {
-        match (c.get("name"), c.get("arguments")) {
-            (Some(Value::String(name)), Some(args @ Value::Object(_))) => calls.push(ToolCall {
+    let finished = closed_at.map_or(list.len(), |at| {
+        JsonShape::complete_items(text.as_bytes(), at)
+    });
+    if finished == 0 {
+        // Closed inside the first call: no call is the model's.
+        return plain();
+    }
+    let mut calls: Vec<ToolCall> = Vec::new();
+    for c in list.iter().take(finished) {
+        let call = match (c.get("name"), c.get("arguments")) {
+            (Some(Value::String(name)), Some(args @ Value::Object(_))) => ToolCall {
                 name: name.clone(),
                 arguments: args.clone(),
-            }),
+            },
             _ => return plain(),
+        };
+        if !calls.contains(&call) {
+            calls.push(call);
         }
     }
     Delta {

@@ -2,15 +2,19 @@
 //! schemas, 10 outputs sampled at temperature 1 under the schema all parse
 //! and validate (checked with the `jsonschema` crate); the same prompts
 //! without the constraint rarely give valid JSON (the rate is printed).
-//! Needs the real file (`RLX_TEST_MODEL`, or where scripts/fetch-model.sh
-//! puts it).
+//! Schemas without bounds on their values (`data/unbounded.json`) under a
+//! token budget too small for what the model writes: every output is closed
+//! within the budget and validates. Needs the real file (`RLX_TEST_MODEL`,
+//! or where scripts/fetch-model.sh puts it).
 
 use std::sync::Arc;
 
-use rlx_gemma::generate::{generate_constrained, Constraint, Generation, GenerationOptions};
+use rlx_gemma::generate::{
+    generate_constrained, Constraint, Finish, Generation, GenerationOptions,
+};
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 use rlx_gemma::{Model, ModelOptions, Precision, Session, SessionOptions};
-use rlx_guide::{Spec, Vocabulary};
+use rlx_guide::{GuideOptions, Spec, Vocabulary};
 use rlx_tokenizer::{EncodeOptions, Tokenizer};
 use serde_json::Value;
 
@@ -28,10 +32,14 @@ mod real_model;
 use real_model::real_model;
 
 fn model() -> Model {
+    model_with(Precision::Exact)
+}
+
+fn model_with(precision: Precision) -> Model {
     Model::load(
         real_model(),
         ModelOptions {
-            precision: Precision::Exact,
+            precision,
             threads: 2,
             ..ModelOptions::default()
         },
@@ -42,9 +50,13 @@ fn model() -> Model {
 /// A session for samples of `prompt`: each sample after the first runs only
 /// the prompt's last token again (the session keeps the common prefix).
 fn session<'m>(model: &'m Model, prompt: &[u32]) -> Session<'m> {
+    session_for(model, prompt, MAX_TOKENS)
+}
+
+fn session_for<'m>(model: &'m Model, prompt: &[u32], max_tokens: usize) -> Session<'m> {
     model
         .session(SessionOptions {
-            context: Some(prompt.len() + MAX_TOKENS + 1),
+            context: Some(prompt.len() + max_tokens + 1),
             ..Default::default()
         })
         .unwrap()
@@ -59,6 +71,18 @@ fn sample(
     constraint: Option<&mut dyn Constraint>,
     max_tokens: usize,
 ) -> String {
+    sample_finish(session, tok, prompt, seed, constraint, max_tokens).0
+}
+
+/// [`sample`], and why it ended.
+fn sample_finish(
+    session: &mut Session,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    seed: u64,
+    constraint: Option<&mut dyn Constraint>,
+    max_tokens: usize,
+) -> (String, Finish) {
     let sampler = Sampler::new(SamplerConfig {
         temperature: 1.0,
         seed,
@@ -71,7 +95,7 @@ fn sample(
         ..GenerationOptions::default()
     };
     let mut generation = Generation::new(sampler, prompt, opts);
-    let (out, _, _) = generate_constrained(
+    let (out, finish, _) = generate_constrained(
         session,
         prompt,
         &mut generation,
@@ -82,7 +106,7 @@ fn sample(
     )
     .unwrap();
     let out: Vec<u32> = out.into_iter().filter(|t| !tok.is_eog(*t)).collect();
-    tok.decode(&out, false)
+    (tok.decode(&out, false), finish)
 }
 
 #[test]
@@ -104,7 +128,9 @@ fn every_sampled_output_matches_its_schema() {
         let mut session = session(&model, &prompt);
         for seed in 0..SAMPLES {
             total += 1;
-            let mut guide = vocab.guide(&Spec::JsonSchema(schema.clone())).unwrap();
+            let mut guide = vocab
+                .guide(&Spec::JsonSchema(schema.clone()), &GuideOptions::default())
+                .unwrap();
             let out = sample(
                 &mut session,
                 &tok,
@@ -154,7 +180,134 @@ fn bad_schemas_and_expressions_are_errors_that_say_why() {
         ),
         (Spec::Lark("start: undefined_rule".into()), "grammar"),
     ] {
-        let e = vocab.guide(&spec).err().expect("refused").to_string();
+        let e = vocab
+            .guide(&spec, &GuideOptions::default())
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(e.contains(says), "{e}");
     }
+}
+
+/// How the unbounded schemas fared: outputs valid, outputs, and what the
+/// others were.
+struct Tally {
+    valid: usize,
+    total: usize,
+    closed: usize,
+    failures: Vec<String>,
+}
+
+/// Each of the unbounded schemas, `seeds` outputs at temperature 1 for each
+/// budget, with the guide's options `opts`.
+fn unbounded(model: &Model, seeds: u64, budgets: &[usize], opts: &GuideOptions) -> Tally {
+    let tok = Arc::new(Tokenizer::from_gguf(model.file()).unwrap());
+    let vocab = Vocabulary::new(Arc::clone(&tok)).unwrap();
+    let schemas: Vec<Value> = serde_json::from_str(include_str!("data/unbounded.json")).unwrap();
+    assert!(schemas.len() >= 30);
+    let most = budgets.iter().copied().max().unwrap_or(0);
+    let mut t = Tally {
+        valid: 0,
+        total: 0,
+        closed: 0,
+        failures: Vec::new(),
+    };
+    for entry in &schemas {
+        let name = entry["name"].as_str().unwrap();
+        let schema = &entry["schema"];
+        let validator = jsonschema::validator_for(schema).unwrap();
+        let text = format!("A JSON value ({name}) with this schema: {schema}\nJSON:");
+        let prompt = tok.encode(&text, EncodeOptions::default());
+        let mut session = session_for(model, &prompt, most);
+        for &n in budgets {
+            for seed in 0..seeds {
+                t.total += 1;
+                let mut guide = vocab
+                    .guide(&Spec::JsonSchema(schema.clone()), opts)
+                    .unwrap();
+                let (out, finish) =
+                    sample_finish(&mut session, &tok, &prompt, seed, Some(&mut guide), n);
+                t.closed += usize::from(finish == Finish::Closed);
+                match serde_json::from_str::<Value>(&out) {
+                    Ok(v) if validator.is_valid(&v) => t.valid += 1,
+                    Ok(v) => t
+                        .failures
+                        .push(format!("{name} -n {n} seed {seed}: {v} does not validate")),
+                    Err(e) => t.failures.push(format!(
+                        "{name} -n {n} seed {seed} ({finish:?}): {out:?}: {e}"
+                    )),
+                }
+            }
+        }
+    }
+    t
+}
+
+#[test]
+fn outputs_too_long_for_the_budget_are_closed_and_valid() {
+    // A budget that most of these outputs overrun.
+    let t = unbounded(&model(), 2, &[40], &GuideOptions::default());
+    println!(
+        "{} of {} valid, {} closed early",
+        t.valid, t.total, t.closed
+    );
+    assert!(t.failures.is_empty(), "{:#?}", t.failures);
+    assert!(
+        t.closed > 0,
+        "no output needed closing: the test shows nothing"
+    );
+}
+
+/// The measurement behind the closing: every unbounded schema, 10 seeds,
+/// `-n` 64 and 256, with the closing and soft limits and without (on the
+/// 8-bit path, for speed). Run with `--ignored --nocapture`.
+#[test]
+#[ignore]
+fn unbounded_schemas_with_and_without_closing() {
+    let model = model_with(Precision::Quantized);
+    let off = GuideOptions {
+        close: false,
+        limits: None,
+        ..GuideOptions::default()
+    };
+    for (what, opts) in [
+        ("closing and limits", GuideOptions::default()),
+        ("neither", off),
+    ] {
+        for n in [64, 256] {
+            let start = std::time::Instant::now();
+            let t = unbounded(&model, 10, &[n], &opts);
+            println!(
+                "{what}, -n {n}: {} of {} valid, {} closed early ({:.0} s)",
+                t.valid,
+                t.total,
+                t.closed,
+                start.elapsed().as_secs_f64()
+            );
+            if opts.close {
+                assert!(t.failures.is_empty(), "{:#?}", t.failures);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_schema_that_cannot_end_within_the_budget_is_reported_cut() {
+    let model = model();
+    let tok = Arc::new(Tokenizer::from_gguf(model.file()).unwrap());
+    let vocab = Vocabulary::new(Arc::clone(&tok)).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"code": {"type": "string", "pattern": "^[a-z]{100}$"}},
+        "required": ["code"]
+    });
+    let prompt = tok.encode("A code:\n", EncodeOptions::default());
+    let mut session = session_for(&model, &prompt, 10);
+    let mut guide = vocab
+        .guide(&Spec::JsonSchema(schema), &GuideOptions::default())
+        .unwrap();
+    let (out, finish) = sample_finish(&mut session, &tok, &prompt, 0, Some(&mut guide), 10);
+    assert_eq!(finish, Finish::Length, "{out:?}");
+    assert!(!guide.is_complete() && !guide.cut_short(), "{out:?}");
+    assert!(serde_json::from_str::<Value>(&out).is_err(), "{out:?}");
 }

@@ -13,7 +13,7 @@ use rlx_gemma::generate::Constraint;
 use rlx_gguf::GgufFile;
 use rlx_guide::gemma4::{Delta, Parser};
 use rlx_guide::tools::{read_json_reply, Syntax, Tool, ToolChoice, ToolUse};
-use rlx_guide::Vocabulary;
+use rlx_guide::{GuideOptions, Vocabulary};
 use rlx_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
@@ -96,14 +96,36 @@ fn the_corpus_reads_the_same_in_any_pieces() {
 
 #[test]
 fn json_replies_read_as_calls_or_content() {
-    let d = read_json_reply(r#"{"tool_calls": [{"name": "f", "arguments": {"x": 1}}]}"#);
+    let d = read_json_reply(
+        r#"{"tool_calls": [{"name": "f", "arguments": {"x": 1}}]}"#,
+        None,
+    );
     assert_eq!(d.calls.len(), 1);
     assert_eq!(d.calls[0].arguments, json!({"x": 1}));
-    assert_eq!(read_json_reply(r#"{"response": "hi"}"#).content, "hi");
+    assert_eq!(read_json_reply(r#"{"response": "hi"}"#, None).content, "hi");
     assert_eq!(
-        read_json_reply(r#"{"tool_calls": [{"na"#).content,
+        read_json_reply(r#"{"tool_calls": [{"na"#, None).content,
         r#"{"tool_calls": [{"na"#
     );
+    // A repeated call is dropped.
+    let twice = r#"{"tool_calls": [{"name": "f", "arguments": {"x": 1}}, {"name": "g", "arguments": {}}, {"name": "f", "arguments": {"x": 1}}]}"#;
+    let names: Vec<String> = read_json_reply(twice, None)
+        .calls
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(names, ["f", "g"]);
+    // Of a reply closed for the budget, only the calls finished before.
+    let closed = r#"{"tool_calls": [{"name": "f", "arguments": {"x": 1}}, {"name": "g", "arguments": {"y": ""}}]}"#;
+    let at = closed.find(r#""y": "#).unwrap();
+    let d = read_json_reply(closed, Some(at));
+    assert_eq!(d.calls.len(), 1);
+    assert_eq!(d.calls[0].name, "f");
+    // Closed inside the first call: no call, the text as content.
+    let at = closed.find(r#""x""#).unwrap();
+    let d = read_json_reply(closed, Some(at));
+    assert!(d.calls.is_empty());
+    assert_eq!(d.content, closed);
 }
 
 fn tools() -> Vec<Tool> {
@@ -252,7 +274,7 @@ fn required_calls_written_under_the_grammar_parse_and_validate() {
             .spec(Syntax::Gemma4)
             .expect("a required call is constrained");
         for i in 0..25 {
-            let mut guide = vocab.guide(&spec).unwrap();
+            let mut guide = vocab.guide(&spec, &GuideOptions::default()).unwrap();
             let text = write_under(&mut guide, &tok, &mut rng);
             if i == 0 {
                 eprintln!("{choice:?}, parallel {parallel}: {text:?}");
@@ -295,9 +317,9 @@ fn json_replies_written_under_the_schema_parse_and_validate() {
         };
         let spec = usage.spec(Syntax::Json).unwrap();
         for _ in 0..10 {
-            let mut guide = vocab.guide(&spec).unwrap();
+            let mut guide = vocab.guide(&spec, &GuideOptions::default()).unwrap();
             let text = write_under(&mut guide, &tok, &mut rng);
-            let d = read_json_reply(&text);
+            let d = read_json_reply(&text, guide.closed_at());
             assert!(
                 !d.calls.is_empty()
                     || serde_json::from_str::<Value>(&text)

@@ -134,7 +134,7 @@ impl Server {
         let mut guides = Vec::new();
         if let Some((field, spec)) = &params.constraint {
             for _ in 0..params.n {
-                match self.vocab.guide(spec) {
+                match self.vocab.guide(spec, &params.guide) {
                     Ok(g) => {
                         guides.push(Box::new(g) as Box<dyn rlx_gemma::generate::Constraint + Send>)
                     }
@@ -219,7 +219,7 @@ impl Server {
                 }
                 Event::Done(f) => {
                     if let Some(r) = &mut c.reply {
-                        r.finish();
+                        r.finish(f.closed_at);
                     }
                     c.finish = Some(f)
                 }
@@ -299,7 +299,7 @@ impl Server {
                         finishes[i] = Some(f);
                         let (rest, reason, last_body) = match &mut replies[i] {
                             Some(r) => {
-                                let rest = r.finish();
+                                let rest = r.finish(f.closed_at);
                                 (Some(rest), r.finish_reason(f.reason), json!({}))
                             }
                             None => (None, f.reason.as_str(), json!("")),

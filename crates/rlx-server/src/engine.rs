@@ -89,6 +89,9 @@ pub struct Finish {
     pub completion_tokens: usize,
     pub prefill_secs: f64,
     pub decode_secs: f64,
+    /// The output's length in bytes when its constraint began closing it,
+    /// if it did (see `Constraint::closed_at`).
+    pub closed_at: Option<usize>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -711,7 +714,8 @@ impl Running {
         );
         match step {
             Ok(None) => Next::Going,
-            Ok(Some(GenFinish::Length)) => Next::Done(FinishReason::Length),
+            // Closed early to fit the budget: whole, but cut by it.
+            Ok(Some(GenFinish::Length | GenFinish::Closed)) => Next::Done(FinishReason::Length),
             Ok(Some(GenFinish::StopToken | GenFinish::StopString | GenFinish::Complete)) => {
                 Next::Done(FinishReason::Stop)
             }
@@ -732,6 +736,7 @@ impl Running {
             completion_tokens: self.generation.tokens().len(),
             prefill_secs: (first - self.started).as_secs_f64(),
             decode_secs: first.elapsed().as_secs_f64(),
+            closed_at: self.job.constraint.as_ref().and_then(|c| c.closed_at()),
         }));
     }
 }

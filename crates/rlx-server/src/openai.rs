@@ -46,6 +46,9 @@ pub struct Params {
     pub logprobs: Option<usize>,
     /// Structured output, and the field that asked for it.
     pub constraint: Option<(&'static str, rlx_guide::Spec)>,
+    /// How the constraint treats the budget and JSON values
+    /// (`close_within_budget`, `json_limits`).
+    pub guide: rlx_guide::GuideOptions,
     /// Functions the model may call (chat only).
     pub tools: Option<ToolUse>,
     /// `chat_template_kwargs.enable_thinking` (chat only).
@@ -259,6 +262,7 @@ pub fn params(
         }
     };
     let constraint = constraint(body)?;
+    let guide = guide_options(body)?;
     if field(body, "functions").is_some() {
         return Err(BadRequest::param(
             "functions",
@@ -294,9 +298,56 @@ pub fn params(
         n,
         logprobs,
         constraint,
+        guide,
         tools,
         enable_thinking,
     })
+}
+
+/// rlx's own fields: `close_within_budget` (default true: a constrained
+/// output about to run out of tokens is closed by its shortest valid
+/// continuation) and `json_limits` (`false`, or an object overriding the
+/// soft limits' `digits`, `string_chars` and `array_items`).
+fn guide_options(body: &Map<String, Value>) -> Result<rlx_guide::GuideOptions> {
+    let mut opts = rlx_guide::GuideOptions {
+        close: field(body, "close_within_budget").is_none()
+            || boolean(body, "close_within_budget")?,
+        ..rlx_guide::GuideOptions::default()
+    };
+    match field(body, "json_limits") {
+        None | Some(Value::Bool(true)) => {}
+        Some(Value::Bool(false)) => opts.limits = None,
+        Some(Value::Object(o)) => {
+            let mut l = rlx_guide::ValueLimits::default();
+            for (key, value) in o {
+                let slot = match key.as_str() {
+                    "digits" => &mut l.digits,
+                    "string_chars" => &mut l.string_chars,
+                    "array_items" => &mut l.array_items,
+                    other => return Err(BadRequest::param(
+                        "json_limits",
+                        format!(
+                            "unknown limit `{other}`; expected digits, string_chars or array_items"
+                        ),
+                    )),
+                };
+                *slot = value.as_u64().filter(|&n| n > 0).ok_or_else(|| {
+                    BadRequest::param(
+                        "json_limits",
+                        format!("`{key}` must be a positive integer, got {value}"),
+                    )
+                })? as usize;
+            }
+            opts.limits = Some(l);
+        }
+        Some(v) => {
+            return Err(BadRequest::param(
+                "json_limits",
+                format!("expected false or an object, got {}", kind(v)),
+            ))
+        }
+    }
+    Ok(opts)
 }
 
 /// `tools`, `tool_choice` and `parallel_tool_calls`; `None` without tools.

@@ -31,6 +31,8 @@ impl Server {
         let mut params = openai::params(&body, api, &self.opts.sampling, seed)?;
         if let Some(spec) = calling(&params).and_then(|t| t.spec(self.tool_syntax)) {
             params.constraint = Some(("tools", spec));
+            // A model listing the same call again has nothing more to call.
+            params.guide.end_on_repeat = true;
         }
         let tok = self.engine.tokenizer();
         let ids = match endpoint {

@@ -37,9 +37,10 @@ impl Reply {
         self.take(d)
     }
 
-    /// The end of the generation: what the reader held back.
-    pub fn finish(&mut self) -> Map<String, Value> {
-        let d = self.reader.finish();
+    /// The end of the generation: what the reader held back (`closed_at`
+    /// as `ReplyReader::finish` takes it).
+    pub fn finish(&mut self, closed_at: Option<usize>) -> Map<String, Value> {
+        let d = self.reader.finish(closed_at);
         self.take(d)
     }
 

@@ -1509,3 +1509,138 @@ fn bad_tool_requests_name_the_field() {
         "{v}"
     );
 }
+
+#[path = "../../../tests/support/real_model.rs"]
+mod real_model;
+
+/// The real Gemma 3 270M file behind the server, on the 8-bit path (the
+/// server's default): replies to tool requests through it.
+fn real_tool_server() -> TestServer {
+    TestServer::start_model(
+        Model::load(
+            real_model::real_model(),
+            ModelOptions {
+                threads: 2,
+                ..ModelOptions::default()
+            },
+        )
+        .unwrap(),
+        EngineOptions {
+            parallel: 4,
+            context: 4096,
+            ..EngineOptions::default()
+        },
+        ServerOptions::new("gemma-3-270m"),
+    )
+}
+
+/// Three functions with free-text arguments, the first `n` of them.
+fn everyday_tools(n: usize) -> Value {
+    let all = json!([
+        {"type": "function", "function": {"name": "get_weather",
+            "description": "Current weather for a city.",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+              "required": ["city", "unit"]}}},
+        {"type": "function", "function": {"name": "get_time",
+            "description": "The time in a time zone.",
+            "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}},
+              "required": ["timezone"]}}},
+        {"type": "function", "function": {"name": "convert",
+            "description": "Convert an amount between currencies.",
+            "parameters": {"type": "object", "properties": {
+                "amount": {"type": "number"}, "from": {"type": "string"}, "to": {"type": "string"}},
+              "required": ["amount", "from", "to"]}}}
+    ]);
+    Value::Array(all.as_array().unwrap()[..n].to_vec())
+}
+
+/// Tool requests on the real 270M file: for each tool choice (`required`,
+/// the first function by name, `auto`), parallel calls on and off, one to
+/// three functions, `seeds` seeds and each budget. Returns the replies and
+/// how many of the required or named ones carried valid calls.
+fn real_tool_replies(
+    srv: &TestServer,
+    seeds: u64,
+    budgets: &[u64],
+    close: bool,
+) -> (usize, usize, Vec<String>) {
+    let (mut with_calls, mut must_call) = (0, 0);
+    let mut failures = Vec::new();
+    for choice in ["required", "named", "auto"] {
+        for parallel in [true, false] {
+            for n in 1..=3 {
+                let tools = everyday_tools(n);
+                let tool_choice = match choice {
+                    "named" => json!({"type": "function", "function": {"name": "get_weather"}}),
+                    c => json!(c),
+                };
+                for &max_tokens in budgets {
+                    for seed in 0..seeds {
+                        let body = json!({
+                            "messages": [{"role": "user", "content": "What is the weather in Paris, in celsius?"}],
+                            "tools": tools, "tool_choice": tool_choice,
+                            "parallel_tool_calls": parallel, "temperature": 1.0,
+                            "seed": seed, "max_tokens": max_tokens,
+                            "close_within_budget": close});
+                        let (status, v) = srv.post("/v1/chat/completions", &body);
+                        assert_eq!(status, 200, "{v}");
+                        let c = &v["choices"][0];
+                        let calls = &c["message"]["tool_calls"];
+                        let at = format!("{choice} parallel={parallel} n={n} max_tokens={max_tokens} seed={seed}");
+                        if choice == "auto" {
+                            if calls.is_array() {
+                                check_calls(calls, &tools);
+                            }
+                            continue;
+                        }
+                        must_call += 1;
+                        if !calls.is_array() {
+                            failures.push(format!("{at}: no calls: {c}"));
+                            continue;
+                        }
+                        let names = check_calls(calls, &tools);
+                        if !parallel && names.len() > 1 {
+                            failures.push(format!("{at}: {} calls", names.len()));
+                        } else if choice == "named" && names.iter().any(|n| n != "get_weather") {
+                            failures.push(format!("{at}: called {names:?}"));
+                        } else {
+                            with_calls += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (with_calls, must_call, failures)
+}
+
+#[test]
+fn real_model_tool_calls_end_within_the_budget() {
+    let srv = real_tool_server();
+    let (ok, total, failures) = real_tool_replies(&srv, 2, &[64], true);
+    println!("{ok} of {total} required or named replies carry valid calls");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The measurement: 20 seeds, `max_tokens` 64 and 256, with the closing
+/// and without. Run with `--ignored --nocapture`.
+#[test]
+#[ignore]
+fn real_model_tool_calls_twenty_seeds() {
+    let srv = real_tool_server();
+    for close in [true, false] {
+        for budget in [64, 256] {
+            let start = std::time::Instant::now();
+            let (ok, total, failures) = real_tool_replies(&srv, 20, &[budget], close);
+            println!(
+                "close_within_budget {close}, max_tokens {budget}: {ok} of {total} required or named replies carry valid calls ({:.0} s)",
+                start.elapsed().as_secs_f64()
+            );
+            if close {
+                assert!(failures.is_empty(), "{failures:#?}");
+            }
+        }
+    }
+}

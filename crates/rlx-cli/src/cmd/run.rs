@@ -51,6 +51,45 @@ pub struct RunArgs {
     /// Lark dialect: rules, tokens as regular expressions, `%json{...}`).
     #[arg(long, value_name = "FILE")]
     pub grammar: Option<PathBuf>,
+    /// Let a constrained output run into -n as it stands, instead of
+    /// closing it by its shortest valid continuation (closing quotes and
+    /// brackets, required keys with their shortest values) when the tokens
+    /// left are about to be too few.
+    #[arg(long)]
+    pub no_close: bool,
+    /// Soft limits on JSON values, so a sampled model cannot spend -n on
+    /// one value: `digits=15,chars=256,items=32` (the defaults; any subset)
+    /// or `off`. A limit gives way where the schema needs more.
+    #[arg(long, value_name = "LIMITS", value_parser = parse_limits)]
+    pub json_limits: Option<Limits>,
+}
+
+/// `--json-limits`: limits, or none.
+#[derive(Clone, Debug)]
+pub struct Limits(Option<rlx_guide::ValueLimits>);
+
+fn parse_limits(text: &str) -> std::result::Result<Limits, String> {
+    if text == "off" {
+        return Ok(Limits(None));
+    }
+    let mut l = rlx_guide::ValueLimits::default();
+    for part in text.split(',') {
+        let (key, value) = part
+            .split_once('=')
+            .ok_or_else(|| format!("`{part}`: expected KEY=N (digits, chars, items) or `off`"))?;
+        let n: usize = value
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("`{part}`: the limit must be a positive integer"))?;
+        match key {
+            "digits" => l.digits = n,
+            "chars" => l.string_chars = n,
+            "items" => l.array_items = n,
+            _ => return Err(format!("`{key}`: expected digits, chars or items")),
+        }
+    }
+    Ok(Limits(Some(l)))
 }
 
 /// The constraint the flags ask for, if any.
@@ -129,7 +168,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let model = args.model.load_for(args.ctx)?;
     let tok = std::sync::Arc::new(Tokenizer::from_gguf(model.file())?);
     let mut guide = match &spec {
-        Some(spec) => Some(rlx_guide::Vocabulary::new(std::sync::Arc::clone(&tok))?.guide(spec)?),
+        Some(spec) => {
+            let opts = rlx_guide::GuideOptions {
+                close: !args.no_close,
+                limits: match &args.json_limits {
+                    Some(Limits(l)) => *l,
+                    None => Some(rlx_guide::ValueLimits::default()),
+                },
+                end_on_repeat: false,
+            };
+            Some(rlx_guide::Vocabulary::new(std::sync::Arc::clone(&tok))?.guide(spec, &opts)?)
+        }
         None => None,
     };
     let load_secs = t_load.elapsed().as_secs_f64();
@@ -190,6 +239,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
+    // Whether the output stops short of its end: the budget ran out, or
+    // (under a constraint, whose mask allows the end token only where the
+    // output may end) a stop string cut it.
+    let cut = match reason {
+        Finish::Length | Finish::Cancelled => true,
+        Finish::StopString => guide.is_some(),
+        Finish::StopToken | Finish::Complete | Finish::Closed => false,
+    };
     let prefill_tps = stats.prefilled as f64 / stats.prefill_secs.max(1e-9);
     let decode_tps = stats.generated.saturating_sub(1) as f64 / stats.decode_secs.max(1e-9);
     if args.json {
@@ -197,7 +254,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "text": text,
             "tokens": tokens,
             "prompt_tokens": ids.len(),
-            "stop": match reason { Finish::StopToken => "eog", Finish::Length => "length", Finish::StopString => "stop_string", Finish::Complete => "complete", Finish::Cancelled => "cancelled" },
+            "stop": match reason { Finish::StopToken => "eog", Finish::Length => "length", Finish::StopString => "stop_string", Finish::Complete => "complete", Finish::Closed => "closed", Finish::Cancelled => "cancelled" },
+            "finish_reason": match reason { Finish::Length | Finish::Closed => "length", Finish::Cancelled => "cancelled", _ => "stop" },
+            "complete": !cut,
             "timings": {"load_s": load_secs, "prefill_s": stats.prefill_secs, "decode_s": stats.decode_secs,
                         "prefill_tokens_per_s": prefill_tps, "decode_tokens_per_s": decode_tps},
         });
@@ -206,16 +265,16 @@ pub fn run(args: &RunArgs) -> Result<()> {
     writeln!(stdout)?;
     if let Some(g) = &guide {
         let (secs, n) = g.mask_seconds();
-        if reason == Finish::Length {
-            eprintln!(
-                "warning: the output is incomplete: -n {} tokens ran out",
-                args.sample.n
-            );
-        }
         eprintln!(
             "constraint: {n} masks, {:.2} ms each",
             1e3 * secs / n.max(1) as f64
         );
+        if reason == Finish::Closed {
+            eprintln!(
+                "note: -n {} was about to run out, so the output was closed early by its shortest valid continuation",
+                args.sample.n
+            );
+        }
     }
     eprintln!(
         "prompt {} tokens, generated {} tokens | prefill {:.1} t/s, decode {:.1} t/s | load {:.0} ms",
@@ -225,5 +284,16 @@ pub fn run(args: &RunArgs) -> Result<()> {
         decode_tps,
         load_secs * 1e3
     );
+    if guide.is_some() && cut {
+        bail!(
+            "output incomplete: stopped by -n after {} tokens, before the output was valid{}",
+            tokens.len(),
+            if args.no_close {
+                " (without --no-close it would have been closed where it could)"
+            } else {
+                " (no valid ending fitted in the tokens left)"
+            }
+        );
+    }
     Ok(())
 }
