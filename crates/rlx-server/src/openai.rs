@@ -309,6 +309,7 @@ pub fn params(
 /// continuation) and `json_limits` (`false`, or an object overriding the
 /// soft limits' `digits`, `string_chars` and `array_items`).
 fn guide_options(body: &Map<String, Value>) -> Result<rlx_guide::GuideOptions> {
+    const LIMITS: &str = "digits, string_chars or array_items";
     let mut opts = rlx_guide::GuideOptions {
         close: field(body, "close_within_budget").is_none()
             || boolean(body, "close_within_budget")?,
@@ -324,12 +325,10 @@ fn guide_options(body: &Map<String, Value>) -> Result<rlx_guide::GuideOptions> {
                     "digits" => &mut l.digits,
                     "string_chars" => &mut l.string_chars,
                     "array_items" => &mut l.array_items,
-                    other => return Err(BadRequest::param(
-                        "json_limits",
-                        format!(
-                            "unknown limit `{other}`; expected digits, string_chars or array_items"
-                        ),
-                    )),
+                    other => {
+                        let msg = format!("unknown limit `{other}`; expected {LIMITS}");
+                        return Err(BadRequest::param("json_limits", msg));
+                    }
                 };
                 *slot = value.as_u64().filter(|&n| n > 0).ok_or_else(|| {
                     BadRequest::param(
