@@ -62,20 +62,9 @@ fn session_for<'m>(model: &'m Model, prompt: &[u32], max_tokens: usize) -> Sessi
         .unwrap()
 }
 
-/// Text generated for `prompt`, within `constraint` if given.
+/// Text generated for `prompt`, within `constraint` if given, and why it
+/// ended.
 fn sample(
-    session: &mut Session,
-    tok: &Tokenizer,
-    prompt: &[u32],
-    seed: u64,
-    constraint: Option<&mut dyn Constraint>,
-    max_tokens: usize,
-) -> String {
-    sample_finish(session, tok, prompt, seed, constraint, max_tokens).0
-}
-
-/// [`sample`], and why it ended.
-fn sample_finish(
     session: &mut Session,
     tok: &Tokenizer,
     prompt: &[u32],
@@ -131,7 +120,7 @@ fn every_sampled_output_matches_its_schema() {
             let mut guide = vocab
                 .guide(&Spec::JsonSchema(schema.clone()), &GuideOptions::default())
                 .unwrap();
-            let out = sample(
+            let (out, _) = sample(
                 &mut session,
                 &tok,
                 &prompt,
@@ -150,7 +139,7 @@ fn every_sampled_output_matches_its_schema() {
             // Unconstrained, only the rate matters (one sample per schema,
             // 64 tokens, many times what a constrained output takes).
             if seed == 0 {
-                let free = sample(&mut session, &tok, &prompt, seed, None, FREE_TOKENS);
+                let (free, _) = sample(&mut session, &tok, &prompt, seed, None, FREE_TOKENS);
                 let free = free.trim();
                 if serde_json::from_str::<Value>(free).is_ok_and(|v| validator.is_valid(&v)) {
                     valid_free += 1;
@@ -225,8 +214,7 @@ fn unbounded(model: &Model, seeds: u64, budgets: &[usize], opts: &GuideOptions) 
                 let mut guide = vocab
                     .guide(&Spec::JsonSchema(schema.clone()), opts)
                     .unwrap();
-                let (out, finish) =
-                    sample_finish(&mut session, &tok, &prompt, seed, Some(&mut guide), n);
+                let (out, finish) = sample(&mut session, &tok, &prompt, seed, Some(&mut guide), n);
                 t.closed += usize::from(finish == Finish::Closed);
                 match serde_json::from_str::<Value>(&out) {
                     Ok(v) if validator.is_valid(&v) => t.valid += 1,
@@ -306,7 +294,7 @@ fn a_schema_that_cannot_end_within_the_budget_is_reported_cut() {
     let mut guide = vocab
         .guide(&Spec::JsonSchema(schema), &GuideOptions::default())
         .unwrap();
-    let (out, finish) = sample_finish(&mut session, &tok, &prompt, 0, Some(&mut guide), 10);
+    let (out, finish) = sample(&mut session, &tok, &prompt, 0, Some(&mut guide), 10);
     assert_eq!(finish, Finish::Length, "{out:?}");
     assert!(!guide.is_complete() && !guide.cut_short(), "{out:?}");
     assert!(serde_json::from_str::<Value>(&out).is_err(), "{out:?}");
