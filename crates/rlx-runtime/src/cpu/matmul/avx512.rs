@@ -14,6 +14,7 @@ use std::arch::x86_64::*;
 use super::avx2::{arr, f16_at, hsum_ps as hsum_ps256, load128, load256, prefetch_ahead};
 use super::formats::{KQuant, Q6K};
 use super::scalar::{f32_at, Q8_K_BYTES};
+use crate::cpu::simd::avx512::Bytes32Vl;
 use rlx_gguf::blocks::scales_mins_k4;
 
 /// f32 dot ([`super::exact::dot_f32_lanes`] on 16 lanes, the last partial
@@ -73,12 +74,13 @@ fn scale_index(c: usize, per_chunk: usize) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn k_sums<F: KQuant>(wb: &[u8], q8: &[u8], scales: __m512i, idx: &[__m512i; 4]) -> __m512i {
-    // SAFETY: this function has the features `Bytes32` for `__m256i` needs.
-    let high: __m256i = unsafe { F::high(wb) };
+    // SAFETY: this function has the features `Bytes32Vl` needs.
+    let high: Bytes32Vl = unsafe { F::high(wb) };
     let mut sumi = _mm512_setzero_si512();
     for (q, q8) in q8.chunks_exact(128).enumerate() {
         // SAFETY: as above.
-        let units: [__m256i; 4] = unsafe { F::quad(wb, high, q) };
+        let [u0, u1, u2, u3] = unsafe { F::quad::<Bytes32Vl>(wb, high, q) };
+        let units = [u0.0, u1.0, u2.0, u3.0];
         for (p, q8) in q8.chunks_exact(64).enumerate() {
             let codes =
                 _mm512_inserti64x4(_mm512_castsi256_si512(units[2 * p]), units[2 * p + 1], 1);

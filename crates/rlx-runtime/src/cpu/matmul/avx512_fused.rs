@@ -19,6 +19,7 @@ use std::arch::x86_64::*;
 use super::avx512::hsum_ps;
 use super::formats::{self as f, KQuant, Legacy};
 use super::scalar::scale_min_k4;
+use crate::cpu::simd::avx512::Bytes32Vl;
 use crate::cpu::simd::table::f16_table;
 use crate::cpu::simd::Bytes32;
 
@@ -79,12 +80,13 @@ unsafe fn legacy_codes<const TYPE: u8>(wb: *const u8) -> __m256i {
     // (so AVX2 for `Bytes32`), and the entry point checked the slice lengths the pointers walk.
     unsafe {
         let block = std::slice::from_raw_parts(wb, layout(TYPE).0);
-        let none = <__m256i as Bytes32>::table(&[0; 16]);
-        match TYPE {
+        let none = <Bytes32Vl as Bytes32>::table(&[0; 16]);
+        let codes: Bytes32Vl = match TYPE {
             Q8_0 => f::Q8_0::codes(block, none),
             Q4_0 => f::Q4_0::codes(block, none),
             _ => f::Q5_0::codes(block, none),
-        }
+        };
+        codes.0
     }
 }
 
@@ -139,11 +141,12 @@ unsafe fn q4_k_block(wb: *const u8, x: *const f32, table: &[f32; 65536], acc: &m
             )
         };
         let block = std::slice::from_raw_parts(wb, layout(Q4_K).0);
-        let high = f::Q4K::high::<__m256i>(block);
+        let high = f::Q4K::high::<Bytes32Vl>(block);
         for q in 0..2 {
             // Units 4q .. 4q + 4 (through `formats.rs`): an even unit's
             // halves go to accumulators 0 and 1, an odd one's to 2 and 3.
-            let units = f::Q4K::quad::<__m256i>(block, high, q);
+            let [u0, u1, u2, u3] = f::Q4K::quad::<Bytes32Vl>(block, high, q);
+            let units = [u0.0, u1.0, u2.0, u3.0];
             for (i, unit) in units.into_iter().enumerate() {
                 let (u, a) = (4 * q + i, 2 * (i % 2));
                 let x = x.add(32 * u);
@@ -171,10 +174,11 @@ unsafe fn q6_k_block(wb: *const u8, x: *const f32, table: &[f32; 65536], acc: &m
         let d = table[usize::from(wb.add(208).cast::<u16>().read_unaligned())];
         let sc = wb.add(192).cast::<i8>();
         let block = std::slice::from_raw_parts(wb, layout(Q6_K).0);
-        let none = f::Q6K::high::<__m256i>(block);
+        let none = f::Q6K::high::<Bytes32Vl>(block);
         for j in 0..2 {
             // Units 4j .. 4j + 4 through `formats.rs`, stored + 32.
-            let units = f::Q6K::quad::<__m256i>(block, none, j);
+            let [u0, u1, u2, u3] = f::Q6K::quad::<Bytes32Vl>(block, none, j);
+            let units = [u0.0, u1.0, u2.0, u3.0];
             for (p, unit) in units.into_iter().enumerate() {
                 let q = _mm256_sub_epi8(unit, _mm256_set1_epi8(32));
                 // Elements 128j + 32p ..: accumulators 2(p % 2), 2(p % 2) + 1.

@@ -28,6 +28,7 @@ use std::arch::x86_64::*;
 use super::avx2::hsum_ps;
 use super::formats::Legacy;
 use super::scalar::Q8_0_BYTES;
+use crate::cpu::simd::avx512::Bytes32Vl;
 use crate::cpu::simd::table::f16_table;
 use crate::cpu::simd::Bytes32;
 
@@ -59,11 +60,16 @@ pub(super) unsafe fn codes<F: Legacy, const VNNI: bool>(wb: *const u8) -> __m256
     // lengths checks cover the block.
     unsafe {
         let b = std::slice::from_raw_parts(wb, F::BYTES);
-        let table = <__m256i as Bytes32>::table(F::TABLE);
-        if signed::<F, VNNI>() {
-            F::codes(b, table)
+        if VNNI {
+            let table = <Bytes32Vl as Bytes32>::table(F::TABLE);
+            F::unsigned::<Bytes32Vl>(b, table).0
         } else {
-            F::unsigned(b, table)
+            let table = <__m256i as Bytes32>::table(F::TABLE);
+            if signed::<F, VNNI>() {
+                F::codes(b, table)
+            } else {
+                F::unsigned(b, table)
+            }
         }
     }
 }

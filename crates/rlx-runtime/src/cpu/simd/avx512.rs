@@ -1,4 +1,4 @@
-//! AVX-512: [`Lanes`] as `__m512` (16 f32).
+//! AVX-512: [`Lanes`] as `__m512` (16 f32), [`Bytes32`] as [`Bytes32Vl`].
 //!
 //! # Safety
 //! Every method is `#[target_feature]`-gated and runs only inlined into an
@@ -9,7 +9,69 @@
 
 use std::arch::x86_64::*;
 
-use super::Lanes;
+use super::{Bytes32, Lanes};
+
+/// [`Bytes32`] on AVX-512 (F + BW + VL): AVX2's 256-bit operations, with
+/// the mask registers where they save instructions (bits to bytes).
+#[derive(Clone, Copy)]
+pub(crate) struct Bytes32Vl(pub(crate) __m256i);
+
+/// Methods of [`Bytes32Vl`] that are AVX2's, compiled with AVX-512's
+/// features.
+macro_rules! as_avx2 {
+    ($($name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? $body:block)*) => {$(
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+        unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
+            // SAFETY: the `Bytes32` contract; AVX-512's features include
+            // AVX2's.
+            unsafe { $body }
+        }
+    )*};
+}
+
+type Avx2 = __m256i;
+
+impl Bytes32 for Bytes32Vl {
+    type Table = __m128i;
+
+    as_avx2! {
+        load(b: &[u8; 32]) -> Self { Self(Avx2::load(b)) }
+        nibbles(b: &[u8; 16]) -> Self { Self(Avx2::nibbles(b)) }
+        splat(x: u8) -> Self { Self(Avx2::splat(x)) }
+        and(a: Self, b: Self) -> Self { Self(Avx2::and(a.0, b.0)) }
+        or(a: Self, b: Self) -> Self { Self(Avx2::or(a.0, b.0)) }
+        sub(a: Self, b: Self) -> Self { Self(Avx2::sub(a.0, b.0)) }
+        shr_mask(v: Self, n: u32, mask: u8) -> Self { Self(Avx2::shr_mask(v.0, n, mask)) }
+        shl(v: Self, n: u32) -> Self { Self(Avx2::shl(v.0, n)) }
+        table(values: &[i8; 16]) -> __m128i { Avx2::table(values) }
+        lookup(t: __m128i, v: Self) -> Self { Self(Avx2::lookup(t, v.0)) }
+        f16(b: &[u8], off: usize) -> f32 { Avx2::f16(b, off) }
+        store_mul_i8(v: Self, d0: f32, d1: f32, out: &mut [f32; 32]) {
+            Avx2::store_mul_i8(v.0, d0, d1, out)
+        }
+        store_mul_add_u8(v: Self, first: (f32, f32), second: (f32, f32), out: &mut [f32; 32]) {
+            Avx2::store_mul_add_u8(v.0, first, second, out)
+        }
+        widen_f16(src: &[u8], dst: &mut [f32]) { Avx2::widen_f16(src, dst) }
+        widen_bf16(src: &[u8], dst: &mut [f32]) { Avx2::widen_bf16(src, dst) }
+    }
+
+    /// One move from a mask register (`vpmovm2b`) instead of AVX2's
+    /// broadcast, shuffle and compare.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn from_bits(x: u32) -> Self {
+        Self(_mm256_movm_epi8(x))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn bit_value(bits: Self, bit: u32, value: Self) -> Self {
+        let set = _mm256_test_epi8_mask(bits.0, _mm256_set1_epi8((1u8 << bit) as i8));
+        Self(_mm256_maskz_mov_epi8(set, value.0))
+    }
+}
 
 impl Lanes for __m512 {
     const N: usize = 16;
