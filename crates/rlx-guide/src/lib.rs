@@ -114,7 +114,7 @@ fn compact(mut schema: serde_json::Value) -> serde_json::Value {
 
 /// `schema` with every object that lists its properties closed to others
 /// (unless it says otherwise).
-pub(crate) fn closed_objects(schema: &serde_json::Value) -> serde_json::Value {
+fn closed_objects(schema: &serde_json::Value) -> serde_json::Value {
     use serde_json::Value;
     match schema {
         Value::Object(o) => {

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use crate::gemma4::{self, Delta};
 use crate::shape::JsonShape;
-use crate::{closed_objects, Spec};
+use crate::Spec;
 
 /// A function the model may call.
 #[derive(Clone, Debug, PartialEq)]
@@ -120,7 +120,7 @@ impl ToolUse {
             .map(|t| {
                 json!({
                     "type": "object",
-                    "properties": {"name": {"const": t.name}, "arguments": closed_objects(&t.parameters)},
+                    "properties": {"name": {"const": t.name}, "arguments": t.parameters},
                     "required": ["name", "arguments"],
                     "additionalProperties": false
                 })

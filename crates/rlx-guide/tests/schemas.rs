@@ -98,6 +98,23 @@ fn sample(
     (tok.decode(&out, false), finish)
 }
 
+/// A committed case's name, schema, validator and prompt.
+fn case<'a>(
+    entry: &'a Value,
+    tok: &Tokenizer,
+) -> (&'a str, &'a Value, jsonschema::Validator, Vec<u32>) {
+    let name = entry["name"].as_str().unwrap();
+    let schema = &entry["schema"];
+    let validator = jsonschema::validator_for(schema).unwrap();
+    let text = format!("A JSON value ({name}) with this schema: {schema}\nJSON:");
+    (
+        name,
+        schema,
+        validator,
+        tok.encode(&text, EncodeOptions::default()),
+    )
+}
+
 #[test]
 fn every_sampled_output_matches_its_schema() {
     let model = model();
@@ -109,11 +126,7 @@ fn every_sampled_output_matches_its_schema() {
     let (mut mask_secs, mut masks) = (0.0, 0);
     let mut failures = Vec::new();
     for entry in &schemas {
-        let name = entry["name"].as_str().unwrap();
-        let schema = &entry["schema"];
-        let validator = jsonschema::validator_for(schema).unwrap();
-        let text = format!("A JSON value ({name}) with this schema: {schema}\nJSON:");
-        let prompt = tok.encode(&text, EncodeOptions::default());
+        let (name, schema, validator, prompt) = case(entry, &tok);
         let mut session = session(&model, &prompt);
         for seed in 0..SAMPLES {
             total += 1;
@@ -202,11 +215,7 @@ fn unbounded(model: &Model, seeds: u64, budgets: &[usize], opts: &GuideOptions) 
         failures: Vec::new(),
     };
     for entry in &schemas {
-        let name = entry["name"].as_str().unwrap();
-        let schema = &entry["schema"];
-        let validator = jsonschema::validator_for(schema).unwrap();
-        let text = format!("A JSON value ({name}) with this schema: {schema}\nJSON:");
-        let prompt = tok.encode(&text, EncodeOptions::default());
+        let (name, schema, validator, prompt) = case(entry, &tok);
         let mut session = session_for(model, &prompt, most);
         for &n in budgets {
             for seed in 0..seeds {
