@@ -16,6 +16,7 @@ pub mod offload;
 pub mod quantize;
 pub mod sampling;
 pub mod sequences;
+pub mod speculative;
 pub mod stop;
 
 pub use builder::build_graph;
