@@ -1423,13 +1423,18 @@ __device__ __forceinline__ void kv_load8(const void* base, size_t c, int lim, bo
 // hdv]. Per block of 32 keys: each warp scores 8 of them (their loads
 // issued together, lanes over 8-element pieces of a row), one softmax step
 // per head over the 32 scores, then every thread adds the 32 weighted
-// values to its columns (their loads issued together). With one split the
-// block writes out [n, hq, hdv] (a query that sees no key gets zeros); with
-// more it writes each head's unnormalized sum, maximum and total into part
-// (ATTN_PART floats a split), which attention_merge merges. With qs, the
-// output goes out as the next product's 8-bit blocks instead (as
-// quantize_q8 writes them; hdv a multiple of 32). hd, hdv ≤ 512,
-// gq ≤ ATTN_MAXG; keys of type KT and values of type VT (`kv_load`).
+// values to its columns (their loads issued together). The splits share
+// the listed blocks evenly (one block each up to gridDim.y blocks, so a
+// short context uses few); where one split has them all, it writes out
+// [n, hq, hdv] itself (a query that sees no key gets zeros). Otherwise
+// each writes its heads' unnormalized sums, maxima and totals into part
+// (ATTN_PART floats a split), counts itself done in done[blockIdx.x]
+// (zeros between launches), and the last split of the block to finish
+// merges them (attention_merge): no launch of its own, and only the splits
+// that had keys are read. With qs, the output goes out as the next
+// product's 8-bit blocks instead (as quantize_q8 writes them; hdv a
+// multiple of 32). hd, hdv ≤ 512, gq ≤ ATTN_MAXG; keys of type KT and
+// values of type VT (`kv_load`).
 #define AW 4
 #define ATTN_PART (512 + 2)
 #define ATTN_MAXG 4
@@ -1438,9 +1443,62 @@ __device__ __forceinline__ void kv_load8(const void* base, size_t c, int lim, bo
 // Keys a warp scores at once.
 #define ATTN_KG 4
 
+// Element i of attention's output: to out, or as 8-bit blocks with qs
+// (called by the 32 lanes of a warp for 32 consecutive elements).
+__device__ __forceinline__ void attention_store(float o, size_t i, float* out, i8* qs, u16* qd) {
+    if (qs)
+        q8_store(o, qs + i, qd + (i >> 5));
+    else
+        out[i] = o;
+}
+
+// The `used` splits of heads oh0 .. oh0 + gq (rows of part, ATTN_PART floats
+// a split) merged by the one block of 4 warps that finished last: each
+// split's sum scaled from its own maximum to the largest, over the scaled
+// totals, summed in split order (zeros where no split saw a key). The other
+// splits wrote part from other multiprocessors, so it is read from L2.
+__device__ void attention_merge(const float* part, float* out, i8* qs, u16* qd, size_t oh0,
+                                int gq, int used, int hdv) {
+    __shared__ float sw[ATTN_MAXG][ATTN_MAX_SPLITS];
+    __shared__ float stotal[ATTN_MAXG];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int splits = gridDim.y;
+    for (int h = warp; h < gq; h += AW) {
+        const float* p = part + (oh0 + h) * splits * ATTN_PART;
+        float big = NEG_INF;
+        for (int s = lane; s < used; s += 32) big = fmaxf(big, __ldcg(p + s * ATTN_PART + 512));
+        big = warp_max(big);
+        float t = 0.0f;
+        for (int s = lane; s < used; s += 32) {
+            float m = __ldcg(p + s * ATTN_PART + 512);
+            float w = m > NEG_INF ? expf(m - big) : 0.0f;
+            sw[h][s] = w;
+            t += w * __ldcg(p + s * ATTN_PART + 513);
+        }
+        t = warp_sum(t);
+        if (lane == 0) stotal[h] = t;
+    }
+    __syncthreads();
+    #pragma unroll
+    for (int h = 0; h < ATTN_MAXG; h++) {
+        if (h >= gq) break;
+        const float* p = part + (oh0 + h) * splits * ATTN_PART;
+        float total = stotal[h];
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int c = threadIdx.x + 128 * j;
+            if (c >= hdv) break;
+            float o = 0.0f;
+            for (int s = 0; s < used; s++) o += sw[h][s] * __ldcg(p + s * ATTN_PART + c);
+            attention_store(total > 0.0f ? o / total : 0.0f, (oh0 + h) * hdv + c, out, qs, qd);
+        }
+    }
+}
+
 template <int KT, int VT, class Keys>
 __device__ void attention_body(const float* q, const void* kc, const void* vc, Keys keys,
-                               float* out, i8* qs, u16* qd, float* part, int hq, int hkv,
+                               float* out, i8* qs, u16* qd, float* part, int* done, int hq,
+                               int hkv,
                                int hd, int hdv, int gq, float scale, float softcap, int mask,
                                int window) {
     __shared__ __align__(16) float sq[ATTN_MAXG * 512];
@@ -1453,23 +1511,22 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
     int qp, end, e0, e_end;
     keys.query(qi, &qp, &end, &e0, &e_end);
     int qspan = keys.query_span(qi);
-    bool split = gridDim.y > 1;
-    if (split) {
-        int share = (e_end - e0 + gridDim.y - 1) / gridDim.y;
+    // Splits past the last with keys return at once, uncounted; with one
+    // split that has keys, it writes the output as an unsplit block does.
+    int used = 1;
+    if (gridDim.y > 1) {
+        int listed = e_end - e0;
+        int share = (listed + gridDim.y - 1) / gridDim.y;
+        used = share > 0 ? (listed + share - 1) / share : 1;
+        if ((int)blockIdx.y >= used) return;
         e0 += blockIdx.y * share;
         e_end = min(e_end, e0 + share);
     }
-    if (split && e0 >= e_end) {
-        // An empty share (most of them over a short context): the merge
-        // reads only its maximum.
-        if (threadIdx.x < gq) {
-            float* prow = part + (((size_t)qi * hq + h0 + threadIdx.x) * gridDim.y + blockIdx.y) *
-                                     ATTN_PART;
-            prow[512] = NEG_INF;
-            prow[513] = 0.0f;
-        }
-        return;
-    }
+    bool merged = used > 1;
+    // The key lists come from the step's metadata, which no kernel writes:
+    // they are read before waiting for the kernel before, which wrote q and
+    // this step's K/V rows.
+    pdl_begin();
     const float* qr = q + ((size_t)qi * hq + h0) * hd;
     for (int i = threadIdx.x; i < gq * hd; i += blockDim.x) sq[i] = qr[i];
     if (threadIdx.x < gq) {
@@ -1586,80 +1643,52 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
         }
         __syncthreads();
     }
+    if (!merged) {
+        #pragma unroll
+        for (int h = 0; h < ATTN_MAXG; h++) {
+            if (h >= gq) break;
+            size_t oh = (size_t)qi * hq + h0 + h;
+            float total = sl[h];
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int c = threadIdx.x + 128 * j;
+                if (c >= hdv) break;
+                attention_store(total > 0.0f ? acc[h][j] / total : 0.0f, oh * hdv + c, out, qs,
+                                qd);
+            }
+        }
+        return;
+    }
+    // This split's unnormalized sums, maxima and totals, then a count of
+    // the splits done; the last to finish merges them all.
     #pragma unroll
     for (int h = 0; h < ATTN_MAXG; h++) {
         if (h >= gq) break;
         size_t oh = (size_t)qi * hq + h0 + h;
         float* prow = part + (oh * gridDim.y + blockIdx.y) * ATTN_PART;
-        float* orow = split ? prow : out + oh * hdv;
-        float total = sl[h];
         #pragma unroll
         for (int j = 0; j < 4; j++) {
             int c = threadIdx.x + 128 * j;
             if (c >= hdv) break;
-            float o = split ? acc[h][j] : total > 0.0f ? acc[h][j] / total : 0.0f;
-            if (!split && qs) {
-                size_t i = oh * hdv + c;
-                q8_store(o, qs + i, qd + (i >> 5));
-            } else {
-                orow[c] = o;
-            }
+            prow[c] = acc[h][j];
         }
-        if (split && threadIdx.x == 0) {
+        if (threadIdx.x == 0) {
             prow[512] = sm[h];
-            prow[513] = total;
+            prow[513] = sl[h];
         }
     }
-}
-
-// The splits of attention_body merged per (query row, head), one block each:
-// each split's sum scaled from its own maximum to the largest, over the
-// scaled totals (zeros where no split saw a key). Splits that saw no key
-// (most of them over a short context) are dropped before the columns are
-// summed, in split order. With qs, the output goes out as 8-bit blocks
-// (see attention_body).
-extern "C" __global__ void attention_merge(const float* part, float* out, i8* qs, u16* qd,
-                                           int splits, int hdv) {
-    pdl_begin();
-    __shared__ float sm_w[ATTN_MAX_SPLITS], sm_l[ATTN_MAX_SPLITS];
-    __shared__ int sm_s[ATTN_MAX_SPLITS];
-    __shared__ int seen;
-    __shared__ float total;
-    const float* p = part + (size_t)blockIdx.x * splits * ATTN_PART;
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-        sm_w[s] = p[s * ATTN_PART + 512];
-        sm_l[s] = p[s * ATTN_PART + 513];
-    }
+    __shared__ bool last;
+    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        float big = NEG_INF;
-        for (int s = 0; s < splits; s++) big = fmaxf(big, sm_w[s]);
-        float t = 0.0f;
-        int n = 0;
-        for (int s = 0; s < splits; s++) {
-            if (sm_w[s] > NEG_INF) {
-                float w = expf(sm_w[s] - big);
-                t += w * sm_l[s];
-                sm_w[n] = w;  // n ≤ s: compacted in place
-                sm_s[n++] = s;
-            }
-        }
-        seen = n;
-        total = t;
+        last = atomicAdd(done + blockIdx.x, 1) == used - 1;
+        // Ready for the next launch: every split of this one has counted.
+        if (last) done[blockIdx.x] = 0;
     }
     __syncthreads();
-    float* orow = out + (size_t)blockIdx.x * hdv;
-    for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
-        float o = 0.0f;
-        for (int j = 0; j < seen; j++) o += sm_w[j] * p[sm_s[j] * ATTN_PART + c];
-        o = total > 0.0f ? o / total : 0.0f;
-        if (qs) {
-            size_t i = (size_t)blockIdx.x * hdv + c;
-            q8_store(o, qs + i, qd + (i >> 5));
-        } else {
-            orow[c] = o;
-        }
-    }
+    if (!last) return;
+    __threadfence();
+    attention_merge(part, out, qs, qd, (size_t)qi * hq + h0, gq, used, hdv);
 }
 
 // attention_<k>_<v>: the paged pool, one kernel per pair of key and value
@@ -1668,12 +1697,11 @@ extern "C" __global__ void attention_merge(const float* part, float* out, i8* qs
     extern "C" __global__ void attention_##KS##_##VS(                                            \
         const float* q, const void* kc, const void* vc, const int* qpos, const int* run_of_row, \
         const int* run_end, const int* block_start, const int* table, const int* qspan,         \
-        const int* tspan, float* out, i8* qs, u16* qd, float* part, int hq, int hkv, int hd,    \
-        int hdv, int gq, float scale, float softcap, int mask, int window) {                    \
-        pdl_begin();                                                                            \
+        const int* tspan, float* out, i8* qs, u16* qd, float* part, int* done, int hq, int hkv, \
+        int hd, int hdv, int gq, float scale, float softcap, int mask, int window) {            \
         PagedKeys keys = {qpos, run_of_row, run_end, block_start, table, qspan, tspan};        \
-        attention_body<KT, VT>(q, kc, vc, keys, out, qs, qd, part, hq, hkv, hd, hdv, gq, scale, \
-                               softcap, mask, window);                                          \
+        attention_body<KT, VT>(q, kc, vc, keys, out, qs, qd, part, done, hq, hkv, hd, hdv, gq,  \
+                               scale, softcap, mask, window);                                   \
     }
 #define ATTN_K(KS, KT)                  \
     ATTN_KV(KS, KT, f32, T_F32)         \
@@ -1692,10 +1720,9 @@ extern "C" __global__ void attention_inputs(const float* q, const float* k, cons
                                             int m, int n, float* out, i8* qs, u16* qd, int hq,
                                             int hkv, int hd, int hdv, int gq, float scale,
                                             float softcap, int mask, int window) {
-    pdl_begin();
     DenseKeys keys = {m, n};
-    attention_body<T_F32, T_F32>(q, k, v, keys, out, qs, qd, nullptr, hq, hkv, hd, hdv, gq,
-                                 scale, softcap, mask, window);
+    attention_body<T_F32, T_F32>(q, k, v, keys, out, qs, qd, nullptr, nullptr, hq, hkv, hd, hdv,
+                                 gq, scale, softcap, mask, window);
 }
 
 // Sum of v over the block (all threads get it), in f64 as the CPU sums

@@ -261,8 +261,6 @@ struct Kernels {
     attention: Vec<CudaFunction>,
     /// Attention over K/V given as inputs (f32).
     attention_inputs: CudaFunction,
-    attention_merge: CudaFunction,
-    /// The splits of a long-context attention merged per query and head.
     take_rows: CudaFunction,
     narrow: CudaFunction,
     concat_part: CudaFunction,
@@ -433,7 +431,6 @@ impl CudaDevice {
                 .map(|(k, v)| f(&format!("attention_{}_{}", k.name(), v.name())))
                 .collect::<Result<_, _>>()?,
             attention_inputs: f("attention_inputs")?,
-            attention_merge: f("attention_merge")?,
             take_rows: f("take_rows")?,
             narrow: f("narrow")?,
             concat_part: f("concat_part")?,

@@ -225,6 +225,15 @@ const ATTN_MAX_SPLITS: usize = 128;
 /// Blocks per multiprocessor that attention over a long context aims for.
 const ATTN_BLOCKS_PER_SM: usize = 8;
 
+/// What split attention keeps between its splits: their partial results
+/// (`ATTN_PART` floats a head and split) and a count per kernel block of
+/// the splits that have finished (zeros between launches: the last split
+/// to finish merges and resets it).
+struct AttnSplits {
+    part: CudaSlice<f32>,
+    done: CudaSlice<i32>,
+}
+
 /// The most query heads an attention block scores against one K/V head
 /// (`ATTN_MAXG` in kernels.cu).
 const ATTN_MAX_GROUP: usize = 4;
@@ -396,7 +405,7 @@ pub struct CudaPlan {
     act_q: Option<CudaSlice<u8>>,
     /// Partial results of attention split over the context (see
     /// [`attention_splits`]), for plans that attend over the pool.
-    attn_part: Option<CudaSlice<f32>>,
+    attn_splits: Option<AttnSplits>,
     /// Per product: the kernel before it that may write its 8-bit input
     /// blocks (see [`Prologue`]); and each node that then folds into one,
     /// with its product.
@@ -480,8 +489,8 @@ pub(super) enum Prologue {
     /// of the add is an `RmsNorm` used only by it, run inside it.
     AddNorm { norm: Option<NodeId> },
     /// `Attention` whose output (reshaped to rows) only the product reads,
-    /// heads of whole 32-element units: the attention (or its merge) writes
-    /// the blocks.
+    /// heads of whole 32-element units: the attention (or the split that
+    /// merges) writes the blocks.
     Attention,
 }
 
@@ -992,8 +1001,12 @@ pub fn compile_cuda(
     let paged_attention = g
         .ids()
         .any(|id| matches!(&g.node(id).op, Op::Attention(a) if matches!(a.kv, KvSource::Cache(_))));
-    let attn_part = match paged_attention {
-        true => Some(s.alloc_zeros((ATTN_BLOCKS_PER_SM + 2) * device.sms * ATTN_PART)?),
+    let attn_splits = match paged_attention {
+        true => Some(AttnSplits {
+            part: s.alloc_zeros((ATTN_BLOCKS_PER_SM + 2) * device.sms * ATTN_PART)?,
+            // Split attention runs under 2 × sms blocks.
+            done: s.alloc_zeros(2 * device.sms)?,
+        }),
         false => None,
     };
     let act_q = match opts.precision {
@@ -1027,7 +1040,7 @@ pub fn compile_cuda(
         captured: Vec::new(),
         gemm,
         act_q,
-        attn_part,
+        attn_splits,
         prologues,
         folded,
         roped: norm_ropes.values().copied().collect(),
@@ -1141,8 +1154,11 @@ impl CudaPlan {
             g.weights.len() + 2 * g.x16.as_ref().map_or(0, |x| x.len())
         });
         let act_q = self.act_q.as_ref().map_or(0, |a| a.len());
-        let part = self.attn_part.as_ref().map_or(0, |a| a.len());
-        (self.arena.len() + self.norm_buf.len() + self.meta.len() + part) * 4 + gemm + act_q
+        let splits = self
+            .attn_splits
+            .as_ref()
+            .map_or(0, |a| a.part.len() + a.done.len());
+        (self.arena.len() + self.norm_buf.len() + self.meta.len() + splits) * 4 + gemm + act_q
     }
 
     /// A product's weights: type code, device address, rows and type.
@@ -2063,12 +2079,13 @@ impl CudaPlan {
         // The product after it may take its output as 8-bit blocks.
         let (xq, xd) = cx.folded.unwrap_or((0, 0));
         // Over the pool, a few queries split their context.
-        let (splits, part) = match (&spec.kv, &self.attn_part) {
-            (KvSource::Cache(_), Some(p)) => (
+        let (splits, part, done) = match (&spec.kv, &self.attn_splits) {
+            (KvSource::Cache(_), Some(a)) => (
                 attention_splits(blocks, nq * hq, self.device.sms),
-                self.device.ptr(p),
+                self.device.ptr(&a.part),
+                self.device.ptr(&a.done),
             ),
-            _ => (1, 0),
+            _ => (1, 0, 0),
         };
         let (mask, window) = match spec.mask {
             Mask::Causal => (0, 0),
@@ -2129,9 +2146,10 @@ impl CudaPlan {
                         0
                     }),
                     Arg::Ptr(cx.out),
-                    Arg::Ptr(if splits > 1 { 0 } else { xq }),
+                    Arg::Ptr(xq),
                     Arg::Ptr(xd),
                     Arg::Ptr(part),
+                    Arg::Ptr(done),
                     Arg::I32(hq as i32),
                     Arg::I32(lspec.kv_heads as i32),
                     Arg::I32(lspec.head_dim as i32),
@@ -2144,20 +2162,6 @@ impl CudaPlan {
         };
         let args: Vec<Arg> = args.into_iter().chain(tail).collect();
         self.launch(f, grid(blocks, splits, 128), &args)?;
-        if splits > 1 {
-            self.launch(
-                &k.attention_merge,
-                grid(nq * hq, 1, 128),
-                &[
-                    Arg::Ptr(part),
-                    Arg::Ptr(cx.out),
-                    Arg::Ptr(xq),
-                    Arg::Ptr(xd),
-                    Arg::I32(splits as i32),
-                    Arg::I32(cx.dims[2] as i32),
-                ],
-            )?;
-        }
         Ok(())
     }
 

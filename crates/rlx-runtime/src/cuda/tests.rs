@@ -1087,105 +1087,160 @@ fn decode_products_match_the_reference() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// The merge of split attention: per split an unnormalized sum `o` scaled
-/// to the split's maximum `m`, and its total `l` (`m` = -inf: the split saw
-/// no key); the output is Σ e^(m_s − M) o_s / Σ e^(m_s − M) l_s, in f64.
-fn merged_attention(part: &[f32], splits: usize, hdv: usize) -> Vec<f32> {
-    const PART: usize = 514;
+/// One query's attention in f64: `q` [hq, hd] against keys and values
+/// [m, hkv, hd] at positions 0 .. m (all visible), query heads grouped on
+/// K/V heads in order.
+fn reference_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    hq: usize,
+    hkv: usize,
+    hd: usize,
+) -> Vec<f32> {
+    let m = k.len() / (hkv * hd);
+    let scale = 1.0 / (hd as f64).sqrt();
     let mut out = Vec::new();
-    for q in part.chunks_exact(splits * PART) {
-        let ms: Vec<f64> = (0..splits).map(|s| q[s * PART + 512] as f64).collect();
-        let big = ms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let w: Vec<f64> = ms
-            .iter()
-            .map(|&m| {
-                if m > f64::NEG_INFINITY {
-                    (m - big).exp()
-                } else {
-                    0.0
-                }
+    for h in 0..hq {
+        let g = h / (hq / hkv);
+        let row = |x: &[f32], i: usize| x[(i * hkv + g) * hd..][..hd].to_vec();
+        let s: Vec<f64> = (0..m)
+            .map(|i| {
+                let kr = row(k, i);
+                (0..hd)
+                    .map(|c| q[h * hd + c] as f64 * kr[c] as f64)
+                    .sum::<f64>()
+                    * scale
             })
             .collect();
-        let total: f64 = (0..splits).map(|s| w[s] * q[s * PART + 513] as f64).sum();
-        for c in 0..hdv {
-            let o: f64 = (0..splits).map(|s| w[s] * q[s * PART + c] as f64).sum();
-            out.push(if total > 0.0 { (o / total) as f32 } else { 0.0 });
+        let big = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = s.iter().map(|x| (x - big).exp()).collect();
+        let total: f64 = w.iter().sum();
+        for c in 0..hd {
+            let o: f64 = (0..m)
+                .map(|i| w[i] * v[(i * hkv + g) * hd + c] as f64)
+                .sum();
+            out.push((o / total) as f32);
         }
     }
     out
 }
 
+/// Decode attention over a long context split into 1, 7 and 128 parts (and
+/// as many as the context has blocks, where fewer) matches the reference:
+/// the splits' partial results are merged by the last split to finish, the
+/// count of finished splits is back at zero for the next launch (each
+/// launch runs twice), and with 8-bit output the blocks are what
+/// quantize_q8 makes of the f32 output. The pool's blocks are listed out of
+/// physical order, the last one part full.
 #[test]
 #[ignore = "needs a GPU"]
-fn split_attention_merges_as_the_reference() {
+fn split_attention_matches_the_reference() {
     use cudarc::driver::LaunchConfig;
     let dev = super::CudaDevice::new(0).unwrap();
     let s = &dev.stream;
-    let (queries, hdv) = (5usize, 256usize);
+    let f = &dev.kernels.attention[super::attention_index(KvDType::F32, KvDType::F32)];
+    let hd = 256usize;
     let mut r = Rng(3);
-    // A few splits, and the most a query has (most of them empty, as over
-    // a short context).
-    for (splits, empty) in [(7usize, 5usize), (128, 9)] {
-        let mut part = vec![0f32; queries * splits * 514];
-        for (i, p) in part.chunks_exact_mut(514).enumerate() {
-            // Some splits saw no key: zeros and an infinite negative maximum.
-            if i % empty == 3 || i / splits == 4 {
-                p[512] = f32::NEG_INFINITY;
-                continue;
-            }
-            for v in &mut p[..hdv] {
-                *v = r.next() * 4.0;
-            }
-            p[512] = r.next() * 20.0;
-            p[513] = 1.0 + r.next().abs() * 30.0;
+    for (hq, hkv, m) in [(4usize, 1usize, 1270usize), (8, 4, 70), (4, 2, 20)] {
+        let listed = m.div_ceil(BLOCK_TOKENS);
+        let phys: Vec<usize> = (0..listed).map(|e| (e * 7 + 3) % listed).collect();
+        let k: Vec<f32> = (0..m * hkv * hd).map(|_| r.next()).collect();
+        let v: Vec<f32> = (0..m * hkv * hd).map(|_| r.next()).collect();
+        let q: Vec<f32> = (0..hq * hd).map(|_| r.next() * 4.0).collect();
+        // The pool: logical block e in physical block phys[e].
+        let mut kc = vec![0f32; listed * BLOCK_TOKENS * hkv * hd];
+        let mut vc = kc.clone();
+        for i in 0..m {
+            let row = (phys[i / BLOCK_TOKENS] * BLOCK_TOKENS + i % BLOCK_TOKENS) * hkv * hd;
+            kc[row..][..hkv * hd].copy_from_slice(&k[i * hkv * hd..][..hkv * hd]);
+            vc[row..][..hkv * hd].copy_from_slice(&v[i * hkv * hd..][..hkv * hd]);
         }
-        let pg = s.clone_htod(&part).unwrap();
-        let out = s.alloc_zeros::<f32>(queries * hdv).unwrap();
-        let cfg = LaunchConfig {
-            grid_dim: (queries as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let args = [dev.ptr(&pg), dev.ptr(&out), 0, 0, splits as u64, hdv as u64];
-        launch_raw(s, &dev.kernels.attention_merge, cfg, &args);
-        let got = s.clone_dtoh(&out).unwrap();
-        let want = merged_attention(&part, splits, hdv);
-        let worst = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-3))
-            .fold(0f32, f32::max);
-        assert!(
-            worst < 1e-5,
-            "{splits} splits: worst relative difference {worst:e}"
+        let table: Vec<i32> = (0..listed)
+            .flat_map(|e| [phys[e] as i32, e as i32])
+            .collect();
+        let want = reference_attention(&q, &k, &v, hq, hkv, hd);
+        let up_i = |x: &[i32]| s.clone_htod(x).unwrap();
+        let (qpos, run_of_row, run_end) = (up_i(&[m as i32 - 1]), up_i(&[0]), up_i(&[m as i32]));
+        let (block_start, table) = (up_i(&[0, listed as i32]), up_i(&table));
+        let (qg, kg, vg) = (
+            s.clone_htod(&q).unwrap(),
+            s.clone_htod(&kc).unwrap(),
+            s.clone_htod(&vc).unwrap(),
         );
-        assert!(
-            got[4 * hdv..].iter().all(|&v| v == 0.0),
-            "{splits} splits: a query that saw no key"
-        );
-        // As 8-bit blocks: what quantize_q8 makes of the f32 output.
-        let n = queries * hdv;
-        let (q1, d1) = (
-            s.alloc_zeros::<i8>(n).unwrap(),
-            s.alloc_zeros::<u16>(n / 32).unwrap(),
-        );
-        let (q2, d2) = (
-            s.alloc_zeros::<i8>(n).unwrap(),
-            s.alloc_zeros::<u16>(n / 32).unwrap(),
-        );
-        let args = [
-            dev.ptr(&pg),
-            0,
-            dev.ptr(&q1),
-            dev.ptr(&d1),
-            splits as u64,
-            hdv as u64,
-        ];
-        launch_raw(s, &dev.kernels.attention_merge, cfg, &args);
-        let qargs = [dev.ptr(&out), dev.ptr(&q2), dev.ptr(&d2), (n / 32) as u64];
-        launch_raw(s, &dev.kernels.quantize_q8, super::plan::linear(n), &qargs);
-        assert_eq!(s.clone_dtoh(&q1).unwrap(), s.clone_dtoh(&q2).unwrap());
-        assert_eq!(s.clone_dtoh(&d1).unwrap(), s.clone_dtoh(&d2).unwrap());
+        let gq = super::plan::attention_group(hq / hkv);
+        let blocks = hq / gq;
+        for splits in [1usize, 7, 128] {
+            let part = s.alloc_zeros::<f32>(hq * splits * 514).unwrap();
+            let done = s.alloc_zeros::<i32>(blocks).unwrap();
+            let out = s.alloc_zeros::<f32>(hq * hd).unwrap();
+            let (qs, qd) = (
+                s.alloc_zeros::<i8>(hq * hd).unwrap(),
+                s.alloc_zeros::<u16>(hq * hd / 32).unwrap(),
+            );
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, splits as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let args = |out: u64, qs: u64, qd: u64| {
+                let scale = (1.0 / (hd as f32).sqrt()).to_bits() as u64;
+                [
+                    dev.ptr(&qg),
+                    dev.ptr(&kg),
+                    dev.ptr(&vg),
+                    dev.ptr(&qpos),
+                    dev.ptr(&run_of_row),
+                    dev.ptr(&run_end),
+                    dev.ptr(&block_start),
+                    dev.ptr(&table),
+                    0,
+                    0,
+                    out,
+                    qs,
+                    qd,
+                    dev.ptr(&part),
+                    dev.ptr(&done),
+                    hq as u64,
+                    hkv as u64,
+                    hd as u64,
+                    hd as u64,
+                    gq as u64,
+                    scale,
+                    0,
+                    0,
+                    0,
+                ]
+            };
+            for round in 0..2 {
+                launch_raw(s, f, cfg, &args(dev.ptr(&out), 0, 0));
+                let got = s.clone_dtoh(&out).unwrap();
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst < 1e-5,
+                    "{hq}/{hkv} heads, {m} keys, {splits} splits, launch {round}: worst difference {worst:e}"
+                );
+                assert_eq!(
+                    s.clone_dtoh(&done).unwrap(),
+                    vec![0; blocks],
+                    "{splits} splits: counts reset"
+                );
+            }
+            launch_raw(s, f, cfg, &args(0, dev.ptr(&qs), dev.ptr(&qd)));
+            let (q2, d2) = (
+                s.alloc_zeros::<i8>(hq * hd).unwrap(),
+                s.alloc_zeros::<u16>(hq * hd / 32).unwrap(),
+            );
+            let n = hq * hd;
+            let qargs = [dev.ptr(&out), dev.ptr(&q2), dev.ptr(&d2), (n / 32) as u64];
+            launch_raw(s, &dev.kernels.quantize_q8, super::plan::linear(n), &qargs);
+            assert_eq!(s.clone_dtoh(&qs).unwrap(), s.clone_dtoh(&q2).unwrap());
+            assert_eq!(s.clone_dtoh(&qd).unwrap(), s.clone_dtoh(&d2).unwrap());
+        }
     }
 }
 
