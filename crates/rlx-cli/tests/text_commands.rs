@@ -279,3 +279,36 @@ fn gpu_layer_flags_are_taken_as_llama_cpp_spells_them() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--gpu-layers \"many\""), "{err}");
 }
+
+#[test]
+fn run_with_prompt_lookup_gives_the_same_tokens() {
+    let prompt = "Colors: red, green, blue, red, green, blue, red, green, blue, red,";
+    let run = |spec: &[&str]| {
+        let out = ok(rlx()
+            .args(["run", "-m"])
+            .arg(real_model())
+            .args([prompt, "-n", "32", "--temp", "0", "--json", "-t", "2"])
+            .args(spec));
+        let v = json(&out);
+        (v["tokens"].clone(), v["speculation"].clone())
+    };
+    let (plain, none) = run(&[]);
+    let (spec, counts) = run(&["--spec", "ngram", "--draft-max", "4"]);
+    assert_eq!(plain, spec);
+    assert_eq!(none["drafted"], 0, "{none}");
+    let (drafted, kept) = (
+        counts["drafted"].as_u64().unwrap(),
+        counts["accepted"].as_u64().unwrap(),
+    );
+    assert!(kept > 0 && kept <= drafted, "{counts}");
+    // A draft of no tokens is refused by name.
+    let out = rlx()
+        .args(["run", "-m"])
+        .arg(real_model())
+        .args([prompt, "--spec", "ngram", "--draft-min", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("--draft-min 0"), "{err}");
+}

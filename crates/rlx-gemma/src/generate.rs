@@ -15,6 +15,7 @@ use rlx_runtime::{LogitRows, RowDigest, RowReduce};
 
 use crate::sampling::{Sampler, SamplingError};
 use crate::sequences::Session;
+use crate::speculative::{DraftControl, DraftOptions, NgramIndex, NgramOptions};
 use crate::stop::StopFilter;
 
 /// Why generation ended.
@@ -161,6 +162,37 @@ pub struct GenerationOptions {
     /// likeliest alternatives (at most [`TOP_MAX`]). Forced tokens are then
     /// sampled too (a forced token has no log-probability).
     pub logprobs: Option<usize>,
+    /// Draft tokens by prompt lookup and verify them several a step
+    /// ([`generate_constrained`]); `None` decodes one token a step.
+    pub speculation: Option<Speculation>,
+}
+
+/// Prompt-lookup speculation: where the last few tokens occurred before,
+/// the tokens that followed are run as a draft in one step with the last
+/// sampled token, and each row's own sample decides whether the drafted
+/// token stands. Sampling a row and keeping the drafted token where the
+/// sample equals it is the speculative-sampling rule for a proposal that
+/// is a single token, so the output is distributed as plain decoding's
+/// (and with greedy sampling, is plain decoding's, where a step of
+/// `1 + max_draft` rows computes each row as a one-row step does).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Speculation {
+    pub ngram: NgramOptions,
+    pub draft: DraftOptions,
+}
+
+impl Default for Speculation {
+    fn default() -> Self {
+        Speculation {
+            ngram: NgramOptions::default(),
+            draft: DraftOptions {
+                // Up to 7 rows a step: the CPU's products take the one-row
+                // kernels below 8 rows.
+                max_draft: 6,
+                ..DraftOptions::default()
+            },
+        }
+    }
 }
 
 /// A piece of output, as it becomes certain.
@@ -485,6 +517,11 @@ pub struct GenerateStats {
     pub prefill_secs: f64,
     pub generated: usize,
     pub decode_secs: f64,
+    /// Tokens drafted by speculation, and how many of them were kept.
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Steps that verified a draft.
+    pub verify_steps: usize,
 }
 
 /// Feeds `prompt` (reusing any cached prefix) and generates up to
@@ -534,6 +571,10 @@ pub fn generate_constrained(
     stats.prefill_secs = t0.elapsed().as_secs_f64();
     stats.prefilled = session.computed_tokens() - before;
     let t1 = Instant::now();
+    let mut spec = generation
+        .opts
+        .speculation
+        .map(|o| Speculator::new(o, prompt));
     let mut row = LogitRows::Full(std::mem::take(&mut logits));
     let mut req: Option<RowReduce> = None;
     loop {
@@ -558,6 +599,14 @@ pub fn generate_constrained(
             stats.decode_secs = t1.elapsed().as_secs_f64();
             return Ok((generation.tokens().to_vec(), finish, stats));
         }
+        if let Some(spec) = spec.as_mut() {
+            let c = constraint.as_mut().map(|c| &mut **c as &mut dyn Constraint);
+            if let Some(finish) = spec.run(session, generation, c, tok, out, &mut stats)? {
+                stats.generated = generation.tokens().len();
+                stats.decode_secs = t1.elapsed().as_secs_f64();
+                return Ok((generation.tokens().to_vec(), finish, stats));
+            }
+        }
         req = if generation.pending().len() > session.max_step_tokens() {
             None
         } else {
@@ -568,6 +617,94 @@ pub fn generate_constrained(
             Some(r) => session.feed_reduced(generation.pending(), r)?,
             None => LogitRows::Full(session.feed(generation.pending())?),
         };
+    }
+}
+
+/// A generation's prompt-lookup state: the index over the prompt and the
+/// tokens so far, and the draft length.
+struct Speculator {
+    index: NgramIndex,
+    control: DraftControl,
+    /// Generated tokens already in `index`.
+    indexed: usize,
+}
+
+impl Speculator {
+    fn new(opts: Speculation, prompt: &[u32]) -> Speculator {
+        let mut index = NgramIndex::new(opts.ngram);
+        index.extend(prompt);
+        Speculator {
+            index,
+            control: DraftControl::new(opts.draft),
+            indexed: 0,
+        }
+    }
+
+    /// Verification steps while a draft is found: each runs the one
+    /// pending token and its draft, samples row by row, keeps the drafted
+    /// tokens up to the first whose row sampled another, and forgets the
+    /// K/V of the rest. Returns with the next token(s) pending (to run as a
+    /// plain step), or `Some` where the generation ended.
+    fn run(
+        &mut self,
+        session: &mut Session<'_>,
+        generation: &mut Generation,
+        mut constraint: Option<&mut dyn Constraint>,
+        tok: Option<&Tokenizer>,
+        out: &mut dyn FnMut(Piece) -> bool,
+        stats: &mut GenerateStats,
+    ) -> Result<Option<Finish>> {
+        loop {
+            self.index.extend(&generation.tokens()[self.indexed..]);
+            self.indexed = generation.tokens().len();
+            let left = generation.opts.max_tokens.saturating_sub(self.indexed);
+            let room = session.max_step_tokens().saturating_sub(1);
+            let k = self.control.length().min(left).min(room);
+            // Log-probabilities sample forced tokens too; one token a step
+            // keeps that simple.
+            let plain = generation.pending().len() != 1 || generation.opts.logprobs.is_some();
+            let draft = if k == 0 || plain {
+                Vec::new()
+            } else {
+                self.index.propose(k).to_vec()
+            };
+            if draft.is_empty() {
+                self.control.record(0, 0);
+                return Ok(None);
+            }
+            let base = session.tokens().len();
+            let mut run = generation.pending().to_vec();
+            run.extend_from_slice(&draft);
+            let rows = session.score(&run)?;
+            let vocab = rows.len() / run.len();
+            stats.verify_steps += 1;
+            stats.drafted += draft.len();
+            let mut kept = 0;
+            for (i, row) in rows.chunks_exact(vocab).enumerate() {
+                let c = constraint.as_mut().map(|c| &mut **c as &mut dyn Constraint);
+                if let Some(finish) = generation.next(row, c, tok, out)? {
+                    stats.accepted += kept;
+                    // The session holds what ran: the pending token and
+                    // the drafted tokens kept.
+                    session.rewind(base + 1 + kept)?;
+                    return Ok(Some(finish));
+                }
+                let pending = generation.pending();
+                if i == draft.len() || pending[0] != draft[i] {
+                    break;
+                }
+                // The drafted token stands: its K/V and its row are right.
+                kept += 1;
+                if pending.len() > 1 {
+                    // Tokens the constraint forces follow it: they run next.
+                    generation.ran(1);
+                    break;
+                }
+            }
+            stats.accepted += kept;
+            self.control.record(draft.len(), kept);
+            session.rewind(base + 1 + kept)?;
+        }
     }
 }
 

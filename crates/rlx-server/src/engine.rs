@@ -462,6 +462,7 @@ impl<'m> Scheduler<'m> {
             },
             stop_strings: job.stop.clone(),
             logprobs: job.logprobs,
+            speculation: None,
         };
         Some(Running {
             generation: Generation::new(sampler, &job.prompt, opts),

@@ -124,6 +124,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             stop_tokens: tok.eog_ids().to_vec(),
             stop_strings: args.sample.stop.clone(),
             logprobs: None,
+            speculation: args.sample.speculation()?,
         };
         let mut generation = Generation::new(args.sample.sampler()?, &ids, opts);
         let mut reply = String::new();

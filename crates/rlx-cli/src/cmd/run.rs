@@ -205,6 +205,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         },
         stop_strings: args.sample.stop.clone(),
         logprobs: None,
+        speculation: args.sample.speculation()?,
     };
     let mut generation = Generation::new(args.sample.sampler()?, &ids, opts);
     let mut text = String::new();
@@ -259,6 +260,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "complete": !cut,
             "timings": {"load_s": load_secs, "prefill_s": stats.prefill_secs, "decode_s": stats.decode_secs,
                         "prefill_tokens_per_s": prefill_tps, "decode_tokens_per_s": decode_tps},
+            "speculation": {"drafted": stats.drafted, "accepted": stats.accepted, "verify_steps": stats.verify_steps},
         });
         serde_json::to_writer(&mut stdout, &v)?;
     }
@@ -284,6 +286,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
         decode_tps,
         load_secs * 1e3
     );
+    if stats.drafted > 0 {
+        eprintln!(
+            "speculation: {} of {} drafted tokens kept ({:.0} %) in {} verification steps",
+            stats.accepted,
+            stats.drafted,
+            100.0 * stats.accepted as f64 / stats.drafted as f64,
+            stats.verify_steps
+        );
+    }
     if guide.is_some() && cut {
         bail!(
             "output incomplete: stopped by -n after {} tokens, before the output was valid{}",

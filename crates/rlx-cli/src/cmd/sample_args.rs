@@ -1,7 +1,19 @@
 //! Sampling flags shared by `run` and `chat`, llama.cpp-style.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
+use rlx_gemma::generate::Speculation;
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
+use rlx_gemma::speculative::DraftOptions;
+
+/// How tokens are drafted for speculative decoding.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spec {
+    /// One token a step.
+    None,
+    /// Prompt lookup: the tokens that followed the last few tokens where
+    /// they occurred before (in the prompt or the output); no extra weights.
+    Ngram,
+}
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SampleArgs {
@@ -37,11 +49,48 @@ pub struct SampleArgs {
     /// Keep going past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Speculative decoding: draft tokens and verify several in one step.
+    /// The output is the same as without (greedy: token for token; with a
+    /// seed: the same draws); it pays where the text repeats its prompt or
+    /// itself (code, edits, summaries, lists).
+    #[arg(long, value_enum, default_value_t = Spec::None)]
+    pub spec: Spec,
+    /// The most tokens a draft holds (its length follows the recent
+    /// acceptance rate; at most 6 keeps a step's products on the one-row
+    /// kernels, so each row is computed as a one-token step computes it).
+    #[arg(long, default_value_t = 6)]
+    pub draft_max: usize,
+    /// The fewest tokens a draft holds while drafting is on.
+    #[arg(long, default_value_t = 1)]
+    pub draft_min: usize,
 }
 
 impl SampleArgs {
     pub fn sampler(&self) -> Result<Sampler> {
         Sampler::new(self.sampler_config()).context("bad sampling options")
+    }
+
+    /// The speculation `--spec`, `--draft-max` and `--draft-min` ask for.
+    pub fn speculation(&self) -> Result<Option<Speculation>> {
+        if self.spec == Spec::None {
+            return Ok(None);
+        }
+        if self.draft_min == 0 || self.draft_min > self.draft_max {
+            bail!(
+                "--draft-min {} must be at least 1 and at most --draft-max {}",
+                self.draft_min,
+                self.draft_max
+            );
+        }
+        let default = Speculation::default();
+        Ok(Some(Speculation {
+            draft: DraftOptions {
+                max_draft: self.draft_max,
+                min_draft: self.draft_min,
+                ..default.draft
+            },
+            ..default
+        }))
     }
 
     pub fn sampler_config(&self) -> SamplerConfig {

@@ -1,0 +1,151 @@
+//! Prompt-lookup speculation gives the tokens plain decoding gives: greedy
+//! and seeded sampling alike (each row of a verification step is computed
+//! as a one-row step computes it, and each row takes the sampler's next
+//! draw, as each plain step does), on every tiny model, `exact` and `q8`,
+//! and on the real 270M file, while drafts are found and kept.
+
+mod common;
+
+use common::{fixtures, real_model, TINY_GENERATIONS};
+use rlx_gemma::generate::{
+    generate_constrained, Finish, GenerateStats, Generation, GenerationOptions, Speculation,
+};
+use rlx_gemma::model::open_file;
+use rlx_gemma::sampling::{Sampler, SamplerConfig};
+use rlx_gemma::{Model, ModelOptions, Precision, SessionOptions};
+use rlx_tokenizer::{EncodeOptions, Tokenizer};
+
+/// `n` tokens after `prompt`, with or without speculation.
+fn generate(
+    model: &Model,
+    prompt: &[u32],
+    n: usize,
+    sampler: &SamplerConfig,
+    spec: Option<Speculation>,
+) -> (Vec<u32>, Finish, GenerateStats) {
+    let mut session = model
+        .session(SessionOptions {
+            context: Some(prompt.len() + n + 16),
+            ..Default::default()
+        })
+        .unwrap();
+    let opts = GenerationOptions {
+        max_tokens: n,
+        speculation: spec,
+        ..Default::default()
+    };
+    let sampler = Sampler::new(sampler.clone()).unwrap();
+    let mut generation = Generation::new(sampler, prompt, opts);
+    let got = generate_constrained(
+        &mut session,
+        prompt,
+        &mut generation,
+        None,
+        None,
+        &mut |_| true,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    // The session holds the prompt and every generated token but the last.
+    let mut held = prompt.to_vec();
+    held.extend_from_slice(&got.0[..got.0.len() - 1]);
+    assert_eq!(session.tokens(), &held[..], "the session's tokens");
+    got
+}
+
+/// A prompt that repeats itself, so that lookup finds drafts.
+fn repetitive_prompt(vocab: usize) -> Vec<u32> {
+    let phrase: Vec<u32> = (0..12)
+        .map(|i| (7 + 13 * i) as u32 % vocab as u32)
+        .collect();
+    phrase
+        .iter()
+        .chain(&phrase)
+        .chain(&phrase[..5])
+        .copied()
+        .collect()
+}
+
+fn samplers() -> [SamplerConfig; 2] {
+    [
+        SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        },
+        SamplerConfig {
+            temperature: 0.8,
+            top_k: 40,
+            seed: 11,
+            ..SamplerConfig::default()
+        },
+    ]
+}
+
+#[test]
+fn speculation_gives_plain_decodings_tokens_on_every_tiny_model() {
+    let (mut drafted, mut accepted) = (0, 0);
+    for name in TINY_GENERATIONS {
+        for file in ["model-f32.gguf", "model-Q8_0.gguf"] {
+            let path = fixtures().join("tiny").join(name).join(file);
+            if !path.exists() {
+                continue;
+            }
+            for precision in [Precision::Exact, Precision::Quantized] {
+                let opts = ModelOptions {
+                    threads: 2,
+                    precision,
+                    ..Default::default()
+                };
+                let model = Model::load(&path, opts).unwrap();
+                let prompt = repetitive_prompt(model.config().n_vocab);
+                for sampler in samplers() {
+                    let plain = generate(&model, &prompt, 40, &sampler, None);
+                    let spec =
+                        generate(&model, &prompt, 40, &sampler, Some(Speculation::default()));
+                    let at = format!("{name}/{file} {precision:?} t={}", sampler.temperature);
+                    assert_eq!(plain.0, spec.0, "{at}: tokens");
+                    assert_eq!(plain.1, spec.1, "{at}: finish");
+                    assert!(spec.2.accepted <= spec.2.drafted, "{at}");
+                    drafted += spec.2.drafted;
+                    accepted += spec.2.accepted;
+                }
+            }
+        }
+    }
+    println!("tiny models: {accepted} of {drafted} drafted tokens kept");
+    assert!(drafted > 0 && accepted > 0, "{accepted} of {drafted}");
+}
+
+#[test]
+fn speculation_gives_plain_decodings_tokens_on_gemma3_270m() {
+    let path = real_model();
+    let opts = ModelOptions {
+        threads: 2,
+        ..Default::default()
+    };
+    let model = Model::load(&path, opts).unwrap();
+    let tok = Tokenizer::from_gguf(&open_file(&path).unwrap()).unwrap();
+    let text =
+        "The list: apples, pears, plums, apples, pears, plums, apples, pears, plums, apples,";
+    let opts = EncodeOptions {
+        add_bos: true,
+        parse_special: false,
+    };
+    let prompt = tok.encode(text, opts);
+    for sampler in samplers() {
+        let plain = generate(&model, &prompt, 48, &sampler, None);
+        let spec = generate(&model, &prompt, 48, &sampler, Some(Speculation::default()));
+        assert_eq!(plain.0, spec.0, "t={}", sampler.temperature);
+        println!(
+            "t={}: {} of {} drafted tokens kept in {} verification steps, {} tokens",
+            sampler.temperature,
+            spec.2.accepted,
+            spec.2.drafted,
+            spec.2.verify_steps,
+            spec.0.len()
+        );
+        if sampler.temperature == 0.0 {
+            assert!(spec.2.accepted > 0, "{:?}", spec.2);
+        }
+    }
+}
