@@ -613,10 +613,15 @@ pub fn generate_constrained(
             let c = constraint.as_mut().map(|c| &mut **c as &mut dyn Constraint);
             Some(generation.request(c)?)
         };
+        let t = Instant::now();
         row = match &req {
             Some(r) => session.feed_reduced(generation.pending(), r)?,
             None => LogitRows::Full(session.feed(generation.pending())?),
         };
+        if let Some(spec) = spec.as_mut() {
+            let rows = generation.pending().len();
+            spec.control.timed(rows, t.elapsed().as_secs_f64());
+        }
     }
 }
 
@@ -675,7 +680,9 @@ impl Speculator {
             let base = session.tokens().len();
             let mut run = generation.pending().to_vec();
             run.extend_from_slice(&draft);
+            let t = Instant::now();
             let rows = session.score(&run)?;
+            self.control.timed(run.len(), t.elapsed().as_secs_f64());
             let vocab = rows.len() / run.len();
             stats.verify_steps += 1;
             stats.drafted += draft.len();

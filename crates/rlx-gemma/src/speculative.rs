@@ -124,7 +124,8 @@ pub struct DraftOptions {
     pub min_draft: usize,
     /// A verification step of `1 + k` rows costs `1 + k × row_cost` plain
     /// decode steps (small on a GPU, where a step reads the weights once
-    /// whatever its rows; larger on a CPU).
+    /// whatever its rows; larger on a CPU): the estimate until steps have
+    /// been timed ([`DraftControl::timed`]).
     pub row_cost: f64,
     /// Weight of the newest draft in the running acceptance estimate.
     pub decay: f64,
@@ -156,6 +157,16 @@ pub struct DraftControl {
     alpha: f64,
     /// Plain steps left before drafting tries again.
     resting: usize,
+    /// Running means of a one-row step's seconds and of what each further
+    /// row of a verification step adds, once timed.
+    step_secs: Option<f64>,
+    row_secs: Option<f64>,
+    /// Row counts whose first step has been seen (and not timed: a first
+    /// step of a shape may build its plan).
+    warm: u64,
+    /// Whether the next step probes with the shortest draft, whatever the
+    /// estimates say (the rest is over).
+    probe: bool,
 }
 
 impl DraftControl {
@@ -165,6 +176,36 @@ impl DraftControl {
             opts,
             alpha: 0.5,
             resting: 0,
+            step_secs: None,
+            row_secs: None,
+            warm: 0,
+            probe: false,
+        }
+    }
+
+    /// What a verification row costs, in one-row steps: measured where
+    /// both kinds of step have been timed, else the options' estimate.
+    pub fn row_cost(&self) -> f64 {
+        match (self.step_secs, self.row_secs) {
+            (Some(step), Some(row)) if step > 0.0 => (row / step).clamp(0.0, 4.0),
+            _ => self.opts.row_cost,
+        }
+    }
+
+    /// Records how long a step of `rows` rows of one sequence took (one
+    /// row: a plain step; more: a verification step).
+    pub fn timed(&mut self, rows: usize, secs: f64) {
+        let bit = 1u64 << rows.min(63);
+        if self.warm & bit == 0 {
+            self.warm |= bit;
+            return;
+        }
+        let mean = |m: Option<f64>, x: f64| Some(m.map_or(x, |m| m + 0.2 * (x - m)));
+        if rows <= 1 {
+            self.step_secs = mean(self.step_secs, secs);
+        } else if let Some(step) = self.step_secs {
+            let per_row = (secs - step).max(0.0) / (rows - 1) as f64;
+            self.row_secs = mean(self.row_secs, per_row);
         }
     }
 
@@ -183,8 +224,12 @@ impl DraftControl {
         if self.resting > 0 || self.opts.max_draft == 0 {
             return 0;
         }
+        if self.probe {
+            return self.opts.min_draft.max(1);
+        }
         let o = &self.opts;
-        let gain = |k: usize| Self::tokens(self.alpha, k) / (1.0 + k as f64 * o.row_cost);
+        let cost = self.row_cost();
+        let gain = |k: usize| Self::tokens(self.alpha, k) / (1.0 + k as f64 * cost);
         let best = (o.min_draft.max(1)..=o.max_draft.max(o.min_draft.max(1)))
             .max_by(|&a, &b| gain(a).total_cmp(&gain(b)))
             .unwrap_or(0);
@@ -199,9 +244,15 @@ impl DraftControl {
     /// when no draft was found), `accepted` of them taken.
     pub fn record(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 {
-            self.resting = self.resting.saturating_sub(1);
+            if self.resting > 0 {
+                self.resting -= 1;
+                // The rest is over: the next draft is tried whatever the
+                // estimates, which only drafts can change.
+                self.probe = self.resting == 0;
+            }
             return;
         }
+        self.probe = false;
         // Per-token acceptance of this draft: accepted tokens over
         // accepted tokens plus the one rejection, if any.
         let rejected = usize::from(accepted < drafted);
@@ -209,9 +260,6 @@ impl DraftControl {
         self.alpha += self.opts.decay * (seen - self.alpha);
         if self.length() == 0 {
             self.resting = self.opts.cooldown;
-            // After resting, one more try starts from the estimate that
-            // makes the shortest draft just pay.
-            self.alpha = self.alpha.max(self.opts.row_cost.min(1.0));
         }
     }
 }
@@ -338,15 +386,19 @@ mod tests {
         assert_eq!(c.length(), opts.max_draft);
         // Every draft rejected at once: drafting stops for the cooldown,
         // then tries again.
-        let mut rested = 0;
+        let (mut rested, mut probes) = (0, 0);
         for _ in 0..200 {
             let k = c.length();
             if k == 0 {
                 rested += 1;
+            } else if rested > 0 {
+                probes += 1;
+                assert_eq!(k, opts.min_draft, "a probe is the shortest draft");
             }
             c.record(k, 0);
         }
         assert!(rested >= 150, "rested {rested} of 200 steps");
+        assert!(probes >= 5, "{probes} probes in 200 steps");
         // A moderate rate: drafts of a moderate length.
         let mut c = DraftControl::new(opts);
         for _ in 0..100 {
@@ -365,6 +417,27 @@ mod tests {
             ..c.clone()
         };
         assert!(dear.length() < k);
+    }
+
+    #[test]
+    fn measured_step_times_set_the_row_cost() {
+        let mut c = DraftControl::new(DraftOptions::default());
+        assert_eq!(c.row_cost(), 0.1);
+        // The first step of each row count is not timed (it may build a
+        // plan), nor a verification step before any plain one.
+        c.timed(5, 0.5);
+        c.timed(1, 0.5);
+        c.timed(5, 0.02);
+        assert_eq!(c.row_cost(), 0.1);
+        c.timed(1, 0.010);
+        c.timed(5, 0.030);
+        // (30 - 10) / 4 = 5 ms a row, half a plain step.
+        assert!((c.row_cost() - 0.5).abs() < 1e-9, "{}", c.row_cost());
+        // Dearer rows, shorter drafts at the same acceptance.
+        c.alpha = 0.7;
+        let dear = c.length();
+        c.row_secs = Some(0.0005);
+        assert!(c.length() > dear, "{} vs {dear}", c.length());
     }
 
     /// xorshift64*: uniform draws for the tests.
