@@ -311,4 +311,20 @@ fn run_with_prompt_lookup_gives_the_same_tokens() {
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("--draft-min 0"), "{err}");
+    // Long drafts need the one-row kernels at every row count.
+    let long = ["--spec", "ngram", "--draft-max", "12"];
+    let out = rlx()
+        .args(["run", "-m"])
+        .arg(real_model())
+        .args([prompt, "-n", "4"])
+        .args(long)
+        .output()
+        .unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        !out.status.success() && err.contains("--batch-invariant"),
+        "{err}"
+    );
+    let (long_spec, _) = run(&["--spec", "ngram", "--draft-max", "12", "--batch-invariant"]);
+    assert_eq!(plain, long_spec);
 }

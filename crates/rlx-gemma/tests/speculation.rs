@@ -81,6 +81,55 @@ fn samplers() -> [SamplerConfig; 2] {
     ]
 }
 
+/// Speculation with drafts of exactly `k` tokens where found (no
+/// adaptation).
+fn fixed(k: usize) -> Speculation {
+    let mut spec = Speculation::default();
+    spec.draft.min_draft = k;
+    spec.draft.max_draft = k;
+    spec.draft.row_cost = 0.0;
+    spec
+}
+
+/// Drafts of 1 to 16 tokens: up to 6 on the default kernels (a step of 7
+/// rows takes the one-row products), longer ones with `batch_invariant`
+/// (the one-row products at every row count). The tiny Gemma 3's sliding
+/// window is 8 and its K/V blocks 32 tokens, so verification steps cross
+/// both.
+#[test]
+fn every_draft_length_gives_plain_decodings_tokens() {
+    let path = fixtures().join("tiny/gemma3/model-Q8_0.gguf");
+    for precision in [Precision::Exact, Precision::Quantized] {
+        for batch_invariant in [false, true] {
+            let opts = ModelOptions {
+                threads: 2,
+                precision,
+                batch_invariant,
+                ..Default::default()
+            };
+            let model = Model::load(&path, opts).unwrap();
+            let prompt = repetitive_prompt(model.config().n_vocab);
+            let lengths: &[usize] = if batch_invariant {
+                &[7, 10, 16]
+            } else {
+                &[1, 2, 3, 6]
+            };
+            for sampler in samplers() {
+                let plain = generate(&model, &prompt, 48, &sampler, None);
+                for &k in lengths {
+                    let spec = generate(&model, &prompt, 48, &sampler, Some(fixed(k)));
+                    let at = format!(
+                        "{precision:?} invariant {batch_invariant} t={} k={k}",
+                        sampler.temperature
+                    );
+                    assert_eq!(plain.0, spec.0, "{at}");
+                    assert!(spec.2.drafted > 0, "{at}: {:?}", spec.2);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn speculation_gives_plain_decodings_tokens_on_every_tiny_model() {
     let (mut drafted, mut accepted) = (0, 0);

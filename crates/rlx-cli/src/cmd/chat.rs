@@ -124,7 +124,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             stop_tokens: tok.eog_ids().to_vec(),
             stop_strings: args.sample.stop.clone(),
             logprobs: None,
-            speculation: args.sample.speculation()?,
+            speculation: args.sample.speculation(args.model.batch_invariant)?,
         };
         let mut generation = Generation::new(args.sample.sampler()?, &ids, opts);
         let mut reply = String::new();

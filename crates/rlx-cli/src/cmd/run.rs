@@ -205,7 +205,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         },
         stop_strings: args.sample.stop.clone(),
         logprobs: None,
-        speculation: args.sample.speculation()?,
+        speculation: args.sample.speculation(args.model.batch_invariant)?,
     };
     let mut generation = Generation::new(args.sample.sampler()?, &ids, opts);
     let mut text = String::new();

@@ -57,7 +57,8 @@ pub struct SampleArgs {
     pub spec: Spec,
     /// The most tokens a draft holds (its length follows the recent
     /// acceptance rate; at most 6 keeps a step's products on the one-row
-    /// kernels, so each row is computed as a one-token step computes it).
+    /// kernels, so each row is computed as a one-token step computes it;
+    /// more needs --batch-invariant).
     #[arg(long, default_value_t = 6)]
     pub draft_max: usize,
     /// The fewest tokens a draft holds while drafting is on.
@@ -70,10 +71,21 @@ impl SampleArgs {
         Sampler::new(self.sampler_config()).context("bad sampling options")
     }
 
-    /// The speculation `--spec`, `--draft-max` and `--draft-min` ask for.
-    pub fn speculation(&self) -> Result<Option<Speculation>> {
+    /// The speculation `--spec`, `--draft-max` and `--draft-min` ask for;
+    /// drafts longer than a step of one-row products holds need
+    /// `--batch-invariant` (`batch_invariant`), or the output could differ
+    /// from plain decoding's where two tokens are nearly tied.
+    pub fn speculation(&self, batch_invariant: bool) -> Result<Option<Speculation>> {
         if self.spec == Spec::None {
             return Ok(None);
+        }
+        let one_row = Speculation::default().draft.max_draft;
+        if self.draft_max > one_row && !batch_invariant {
+            bail!(
+                "--draft-max {} needs --batch-invariant: a verification step of more than {} rows takes other matmul kernels than a one-token step, which could change a nearly tied greedy choice",
+                self.draft_max,
+                one_row + 1
+            );
         }
         if self.draft_min == 0 || self.draft_min > self.draft_max {
             bail!(
