@@ -663,7 +663,12 @@ impl Speculator {
             self.index.extend(&generation.tokens()[self.indexed..]);
             self.indexed = generation.tokens().len();
             let left = generation.opts.max_tokens.saturating_sub(self.indexed);
-            let room = session.max_step_tokens().saturating_sub(1);
+            // Drafts fit the step and the context (a plain step would
+            // still run where no draft fits).
+            let room = session
+                .max_step_tokens()
+                .min(session.context().saturating_sub(session.tokens().len()))
+                .saturating_sub(1);
             let k = self.control.length().min(left).min(room);
             // Log-probabilities sample forced tokens too; one token a step
             // keeps that simple.

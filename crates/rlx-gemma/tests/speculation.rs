@@ -23,9 +23,21 @@ fn generate(
     sampler: &SamplerConfig,
     spec: Option<Speculation>,
 ) -> (Vec<u32>, Finish, GenerateStats) {
+    generate_in(model, prompt, n, prompt.len() + n + 16, sampler, spec)
+}
+
+/// [`generate`] in a session of `context` tokens.
+fn generate_in(
+    model: &Model,
+    prompt: &[u32],
+    n: usize,
+    context: usize,
+    sampler: &SamplerConfig,
+    spec: Option<Speculation>,
+) -> (Vec<u32>, Finish, GenerateStats) {
     let mut session = model
         .session(SessionOptions {
-            context: Some(prompt.len() + n + 16),
+            context: Some(context),
             ..Default::default()
         })
         .unwrap();
@@ -128,6 +140,47 @@ fn every_draft_length_gives_plain_decodings_tokens() {
             }
         }
     }
+}
+
+/// A generation asked for more tokens than its context holds produces
+/// plain decoding's tokens up to the same "context full" error (drafts are
+/// cut to the room the context has left).
+#[test]
+fn drafts_fit_the_context() {
+    let path = fixtures().join("tiny/gemma3/model-f32.gguf");
+    let model = Model::load(&path, ModelOptions::default()).unwrap();
+    let prompt = repetitive_prompt(model.config().n_vocab);
+    let context = prompt.len() + 20;
+    let run = |spec: Option<Speculation>| {
+        let mut session = model
+            .session(SessionOptions {
+                context: Some(context),
+                ..Default::default()
+            })
+            .unwrap();
+        let opts = GenerationOptions {
+            max_tokens: 40,
+            speculation: spec,
+            ..Default::default()
+        };
+        let sampler = Sampler::new(samplers()[0].clone()).unwrap();
+        let mut generation = Generation::new(sampler, &prompt, opts);
+        let err = generate_constrained(
+            &mut session,
+            &prompt,
+            &mut generation,
+            None,
+            None,
+            &mut |_| true,
+            &mut |_, _| {},
+        )
+        .expect_err("more tokens than the context holds");
+        (generation.tokens().to_vec(), err.to_string())
+    };
+    let plain = run(None);
+    let spec = run(Some(fixed(6)));
+    assert_eq!(plain, spec);
+    assert!(plain.1.contains("context"), "{}", plain.1);
 }
 
 #[test]
