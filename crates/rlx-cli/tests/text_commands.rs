@@ -328,3 +328,27 @@ fn run_with_prompt_lookup_gives_the_same_tokens() {
     let (long_spec, _) = run(&["--spec", "ngram", "--draft-max", "12", "--batch-invariant"]);
     assert_eq!(plain, long_spec);
 }
+
+#[test]
+fn bench_times_speculation_beside_plain_generation() {
+    let out = ok(rlx().args(["bench", "-m"]).arg(real_model()).args([
+        "-p", "0", "-n", "24", "-r", "1", "-t", "2", "--spec", "ngram", "--json",
+    ]));
+    let v = json(&out);
+    let tests: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["test"].as_str().unwrap())
+        .collect();
+    assert_eq!(tests, ["tg24", "tg24 greedy", "tg24 ngram"], "{v}");
+    assert!(v[1]["speculation"].is_null(), "{v}");
+    let spec = &v[2]["speculation"];
+    let (drafted, kept) = (
+        spec["drafted"].as_u64().unwrap(),
+        spec["kept"].as_u64().unwrap(),
+    );
+    // The prompt repeats a phrase: lookup finds drafts from the start.
+    assert!(drafted > 0 && kept <= drafted, "{spec}");
+    assert!(v[2]["tokens_per_second"].as_f64().unwrap() > 0.0, "{v}");
+}

@@ -10,6 +10,11 @@ use rlx_runtime::{KvTypes, RowReduce};
 use serde_json::json;
 
 use super::common::ModelArgs;
+use super::sample_args::Spec;
+use rlx_gemma::generate::{
+    generate_constrained, GenerateStats, Generation, GenerationOptions, Speculation,
+};
+use rlx_gemma::sampling::{Sampler, SamplerConfig};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -50,11 +55,22 @@ pub struct BenchArgs {
     /// run` does (the same on a CPU).
     #[arg(long)]
     pub whole_rows: bool,
+    /// Also time greedy generation of each `-n` length from a prompt that
+    /// repeats itself, plain and with this kind of speculation
+    /// (alternating), and report how many drafted tokens were kept.
+    #[arg(long, value_enum)]
+    pub spec: Option<Spec>,
+    /// The most tokens a draft holds (as `rlx run --draft-max`).
+    #[arg(long, default_value_t = 6)]
+    pub draft_max: usize,
 }
 
 struct Row {
     test: String,
     tps: Vec<f64>,
+    /// For speculative generation tests: tokens drafted and kept, and
+    /// verification steps, summed over the repetitions.
+    spec: Option<(usize, usize, usize)>,
     /// For generation tests: bytes read per token (weights + KV cache).
     bytes_per_token: Option<f64>,
     /// For generation tests: the probe's bandwidth right after each
@@ -183,6 +199,55 @@ pub(super) fn tokens(model: &Model, n: usize, salt: usize) -> Vec<u32> {
         .collect()
 }
 
+/// Tokens of the prompt that speculative generation tests start from.
+const SPEC_PROMPT: usize = 96;
+
+/// A prompt that repeats a 24-token phrase, so that prompt lookup finds
+/// drafts from the start.
+fn spec_prompt(model: &Model) -> Vec<u32> {
+    let phrase = tokens(model, 24, 3);
+    let mut p = vec![2];
+    p.extend(phrase.iter().cycle().take(SPEC_PROMPT - 1));
+    p
+}
+
+/// Tokens per second of greedy generation of `n` tokens after `depth`
+/// tokens of context and [`spec_prompt`] (the prompt untimed), with
+/// `spec` or without, and what speculation drafted and kept.
+fn time_generation(
+    s: &mut Session,
+    depth: usize,
+    n: usize,
+    spec: Option<Speculation>,
+) -> Result<(f64, GenerateStats)> {
+    let model = s.model();
+    let mut prompt = tokens(model, depth, 0);
+    prompt.extend(spec_prompt(model));
+    s.reset();
+    let sampler = Sampler::new(SamplerConfig {
+        temperature: 0.0,
+        ..SamplerConfig::default()
+    })?;
+    let opts = GenerationOptions {
+        max_tokens: n,
+        speculation: spec,
+        ..Default::default()
+    };
+    let mut generation = Generation::new(sampler, &prompt, opts);
+    let (out, _, stats) = generate_constrained(
+        s,
+        &prompt,
+        &mut generation,
+        None,
+        None,
+        &mut |_| true,
+        &mut |_, _| {},
+    )?;
+    // The first token comes from the prompt's step, as in `rlx run`.
+    let steps = out.len().saturating_sub(1);
+    Ok((steps as f64 / stats.decode_secs.max(1e-9), stats))
+}
+
 /// One test's session: its plans are compiled, and on a GPU its step
 /// graphs captured, by the untimed warm-up run, so the timed runs measure
 /// steps as a long-running program sees them.
@@ -287,6 +352,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         rows.push(Row {
             test: suffix(format!("pp{p}")),
             tps,
+            spec: None,
             bytes_per_token: None,
             bandwidth: Vec::new(),
         });
@@ -309,11 +375,60 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         rows.push(Row {
             test: suffix(format!("tg{n}")),
             tps,
+            spec: None,
             bytes_per_token: probe
                 .is_some()
                 .then(|| decode_bytes(&model, kv, args.depth + n / 2)),
             bandwidth,
         });
+    }
+    if let Some(kind) = args.spec {
+        let spec = match kind {
+            Spec::None => None,
+            Spec::Ngram => Some(Speculation {
+                draft: rlx_gemma::speculative::DraftOptions {
+                    max_draft: args.draft_max,
+                    ..Speculation::default().draft
+                },
+                ..Speculation::default()
+            }),
+        };
+        if args.draft_max > Speculation::default().draft.max_draft && !args.model.batch_invariant {
+            bail!(
+                "--draft-max {} needs --batch-invariant (as rlx run)",
+                args.draft_max
+            );
+        }
+        for n in args.gen.iter().copied().filter(|&n| n > 0) {
+            // Plain and speculative runs alternate, after one untimed
+            // run of each.
+            let mut s = test_session(&model, kv, args.depth, 0, n + SPEC_PROMPT)?;
+            let mut plain = Vec::new();
+            let mut drafted = Vec::new();
+            let mut sums = (0, 0, 0);
+            for rep in 0..=args.reps {
+                let (tps, _) = time_generation(&mut s, args.depth, n, None)?;
+                let (spec_tps, st) = time_generation(&mut s, args.depth, n, spec)?;
+                if rep > 0 {
+                    plain.push(tps);
+                    drafted.push(spec_tps);
+                    sums = (
+                        sums.0 + st.drafted,
+                        sums.1 + st.accepted,
+                        sums.2 + st.verify_steps,
+                    );
+                }
+            }
+            for (name, tps, spec) in [("greedy", plain, None), ("ngram", drafted, Some(sums))] {
+                rows.push(Row {
+                    test: suffix(format!("tg{n} {name}")),
+                    tps,
+                    spec,
+                    bytes_per_token: None,
+                    bandwidth: Vec::new(),
+                });
+            }
+        }
     }
     let all_bw: Vec<f64> = rows
         .iter()
@@ -350,6 +465,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     "memory_bandwidth_bytes_per_s": (!r.bandwidth.is_empty()).then(|| mean_std(&r.bandwidth).0),
                     "memory_bandwidth_samples": r.bandwidth,
                     "roofline_fraction": r.roofline(),
+                    "speculation": r.spec.map(|(drafted, kept, steps)| json!({
+                        "drafted": drafted,
+                        "kept": kept,
+                        "verify_steps": steps,
+                        "acceptance_rate": kept as f64 / drafted.max(1) as f64,
+                        "mean_kept_per_step": kept as f64 / steps.max(1) as f64,
+                    })),
                 })
             })
             .collect();
@@ -376,6 +498,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 r.roofline()
                     .map_or(String::new(), |f| format!("{:.0} %", f * 100.0))
             )?;
+        }
+        for r in &rows {
+            if let Some((drafted, kept, steps)) = r.spec {
+                writeln!(
+                    out,
+                    "\n{}: {kept} of {drafted} drafted tokens kept ({:.0} %), {:.2} a verification step over {steps} steps",
+                    r.test,
+                    100.0 * kept as f64 / drafted.max(1) as f64,
+                    kept as f64 / steps.max(1) as f64
+                )?;
+            }
         }
         writeln!(
             out,
