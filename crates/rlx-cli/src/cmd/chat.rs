@@ -124,7 +124,10 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             stop_tokens: tok.eog_ids().to_vec(),
             stop_strings: args.sample.stop.clone(),
             logprobs: None,
-            speculation: args.sample.speculation(args.model.batch_invariant)?,
+            speculation: args.sample.speculation(
+                args.model.batch_invariant,
+                model.device() != rlx_gemma::Device::Cpu,
+            )?,
         };
         let mut generation = Generation::new(args.sample.sampler()?, &ids, opts);
         let mut reply = String::new();
@@ -159,6 +162,13 @@ pub fn run(args: &ChatArgs) -> Result<()> {
                     stats.generated,
                     stats.generated as f64 / stats.decode_secs.max(1e-9)
                 )?;
+                if stats.drafted > 0 {
+                    writeln!(
+                        err,
+                        "[speculation: {} of {} drafted tokens kept]",
+                        stats.accepted, stats.drafted
+                    )?;
+                }
                 history.push(ChatMessage::assistant(reply.trim().to_owned()));
             }
             Err(ModelError::ContextFull { tokens, context }) => {

@@ -205,7 +205,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
         },
         stop_strings: args.sample.stop.clone(),
         logprobs: None,
-        speculation: args.sample.speculation(args.model.batch_invariant)?,
+        speculation: args.sample.speculation(
+            args.model.batch_invariant,
+            model.device() != rlx_gemma::Device::Cpu,
+        )?,
     };
     let mut generation = Generation::new(args.sample.sampler()?, &ids, opts);
     let mut text = String::new();

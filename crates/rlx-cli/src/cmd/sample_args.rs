@@ -75,9 +75,14 @@ impl SampleArgs {
     /// drafts longer than a step of one-row products holds need
     /// `--batch-invariant` (`batch_invariant`), or the output could differ
     /// from plain decoding's where two tokens are nearly tied.
-    pub fn speculation(&self, batch_invariant: bool) -> Result<Option<Speculation>> {
+    pub fn speculation(&self, batch_invariant: bool, gpu: bool) -> Result<Option<Speculation>> {
         if self.spec == Spec::None {
             return Ok(None);
+        }
+        if gpu {
+            eprintln!(
+                "note: on a GPU a verification step's products are not yet shown to round as a one-token step's do, so a nearly tied greedy choice may differ from plain decoding"
+            );
         }
         let one_row = Speculation::default().draft.max_draft;
         if self.draft_max > one_row && !batch_invariant {
