@@ -539,6 +539,17 @@ pub fn generate(
         stop_tokens: stop_tokens.to_vec(),
         ..GenerationOptions::default()
     };
+    generate_with(session, prompt, sampler, opts)
+}
+
+/// Feeds `prompt` (reusing any cached prefix) and generates as `opts` asks,
+/// tokens only (no text, no stop strings, no constraint).
+pub fn generate_with(
+    session: &mut Session<'_>,
+    prompt: &[u32],
+    sampler: Sampler,
+    opts: GenerationOptions,
+) -> Result<(Vec<u32>, Finish, GenerateStats)> {
     let mut generation = Generation::new(sampler, prompt, opts);
     generate_constrained(
         session,
@@ -594,18 +605,18 @@ pub fn generate_constrained(
             (LogitRows::Full(l), None) => generation.next(l, c, tok, out)?,
             (LogitRows::Reduced(_), None) => unreachable!("reduced rows were asked for"),
         };
+        // Where it goes on, verification steps while drafts are found.
+        let step = match (step, spec.as_mut()) {
+            (None, Some(spec)) => {
+                let c = constraint.as_mut().map(|c| &mut **c as &mut dyn Constraint);
+                spec.run(session, generation, c, tok, out, &mut stats)?
+            }
+            (step, _) => step,
+        };
         if let Some(finish) = step {
             stats.generated = generation.tokens().len();
             stats.decode_secs = t1.elapsed().as_secs_f64();
             return Ok((generation.tokens().to_vec(), finish, stats));
-        }
-        if let Some(spec) = spec.as_mut() {
-            let c = constraint.as_mut().map(|c| &mut **c as &mut dyn Constraint);
-            if let Some(finish) = spec.run(session, generation, c, tok, out, &mut stats)? {
-                stats.generated = generation.tokens().len();
-                stats.decode_secs = t1.elapsed().as_secs_f64();
-                return Ok((generation.tokens().to_vec(), finish, stats));
-            }
         }
         req = if generation.pending().len() > session.max_step_tokens() {
             None

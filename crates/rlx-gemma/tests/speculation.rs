@@ -35,6 +35,26 @@ fn generate_in(
     sampler: &SamplerConfig,
     spec: Option<Speculation>,
 ) -> (Vec<u32>, Finish, GenerateStats) {
+    let (_, got, held) = run_in(model, prompt, n, context, sampler, spec);
+    let got = got.unwrap();
+    // The session holds the prompt and every generated token but the last.
+    let mut want = prompt.to_vec();
+    want.extend_from_slice(&got.0[..got.0.len() - 1]);
+    assert_eq!(held, want, "the session's tokens");
+    got
+}
+
+/// A generation of up to `n` tokens in a session of `context` tokens: the
+/// tokens it produced (also where it failed), its result, and the tokens
+/// the session holds after it.
+fn run_in(
+    model: &Model,
+    prompt: &[u32],
+    n: usize,
+    context: usize,
+    sampler: &SamplerConfig,
+    spec: Option<Speculation>,
+) -> (Vec<u32>, ModelResult, Vec<u32>) {
     let mut session = model
         .session(SessionOptions {
             context: Some(context),
@@ -56,14 +76,11 @@ fn generate_in(
         None,
         &mut |_| true,
         &mut |_, _| {},
-    )
-    .unwrap();
-    // The session holds the prompt and every generated token but the last.
-    let mut held = prompt.to_vec();
-    held.extend_from_slice(&got.0[..got.0.len() - 1]);
-    assert_eq!(session.tokens(), &held[..], "the session's tokens");
-    got
+    );
+    (generation.tokens().to_vec(), got, session.tokens().to_vec())
 }
+
+type ModelResult = rlx_gemma::model::Result<(Vec<u32>, Finish, GenerateStats)>;
 
 /// A prompt that repeats itself, so that lookup finds drafts.
 fn repetitive_prompt(vocab: usize) -> Vec<u32> {
@@ -151,31 +168,10 @@ fn drafts_fit_the_context() {
     let model = Model::load(&path, ModelOptions::default()).unwrap();
     let prompt = repetitive_prompt(model.config().n_vocab);
     let context = prompt.len() + 20;
-    let run = |spec: Option<Speculation>| {
-        let mut session = model
-            .session(SessionOptions {
-                context: Some(context),
-                ..Default::default()
-            })
-            .unwrap();
-        let opts = GenerationOptions {
-            max_tokens: 40,
-            speculation: spec,
-            ..Default::default()
-        };
-        let sampler = Sampler::new(samplers()[0].clone()).unwrap();
-        let mut generation = Generation::new(sampler, &prompt, opts);
-        let err = generate_constrained(
-            &mut session,
-            &prompt,
-            &mut generation,
-            None,
-            None,
-            &mut |_| true,
-            &mut |_, _| {},
-        )
-        .expect_err("more tokens than the context holds");
-        (generation.tokens().to_vec(), err.to_string())
+    let run = |spec| {
+        let (tokens, got, _) = run_in(&model, &prompt, 40, context, &samplers()[0], spec);
+        let err = got.expect_err("more tokens than the context holds");
+        (tokens, err.to_string())
     };
     let plain = run(None);
     let spec = run(Some(fixed(6)));

@@ -10,10 +10,8 @@ use rlx_runtime::{KvTypes, RowReduce};
 use serde_json::json;
 
 use super::common::ModelArgs;
-use super::sample_args::Spec;
-use rlx_gemma::generate::{
-    generate_constrained, GenerateStats, Generation, GenerationOptions, Speculation,
-};
+use super::sample_args::{speculation, Spec};
+use rlx_gemma::generate::{generate_with, GenerateStats, GenerationOptions, Speculation};
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 
 #[derive(clap::Args)]
@@ -233,16 +231,7 @@ fn time_generation(
         speculation: spec,
         ..Default::default()
     };
-    let mut generation = Generation::new(sampler, &prompt, opts);
-    let (out, _, stats) = generate_constrained(
-        s,
-        &prompt,
-        &mut generation,
-        None,
-        None,
-        &mut |_| true,
-        &mut |_, _| {},
-    )?;
+    let (out, _, stats) = generate_with(s, &prompt, sampler, opts)?;
     // The first token comes from the prompt's step, as in `rlx run`.
     let steps = out.len().saturating_sub(1);
     Ok((steps as f64 / stats.decode_secs.max(1e-9), stats))
@@ -382,23 +371,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             bandwidth,
         });
     }
-    if let Some(kind) = args.spec {
-        let spec = match kind {
-            Spec::None => None,
-            Spec::Ngram => Some(Speculation {
-                draft: rlx_gemma::speculative::DraftOptions {
-                    max_draft: args.draft_max,
-                    ..Speculation::default().draft
-                },
-                ..Speculation::default()
-            }),
-        };
-        if args.draft_max > Speculation::default().draft.max_draft && !args.model.batch_invariant {
-            bail!(
-                "--draft-max {} needs --batch-invariant (as rlx run)",
-                args.draft_max
-            );
-        }
+    let spec = match args.spec {
+        Some(kind) => speculation(kind, args.draft_max, 1, args.model.batch_invariant, gpu)?,
+        None => None,
+    };
+    if let Some(spec) = spec {
         for n in args.gen.iter().copied().filter(|&n| n > 0) {
             // Plain and speculative runs alternate, after one untimed
             // run of each.
@@ -408,7 +385,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             let mut sums = (0, 0, 0);
             for rep in 0..=args.reps {
                 let (tps, _) = time_generation(&mut s, args.depth, n, None)?;
-                let (spec_tps, st) = time_generation(&mut s, args.depth, n, spec)?;
+                let (spec_tps, st) = time_generation(&mut s, args.depth, n, Some(spec))?;
                 if rep > 0 {
                     plain.push(tps);
                     drafted.push(spec_tps);

@@ -71,43 +71,16 @@ impl SampleArgs {
         Sampler::new(self.sampler_config()).context("bad sampling options")
     }
 
-    /// The speculation `--spec`, `--draft-max` and `--draft-min` ask for;
-    /// drafts longer than a step of one-row products holds need
-    /// `--batch-invariant` (`batch_invariant`), or the output could differ
-    /// from plain decoding's where two tokens are nearly tied.
+    /// The speculation `--spec`, `--draft-max` and `--draft-min` ask for
+    /// (see [`speculation`]).
     pub fn speculation(&self, batch_invariant: bool, gpu: bool) -> Result<Option<Speculation>> {
-        if self.spec == Spec::None {
-            return Ok(None);
-        }
-        if gpu {
-            eprintln!(
-                "note: on a GPU a verification step's products are not yet shown to round as a one-token step's do, so a nearly tied greedy choice may differ from plain decoding"
-            );
-        }
-        let one_row = Speculation::default().draft.max_draft;
-        if self.draft_max > one_row && !batch_invariant {
-            bail!(
-                "--draft-max {} needs --batch-invariant: a verification step of more than {} rows takes other matmul kernels than a one-token step, which could change a nearly tied greedy choice",
-                self.draft_max,
-                one_row + 1
-            );
-        }
-        if self.draft_min == 0 || self.draft_min > self.draft_max {
-            bail!(
-                "--draft-min {} must be at least 1 and at most --draft-max {}",
-                self.draft_min,
-                self.draft_max
-            );
-        }
-        let default = Speculation::default();
-        Ok(Some(Speculation {
-            draft: DraftOptions {
-                max_draft: self.draft_max,
-                min_draft: self.draft_min,
-                ..default.draft
-            },
-            ..default
-        }))
+        speculation(
+            self.spec,
+            self.draft_max,
+            self.draft_min,
+            batch_invariant,
+            gpu,
+        )
     }
 
     pub fn sampler_config(&self) -> SamplerConfig {
@@ -125,4 +98,49 @@ impl SampleArgs {
             seed: self.seed,
         }
     }
+}
+
+/// The speculation `--spec`, `--draft-max` and `--draft-min` ask for
+/// (`None` for `--spec none`); drafts longer than a step of one-row products holds need
+/// `--batch-invariant` (`batch_invariant`), or the output could differ
+/// from plain decoding's where two tokens are nearly tied.
+pub fn speculation(
+    spec: Spec,
+    draft_max: usize,
+    draft_min: usize,
+    batch_invariant: bool,
+    gpu: bool,
+) -> Result<Option<Speculation>> {
+    if spec == Spec::None {
+        return Ok(None);
+    }
+    if gpu {
+        eprintln!(
+            "note: on a GPU a verification step's products are not yet shown to round as a one-token step's do, so a nearly tied greedy choice may differ from plain decoding"
+        );
+    }
+    let one_row = Speculation::default().draft.max_draft;
+    if draft_max > one_row && !batch_invariant {
+        bail!(
+            "--draft-max {} needs --batch-invariant: a verification step of more than {} rows takes other matmul kernels than a one-token step, which could change a nearly tied greedy choice",
+            draft_max,
+            one_row + 1
+        );
+    }
+    if draft_min == 0 || draft_min > draft_max {
+        bail!(
+            "--draft-min {} must be at least 1 and at most --draft-max {}",
+            draft_min,
+            draft_max
+        );
+    }
+    let default = Speculation::default();
+    Ok(Some(Speculation {
+        draft: DraftOptions {
+            max_draft: draft_max,
+            min_draft: draft_min,
+            ..default.draft
+        },
+        ..default
+    }))
 }
