@@ -1,18 +1,16 @@
-//! Kernels for the 32-element block formats (Q4_0, Q5_0, Q8_0) against Q8_0
-//! activations, several weight rows per call, written once for two x86
-//! integer dots: AVX-512 VNNI's `vpdpbusd` on 256-bit vectors ([`rows`]) and
-//! AVX2's `vpmaddubsw` + `vpmaddwd` ([`rows_avx2`]).
+//! x86's two integer dots of the 32-element block formats (Q4_0, Q5_0,
+//! Q8_0) against Q8_0 activations, as [`IntDot`]s for the rows kernels
+//! (`rows.rs`): AVX-512 VNNI's `vpdpbusd` on 256-bit vectors ([`rows`]) and
+//! AVX2's `vpmaddubsw` + `vpmaddwd` ([`rows_avx2`]), 4 weight rows a tile.
 //!
-//! Each activation block is loaded once and dotted with 4 weight rows. The
-//! weight codes are read unsigned (`q + C`: `formats.rs`'s
+//! The weight codes are read unsigned (`q + C`: `formats.rs`'s
 //! `Legacy::unsigned`, with `C` = 8, 16 or 128), so one
 //! unsigned × signed dot forms `Σ (q + C)·x`; its accumulator starts at
 //! `−C·Σx` (computed once per activation block), which leaves the exact
 //! `Σ q·x`. AVX2's pairwise `vpmaddubsw` would saturate on Q8_0's
 //! `(q + 128)·x`, so there Q8_0 stays signed: `|q| · (x with q's sign)`.
-//! Per block, per row: `acc += (f32(Σ) · d_x) · d_w` in 8 lanes, reduced once
-//! per row. A row's operations don't depend on which rows share its call, so
-//! results don't depend on the task split.
+//! Per block, per output: `acc += (f32(Σ) · d_x) · d_w` in 8 lanes, reduced
+//! once per output.
 //!
 //! # Safety
 //! [`rows`] needs AVX-512 F + BW + VL + VNNI (on top of AVX2, FMA, F16C):
@@ -27,19 +25,14 @@ use std::arch::x86_64::*;
 
 use super::avx2::hsum_ps;
 use super::formats::Legacy;
-use super::scalar::Q8_0_BYTES;
+use super::rows::{rows_entry, IntDot};
 use crate::cpu::simd::avx512::Bytes32Vl;
-use crate::cpu::simd::table::f16_table;
 use crate::cpu::simd::Bytes32;
 
 /// Bytes ahead of each row's read position to prefetch: a large LM head
 /// streams from DRAM, and one core's demand misses alone reach only part of
 /// the bandwidth. Prefetches past the end of `w` are harmless hints.
 pub(super) const PREFETCH: usize = 8192;
-
-/// Weight rows and activation rows in one register tile.
-const ROWS: usize = 4;
-const ACTS: usize = 4;
 
 /// Whether AVX2's dot takes `F`'s codes signed: `vpmaddubsw`'s pair sums
 /// saturate on `(q + 128)·x`.
@@ -95,195 +88,90 @@ unsafe fn dot<const VNNI: bool>(acc: __m256i, codes: __m256i, x: __m256i, signed
     }
 }
 
-/// `R` weight rows starting at `w`, `row_bytes` apart, each `nb` blocks,
-/// against `M` activation rows starting at `a`, `a_row_bytes` apart:
-/// `out[i][r]` = weight row `r` · activation row `i`. Codes are unpacked once
-/// per weight block and reused for the `M` activation rows.
-///
-/// # Safety
-/// `w + r·row_bytes` for `r < R` and `a + i·a_row_bytes` for `i < M` point at
-/// `nb` whole blocks each.
-#[inline(always)]
-unsafe fn tile<F: Legacy, const R: usize, const M: usize, const VNNI: bool>(
-    w: *const u8,
-    row_bytes: usize,
-    nb: usize,
-    a: *const u8,
-    a_row_bytes: usize,
-    table: &[f32; 65536],
-) -> [[f32; R]; M] {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
-    // entry point checked the slice lengths the pointers walk.
-    unsafe {
-        let (wb_bytes, signed) = (F::BYTES, signed::<F, VNNI>());
-        let cv = _mm256_set1_epi8(F::OFFSET as i8);
-        let zero = _mm256_setzero_si256();
-        let mut acc = [[_mm256_setzero_ps(); R]; M];
-        for b in 0..nb {
-            let mut q = [zero; R];
-            let mut dw = [_mm256_setzero_ps(); R];
-            for r in 0..R {
-                let wb = w.add(r * row_bytes + b * wb_bytes);
-                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
-                q[r] = codes::<F, VNNI>(wb);
-                dw[r] = _mm256_set1_ps(table[usize::from(wb.cast::<u16>().read_unaligned())]);
-            }
-            for (i, acc) in acc.iter_mut().enumerate() {
-                let ab = a.add(i * a_row_bytes + b * Q8_0_BYTES);
-                let x = _mm256_loadu_si256(ab.add(2).cast());
-                // Signed codes: nothing to take off.
-                let start = if signed {
-                    zero
-                } else {
-                    _mm256_sub_epi32(zero, dot::<VNNI>(zero, cv, x, false))
-                };
-                let dx = _mm256_set1_ps(table[usize::from(ab.cast::<u16>().read_unaligned())]);
-                for r in 0..R {
-                    let sum = dot::<VNNI>(start, q[r], x, signed);
-                    let t = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), dx);
-                    acc[r] = _mm256_fmadd_ps(t, dw[r], acc[r]);
-                }
+/// x86's integer dot: AVX-512 VNNI's where `VNNI`, else AVX2's.
+pub(super) struct X86Dot<const VNNI: bool>;
+
+impl<const VNNI: bool> IntDot for X86Dot<VNNI> {
+    type Codes = __m256i;
+    /// The activations and the accumulator's start: `−OFFSET·Σx` where the
+    /// codes are unsigned (see the module's notes), else 0.
+    type Act = (__m256i, __m256i);
+    type Scale = __m256;
+    type Acc = __m256;
+
+    #[inline(always)]
+    unsafe fn codes<F: Legacy>(b: &[u8]) -> __m256i {
+        // SAFETY: the trait's contract; `b` holds the block.
+        unsafe { codes::<F, VNNI>(b.as_ptr()) }
+    }
+
+    #[inline(always)]
+    unsafe fn act<F: Legacy>(b: &[u8]) -> (__m256i, __m256i) {
+        // SAFETY: the trait's contract; a Q8_0 block's 32 values from byte 2.
+        unsafe {
+            let zero = _mm256_setzero_si256();
+            let x = _mm256_loadu_si256(b[2..34].as_ptr().cast());
+            // Signed codes: nothing to take off.
+            if signed::<F, VNNI>() {
+                (x, zero)
+            } else {
+                let c = _mm256_set1_epi8(F::OFFSET as i8);
+                (x, _mm256_sub_epi32(zero, dot::<VNNI>(zero, c, x, false)))
             }
         }
-        // Plain loops, not closures: a closure does not inherit the target
-        // features, and the reductions then run out of line.
-        let mut out = [[0f32; R]; M];
-        for (o, a) in out.iter_mut().zip(&acc) {
-            for (o, &a) in o.iter_mut().zip(a) {
-                *o = hsum_ps(a);
-            }
+    }
+
+    #[inline(always)]
+    unsafe fn scale(d: f32) -> __m256 {
+        // SAFETY: the trait's contract.
+        unsafe { _mm256_set1_ps(d) }
+    }
+
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        // SAFETY: the trait's contract.
+        unsafe { _mm256_setzero_ps() }
+    }
+
+    #[inline(always)]
+    unsafe fn add<F: Legacy>(
+        acc: __m256,
+        w: __m256i,
+        (x, start): (__m256i, __m256i),
+        dw: __m256,
+        dx: __m256,
+    ) -> __m256 {
+        // SAFETY: the trait's contract.
+        unsafe {
+            let sum = dot::<VNNI>(start, w, x, signed::<F, VNNI>());
+            _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), dx), dw, acc)
         }
-        out
+    }
+
+    #[inline(always)]
+    unsafe fn finish(acc: __m256) -> f32 {
+        // SAFETY: the trait's contract.
+        unsafe { hsum_ps(acc) }
+    }
+
+    #[inline(always)]
+    unsafe fn prefetch(p: *const u8) {
+        // SAFETY: a prefetch is a hint; it reads nothing.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast()) }
     }
 }
 
-/// Weight rows `r0..r0 + R` of `w` against every activation row; writes
-/// `out[i][col + r - r0]`.
-///
-/// # Safety
-/// The rows lie inside `w`, `a` holds `out.len()` rows of `nb` blocks.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn row_group<F: Legacy, const R: usize, const VNNI: bool>(
-    w: *const u8,
-    row_bytes: usize,
-    nb: usize,
-    a: *const u8,
-    a_row_bytes: usize,
-    table: &[f32; 65536],
-    out: &mut [&mut [f32]],
-    col: usize,
-) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
-    // entry point checked the slice lengths the pointers walk.
-    unsafe {
-        let done = out.len() / ACTS * ACTS;
-        let mut groups = out.chunks_exact_mut(ACTS);
-        for (g, o) in (&mut groups).enumerate() {
-            let y = tile::<F, R, ACTS, VNNI>(
-                w,
-                row_bytes,
-                nb,
-                a.add(g * ACTS * a_row_bytes),
-                a_row_bytes,
-                table,
-            );
-            for (o, y) in o.iter_mut().zip(y) {
-                o[col..col + R].copy_from_slice(&y);
-            }
-        }
-        for (i, o) in groups.into_remainder().iter_mut().enumerate() {
-            let [y] = tile::<F, R, 1, VNNI>(
-                w,
-                row_bytes,
-                nb,
-                a.add((done + i) * a_row_bytes),
-                a_row_bytes,
-                table,
-            );
-            o[col..col + R].copy_from_slice(&y);
-        }
-    }
-}
-
-/// `out[i][col + r]` = row `r` of `w` (rows of `row_bytes`) · Q8_0 activation
-/// row `i` of `acts` (rows of `a_row_bytes`), for every row of `w` and every
-/// `i < out.len()`.
-#[inline(always)]
-unsafe fn rows_body<F: Legacy, const VNNI: bool>(
-    w: &[u8],
-    row_bytes: usize,
-    acts: &[u8],
-    a_row_bytes: usize,
-    out: &mut [&mut [f32]],
-    col: usize,
-) {
-    // SAFETY: this function's contract (the module's `# Safety`): the CPU has AVX-512 VNNI, and the
-    // entry point checked the slice lengths the pointers walk.
-    unsafe {
-        let nb = row_bytes / F::BYTES;
-        let n = w.len() / row_bytes.max(1);
-        assert!(nb * Q8_0_BYTES <= a_row_bytes && acts.len() >= out.len() * a_row_bytes);
-        assert!(out.iter().all(|o| o.len() >= col + n));
-        let table = f16_table();
-        let (w, a) = (w.as_ptr(), acts.as_ptr());
-        let mut r = 0;
-        while r + ROWS <= n {
-            // SAFETY: rows r..r + ROWS lie inside `w`, and `acts` holds
-            // `out.len()` rows of `nb` blocks (asserted above).
-            row_group::<F, ROWS, VNNI>(
-                w.add(r * row_bytes),
-                row_bytes,
-                nb,
-                a,
-                a_row_bytes,
-                table,
-                out,
-                col + r,
-            );
-            r += ROWS;
-        }
-        while r < n {
-            // SAFETY: as above, for row `r`.
-            row_group::<F, 1, VNNI>(
-                w.add(r * row_bytes),
-                row_bytes,
-                nb,
-                a,
-                a_row_bytes,
-                table,
-                out,
-                col + r,
-            );
-            r += 1;
-        }
-    }
-}
-
-/// [`rows_body`] with AVX-512 VNNI's dot.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn rows<F: Legacy>(
-    w: &[u8],
-    row_bytes: usize,
-    acts: &[u8],
-    a_row_bytes: usize,
-    out: &mut [&mut [f32]],
-    col: usize,
-) {
-    // SAFETY: this function's contract (the module's `# Safety`).
-    unsafe { rows_body::<F, true>(w, row_bytes, acts, a_row_bytes, out, col) }
-}
-
-/// [`rows_body`] with AVX2's dot.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn rows_avx2<F: Legacy>(
-    w: &[u8],
-    row_bytes: usize,
-    acts: &[u8],
-    a_row_bytes: usize,
-    out: &mut [&mut [f32]],
-    col: usize,
-) {
-    // SAFETY: this function's contract (the module's `# Safety`).
-    unsafe { rows_body::<F, false>(w, row_bytes, acts, a_row_bytes, out, col) }
-}
+rows_entry!(
+    /// The rows kernel with AVX-512 VNNI's dot.
+    rows,
+    X86Dot<true>,
+    4,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
+);
+rows_entry!(
+    /// The rows kernel with AVX2's dot.
+    rows_avx2,
+    X86Dot<false>,
+    4,
+    "avx2,fma,f16c"
+);

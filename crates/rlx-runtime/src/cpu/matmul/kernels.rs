@@ -245,7 +245,7 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
 #[cfg(target_arch = "aarch64")]
 fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
     use super::super::features::has_neon_dotprod;
-    use super::neon as n;
+    use super::{formats as f, neon as n};
     use GgmlType as T;
     if isa != Isa::Neon {
         return None;
@@ -257,11 +257,11 @@ fn simd_quant_dot(ty: GgmlType, isa: Isa) -> Option<QuantDot> {
         panel: None,
     };
     Some(match ty {
-        T::Q8_0 => rows(n::rows_q8_0, n::rows_q8_0_sdot),
-        T::Q4_0 => rows(n::rows_q4_0, n::rows_q4_0_sdot),
-        T::Q5_0 => rows(n::rows_q5_0, n::rows_q5_0_sdot),
-        T::IQ4_NL => rows(n::rows_iq4_nl, n::rows_iq4_nl_sdot),
-        T::MXFP4 => rows(n::rows_mxfp4, n::rows_mxfp4_sdot),
+        T::Q8_0 => rows(n::rows::<f::Q8_0>, n::rows_sdot::<f::Q8_0>),
+        T::Q4_0 => rows(n::rows::<f::Q4_0>, n::rows_sdot::<f::Q4_0>),
+        T::Q5_0 => rows(n::rows::<f::Q5_0>, n::rows_sdot::<f::Q5_0>),
+        T::IQ4_NL => rows(n::rows::<f::Iq4Nl>, n::rows_sdot::<f::Iq4Nl>),
+        T::MXFP4 => rows(n::rows::<f::Mxfp4>, n::rows_sdot::<f::Mxfp4>),
         T::Q4_1 => row(n::vec_dot_q4_1, n::vec_dot_q4_1_sdot),
         T::Q5_1 => row(n::vec_dot_q5_1, n::vec_dot_q5_1_sdot),
         T::Q2_K => row(n::vec_dot_q2_k, n::vec_dot_q2_k_sdot),

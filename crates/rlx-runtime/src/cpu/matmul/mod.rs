@@ -53,6 +53,8 @@ mod kernels;
 mod neon;
 #[cfg(target_arch = "aarch64")]
 mod neon_gemm;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod rows;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod vnni_panel;

@@ -13,12 +13,10 @@
 
 use rlx_gguf::GgmlType;
 use std::arch::aarch64::*;
-use std::sync::OnceLock;
 
-use super::formats::{
-    Iq4Nl, KQuant, Legacy, Mxfp4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
-};
-use super::scalar::{e8m0_half, scale_min_k4, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES};
+use super::formats::{KQuant, Legacy, Q2K, Q3K, Q4K, Q4_1, Q5K, Q5_1, Q6K, Q8_0};
+use super::rows::{rows_entry, IntDot};
+use super::scalar::{scale_min_k4, KVALUES_IQ4NL, Q8_1_BYTES, Q8_K_BYTES};
 use crate::cpu::arm::sdot;
 use crate::cpu::simd::neon::U8x32;
 use crate::cpu::simd::table::f16_table;
@@ -120,217 +118,78 @@ unsafe fn widening(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     }
 }
 
-/// `R` activation rows' dots with one weight row: Σ over blocks of
-/// `d_w·d_a·Σ w·a`, the reference's order of operations, for each row; each
-/// weight block is unpacked once for all `R`. `scale` reads a weight
-/// block's `d_w`.
-#[inline(always)]
-unsafe fn q8_0_dots<const BLOCK: usize, const R: usize>(
-    w: &[u8],
-    a: [&[u8]; R],
-    unpack: Unpack,
-    dot: Dot,
-    scale: impl Fn(&[u8]) -> f32,
-) -> [f32; R] {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        let f16 = f16_table();
-        let blocks = w.len() / BLOCK;
-        assert!(a.iter().all(|a| a.len() >= blocks * Q8_0_BYTES));
-        let a = a.map(|a| a.as_ptr());
-        let mut sum = [0f32; R];
-        for (b, wb) in w.chunks_exact(BLOCK).enumerate() {
-            let (w0, w1) = unpack(wb);
-            let dw = scale(wb);
-            for (s, &a) in sum.iter_mut().zip(&a) {
-                // SAFETY: block `b < blocks` of a row that holds `blocks`
-                // (asserted above).
-                let ab = std::slice::from_raw_parts(a.add(b * Q8_0_BYTES), Q8_0_BYTES);
-                let (a0, a1) = self::unpack::<Q8_0>(ab);
-                let sumi = vaddvq_s32(dot(dot(vdupq_n_s32(0), w0, a0), w1, a1));
-                let da = f16[usize::from(u16::from_le_bytes([ab[0], ab[1]]))];
-                *s += (dw * da) * sumi as f32;
-            }
+/// NEON's integer dot: `SDOT` where `SDOT`, else [`widening`]; each block's
+/// `Σ q·x` reduced to one integer and added as the reference adds it,
+/// `acc + (d_w·d_x)·Σ`.
+pub(super) struct NeonDot<const SDOT: bool>;
+
+impl<const SDOT: bool> IntDot for NeonDot<SDOT> {
+    type Codes = (int8x16_t, int8x16_t);
+    type Act = (int8x16_t, int8x16_t);
+    type Scale = f32;
+    type Acc = f32;
+
+    #[inline(always)]
+    unsafe fn codes<F: Legacy>(b: &[u8]) -> Self::Codes {
+        // SAFETY: the trait's contract; `b` holds the block.
+        unsafe { unpack::<F>(b) }
+    }
+
+    #[inline(always)]
+    unsafe fn act<F: Legacy>(b: &[u8]) -> Self::Act {
+        // SAFETY: the trait's contract; `b` holds a Q8_0 block.
+        unsafe { unpack::<Q8_0>(b) }
+    }
+
+    #[inline(always)]
+    unsafe fn scale(d: f32) -> f32 {
+        d
+    }
+
+    #[inline(always)]
+    unsafe fn zero() -> f32 {
+        0.0
+    }
+
+    #[inline(always)]
+    unsafe fn add<F: Legacy>(
+        acc: f32,
+        (w0, w1): Self::Codes,
+        (a0, a1): Self::Act,
+        dw: f32,
+        dx: f32,
+    ) -> f32 {
+        // SAFETY: the trait's contract: `sdot` runs only in the entry
+        // point compiled with dotprod.
+        unsafe {
+            let dot: Dot = if SDOT { sdot } else { widening };
+            let sumi = vaddvq_s32(dot(dot(vdupq_n_s32(0), w0, a0), w1, a1));
+            acc + (dw * dx) * sumi as f32
         }
-        sum
+    }
+
+    #[inline(always)]
+    unsafe fn finish(acc: f32) -> f32 {
+        acc
     }
 }
 
-/// [`q8_0_dots`] for weight blocks led by an f16 scale.
-#[inline(always)]
-unsafe fn vec_dots<const BLOCK: usize, const R: usize>(
-    w: &[u8],
-    a: [&[u8]; R],
-    unpack: Unpack,
-    dot: Dot,
-) -> [f32; R] {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        let f16 = f16_table();
-        q8_0_dots::<BLOCK, R>(w, a, unpack, dot, |wb| {
-            f16[usize::from(u16::from_le_bytes([wb[0], wb[1]]))]
-        })
-    }
-}
-
-/// [`e8m0_half`] of every exponent: one load per block where the function
-/// takes seven instructions.
-fn e8m0_table() -> &'static [f32; 256] {
-    static TABLE: OnceLock<[f32; 256]> = OnceLock::new();
-    TABLE.get_or_init(|| std::array::from_fn(|e| e8m0_half(e as u8)))
-}
-
-/// [`q8_0_dots`] for MXFP4 blocks, led by an E8M0 exponent.
-#[inline(always)]
-unsafe fn vec_dots_e8m0<const BLOCK: usize, const R: usize>(
-    w: &[u8],
-    a: [&[u8]; R],
-    unpack: Unpack,
-    dot: Dot,
-) -> [f32; R] {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        let e8m0 = e8m0_table();
-        q8_0_dots::<BLOCK, R>(w, a, unpack, dot, |wb| e8m0[usize::from(wb[0])])
-    }
-}
-
-/// A multi-row driver of [`q8_0_dots`]' shape.
-type Dots<const R: usize> = unsafe fn(&[u8], [&[u8]; R], Unpack, Dot) -> [f32; R];
-
-/// The rows kernel (`kernels::RowsDot`) over a multi-row driver: per weight
-/// row, activation rows 4 at a time, then one by one. Each output has the
-/// one-row kernel's bits, whatever the number of rows.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn rows_of(
-    w: &[u8],
-    row_bytes: usize,
-    acts: &[u8],
-    act_row_bytes: usize,
-    out: &mut [&mut [f32]],
-    col: usize,
-    (one, four): (Dots<1>, Dots<4>),
-    unpack: Unpack,
-    dot: Dot,
-) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        let m = out.len();
-        let act = |i: usize| &acts[i * act_row_bytes..(i + 1) * act_row_bytes];
-        for (r, wr) in w.chunks_exact(row_bytes).enumerate() {
-            let mut i = 0;
-            while i + 4 <= m {
-                let s = four(
-                    wr,
-                    [act(i), act(i + 1), act(i + 2), act(i + 3)],
-                    unpack,
-                    dot,
-                );
-                for (j, v) in s.into_iter().enumerate() {
-                    out[i + j][col + r] = v;
-                }
-                i += 4;
-            }
-            for (i, o) in out.iter_mut().enumerate().skip(i) {
-                o[col + r] = one(wr, [act(i)], unpack, dot)[0];
-            }
-        }
-    }
-}
-
-/// Defines the rows kernels `name` (baseline NEON) and `name_dot` (`SDOT`)
-/// of a Q8_0-activation type from its multi-row driver and unpack function.
-macro_rules! rows_dots {
-    ($name:ident, $name_dot:ident, $driver:ident::<$block:literal>, $part:expr) => {
-        /// # Safety
-        /// `w` whole rows of `row_bytes`, `acts` `out.len()` rows of
-        /// `act_row_bytes` (Q8_0 blocks), `out` rows of at least `col` plus
-        /// the weight rows.
-        pub(super) unsafe fn $name(
-            w: &[u8],
-            row_bytes: usize,
-            acts: &[u8],
-            act_row_bytes: usize,
-            out: &mut [&mut [f32]],
-            col: usize,
-        ) {
-            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every
-            // AArch64 CPU), so every load and store stays inside the slices it names.
-            unsafe {
-                let drivers = (
-                    $driver::<{ $block }, 1> as Dots<1>,
-                    $driver::<{ $block }, 4> as Dots<4>,
-                );
-                rows_of(
-                    w,
-                    row_bytes,
-                    acts,
-                    act_row_bytes,
-                    out,
-                    col,
-                    drivers,
-                    $part,
-                    widening,
-                )
-            }
-        }
-
-        /// # Safety
-        /// As above, on a CPU with the dot-product extension.
-        #[target_feature(enable = "dotprod")]
-        pub(super) unsafe fn $name_dot(
-            w: &[u8],
-            row_bytes: usize,
-            acts: &[u8],
-            act_row_bytes: usize,
-            out: &mut [&mut [f32]],
-            col: usize,
-        ) {
-            // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every
-            // AArch64 CPU), so every load and store stays inside the slices it names.
-            unsafe {
-                let drivers = (
-                    $driver::<{ $block }, 1> as Dots<1>,
-                    $driver::<{ $block }, 4> as Dots<4>,
-                );
-                rows_of(
-                    w,
-                    row_bytes,
-                    acts,
-                    act_row_bytes,
-                    out,
-                    col,
-                    drivers,
-                    $part,
-                    sdot,
-                )
-            }
-        }
-    };
-}
-
-rows_dots!(rows_q8_0, rows_q8_0_sdot, vec_dots::<34>, unpack::<Q8_0>);
-rows_dots!(rows_q4_0, rows_q4_0_sdot, vec_dots::<18>, unpack::<Q4_0>);
-rows_dots!(rows_q5_0, rows_q5_0_sdot, vec_dots::<22>, unpack::<Q5_0>);
-rows_dots!(
-    rows_iq4_nl,
-    rows_iq4_nl_sdot,
-    vec_dots::<18>,
-    unpack::<Iq4Nl>
+rows_entry!(
+    /// The rows kernel with baseline NEON's dot.
+    rows,
+    NeonDot<false>,
+    1,
+    "neon"
 );
-rows_dots!(
-    rows_mxfp4,
-    rows_mxfp4_sdot,
-    vec_dots_e8m0::<17>,
-    unpack::<Mxfp4>
+rows_entry!(
+    /// The rows kernel with `SDOT`.
+    rows_sdot,
+    NeonDot<true>,
+    1,
+    "neon,dotprod"
 );
 
-/// As [`vec_dot`] against Q8_1 activations, whose `s = d·Σq` carries the
+/// A block dot, as the rows kernels' but against Q8_1 activations, whose `s = d·Σq` carries the
 /// weight block's minimum (its second f16).
 #[inline(always)]
 unsafe fn vec_dot_1<const BLOCK: usize>(w: &[u8], a: &[u8], unpack: Unpack, dot: Dot) -> f32 {
@@ -701,8 +560,9 @@ pub(super) unsafe fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::formats::{Iq4Nl, Mxfp4, Q4_0, Q5_0};
     use super::super::kernels::{RowsDot, VecDot};
-    use super::super::scalar;
+    use super::super::scalar::{self, Q8_0_BYTES};
     use super::*;
     use crate::cpu::features::has_neon_dotprod;
 
@@ -790,32 +650,32 @@ mod tests {
                 name: "q8_0",
                 weights: |n, seed| weight_blocks(34, &[0], n, seed),
                 acts: q8_0_acts,
-                plain: Kern::Rows(rows_q8_0),
-                dot: Kern::Rows(rows_q8_0_sdot),
+                plain: Kern::Rows(rows::<Q8_0>),
+                dot: Kern::Rows(rows_sdot::<Q8_0>),
                 reference: scalar::vec_dot_q8_0,
             },
             Case {
                 name: "q4_0",
                 weights: |n, seed| weight_blocks(18, &[0], n, seed),
                 acts: q8_0_acts,
-                plain: Kern::Rows(rows_q4_0),
-                dot: Kern::Rows(rows_q4_0_sdot),
+                plain: Kern::Rows(rows::<Q4_0>),
+                dot: Kern::Rows(rows_sdot::<Q4_0>),
                 reference: scalar::vec_dot_q4_0,
             },
             Case {
                 name: "q5_0",
                 weights: |n, seed| weight_blocks(22, &[0], n, seed),
                 acts: q8_0_acts,
-                plain: Kern::Rows(rows_q5_0),
-                dot: Kern::Rows(rows_q5_0_sdot),
+                plain: Kern::Rows(rows::<Q5_0>),
+                dot: Kern::Rows(rows_sdot::<Q5_0>),
                 reference: scalar::vec_dot_q5_0,
             },
             Case {
                 name: "iq4_nl",
                 weights: |n, seed| weight_blocks(18, &[0], n, seed),
                 acts: q8_0_acts,
-                plain: Kern::Rows(rows_iq4_nl),
-                dot: Kern::Rows(rows_iq4_nl_sdot),
+                plain: Kern::Rows(rows::<Iq4Nl>),
+                dot: Kern::Rows(rows_sdot::<Iq4Nl>),
                 reference: scalar::vec_dot_iq4_nl,
             },
             Case {
@@ -870,8 +730,8 @@ mod tests {
                 name: "mxfp4",
                 weights: mxfp4_blocks,
                 acts: q8_0_acts,
-                plain: Kern::Rows(rows_mxfp4),
-                dot: Kern::Rows(rows_mxfp4_sdot),
+                plain: Kern::Rows(rows::<Mxfp4>),
+                dot: Kern::Rows(rows_sdot::<Mxfp4>),
                 reference: scalar::vec_dot_mxfp4,
             },
             Case {

@@ -13,3 +13,10 @@ pub(crate) fn f16_table() -> &'static [f32; 65536] {
         v.into_boxed_slice().try_into().expect("65536 entries")
     })
 }
+
+/// `table[e] == rlx_gguf::blocks::e8m0_half(e)`: MXFP4's block scale in one
+/// load where the function takes several instructions.
+pub(crate) fn e8m0_table() -> &'static [f32; 256] {
+    static TABLE: OnceLock<[f32; 256]> = OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|e| rlx_gguf::blocks::e8m0_half(e as u8)))
+}
