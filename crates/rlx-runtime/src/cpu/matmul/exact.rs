@@ -139,6 +139,18 @@ macro_rules! by_group_rows {
 }
 pub(super) use by_group_rows;
 
+/// The first `n` floats of `store` from a cache-line boundary on, `store`
+/// grown as needed (zeros where new): where dequantized weight tiles go. A
+/// 64-byte vector load from a row that starts mid-line touches two lines;
+/// on an AMD Zen 5 aligned tiles made the exact path's pp512 10 % faster
+/// (the activation groups, aligned too, ran 13 % slower, so they are not).
+pub(super) fn aligned(store: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    const LINE: usize = 64 / std::mem::size_of::<f32>();
+    store.resize(store.len().max(n + LINE), 0.0);
+    let at = store.as_ptr().align_offset(64).min(LINE);
+    &mut store[at..at + n]
+}
+
 /// F32 weight rows viewed in place, when the bytes are suitably aligned and the
 /// target is little-endian (so the file's bytes are already native f32s).
 pub(super) fn f32_in_place(ty: GgmlType, bytes: &[u8]) -> Option<&[f32]> {

@@ -492,8 +492,7 @@ impl Job<'_> {
             let wt: &[f32] = match exact::f32_in_place(s.w.ty, packed) {
                 Some(w) => w,
                 None => {
-                    buf.resize(buf.len().max((r1 - r0) * k), 0.0);
-                    let dst = &mut buf[..(r1 - r0) * k];
+                    let dst = exact::aligned(&mut buf, (r1 - r0) * k);
                     // SAFETY: as for the quantized kernels, the dequantizer was
                     // picked for `opts.isa`, which `matmul` checked.
                     unsafe { dequant.apply(packed, dst) };
