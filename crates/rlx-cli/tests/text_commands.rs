@@ -329,6 +329,48 @@ fn run_with_prompt_lookup_gives_the_same_tokens() {
     assert_eq!(plain, long_spec);
 }
 
+/// A draft model gives the same tokens: the 270M file drafting for
+/// itself (every draft kept but where a verification step's rows round
+/// otherwise); a model of another vocabulary, or two ways of drafting at
+/// once, are refused by name.
+#[test]
+fn run_with_a_draft_model_gives_the_same_tokens() {
+    let prompt = "Write a short story about a lighthouse keeper.";
+    let run = |extra: &[&str]| {
+        let mut cmd = rlx();
+        cmd.args(["run", "-m"])
+            .arg(real_model())
+            .args([prompt, "-n", "24", "--temp", "0", "--json", "-t", "2"])
+            .args(extra);
+        json(&ok(&mut cmd))
+    };
+    let plain = run(&[]);
+    let model = real_model();
+    let model = model.to_str().unwrap();
+    let drafted = run(&["--draft-model", model, "--draft-max", "4"]);
+    assert_eq!(plain["tokens"], drafted["tokens"]);
+    let counts = &drafted["speculation"];
+    let (d, kept) = (
+        counts["drafted"].as_u64().unwrap(),
+        counts["accepted"].as_u64().unwrap(),
+    );
+    assert!(d > 0 && kept * 10 >= d * 9, "{counts}");
+    let refused = |extra: &[&str], want: &str| {
+        let out = rlx()
+            .args(["run", "-m"])
+            .arg(real_model())
+            .args([prompt, "-n", "4"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success() && err.contains(want), "{err}");
+    };
+    let other = tiny();
+    refused(&["--draft-model", other.to_str().unwrap()], "vocabulary");
+    refused(&["--draft-model", model, "--spec", "ngram"], "give one");
+}
+
 #[test]
 fn bench_times_speculation_beside_plain_generation() {
     let out = ok(rlx().args(["bench", "-m"]).arg(real_model()).args([

@@ -167,23 +167,36 @@ pub struct GenerationOptions {
     pub speculation: Option<Speculation>,
 }
 
-/// Prompt-lookup speculation: where the last few tokens occurred before,
-/// the tokens that followed are run as a draft in one step with the last
-/// sampled token, and each row's own sample decides whether the drafted
-/// token stands. Sampling a row and keeping the drafted token where the
-/// sample equals it is the speculative-sampling rule for a proposal that
-/// is a single token, so the output is distributed as plain decoding's
-/// (and with greedy sampling, is plain decoding's, where a step of
-/// `1 + max_draft` rows computes each row as a one-row step does).
+/// Speculative decoding: tokens drafted by prompt lookup (where the last
+/// few tokens occurred before, the tokens that followed) or by a smaller
+/// draft model of the same vocabulary (its greedy continuation) are run in
+/// one step with the last sampled token, and each row's own sample decides
+/// whether the drafted token stands. Sampling a row and keeping the drafted
+/// token where the sample equals it is the speculative-sampling rule for a
+/// proposal that is a single token, so the output is distributed as plain
+/// decoding's (and with greedy sampling, is plain decoding's, where a step
+/// of `1 + max_draft` rows computes each row as a one-row step does).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Speculation {
+    pub source: DraftSource,
     pub ngram: NgramOptions,
     pub draft: DraftOptions,
+}
+
+/// Where drafts come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DraftSource {
+    /// Prompt lookup over the prompt and the output so far.
+    #[default]
+    Ngram,
+    /// The draft model's session handed to [`generate_constrained`].
+    Model,
 }
 
 impl Default for Speculation {
     fn default() -> Self {
         Speculation {
+            source: DraftSource::Ngram,
             ngram: NgramOptions::default(),
             draft: DraftOptions {
                 // Up to 7 rows a step: the CPU's products take the one-row
@@ -553,6 +566,7 @@ pub fn generate_with(
     let mut generation = Generation::new(sampler, prompt, opts);
     generate_constrained(
         session,
+        None,
         prompt,
         &mut generation,
         None,
@@ -565,9 +579,14 @@ pub fn generate_with(
 /// Runs `generation` on `session`: feeds `prompt` (reusing any cached
 /// prefix; `progress` hears `(done, total)` of it), then each step's
 /// pending tokens, until it ends; text goes to `out` (given a tokenizer).
-/// Returns every generated token, why it ended, and what it cost.
+/// `draft` is the draft model's session where the generation's
+/// speculation drafts with one ([`DraftSource::Model`]): it is fed what
+/// `session` holds as drafts need it. Returns every generated token, why
+/// it ended, and what it cost.
+#[allow(clippy::too_many_arguments)]
 pub fn generate_constrained(
     session: &mut Session<'_>,
+    draft: Option<&mut Session<'_>>,
     prompt: &[u32],
     generation: &mut Generation,
     mut constraint: Option<&mut dyn Constraint>,
@@ -582,10 +601,10 @@ pub fn generate_constrained(
     stats.prefill_secs = t0.elapsed().as_secs_f64();
     stats.prefilled = session.computed_tokens() - before;
     let t1 = Instant::now();
-    let mut spec = generation
-        .opts
-        .speculation
-        .map(|o| Speculator::new(o, prompt));
+    let mut spec = match generation.opts.speculation {
+        Some(o) => Some(Speculator::new(o, prompt, draft, session)?),
+        None => None,
+    };
     let mut row = LogitRows::Full(std::mem::take(&mut logits));
     let mut req: Option<RowReduce> = None;
     loop {
@@ -636,23 +655,102 @@ pub fn generate_constrained(
     }
 }
 
-/// A generation's prompt-lookup state: the index over the prompt and the
-/// tokens so far, and the draft length.
-struct Speculator {
-    index: NgramIndex,
+/// A generation's speculation: where its drafts come from, and the draft
+/// length.
+struct Speculator<'d, 'm> {
+    source: Source<'d, 'm>,
     control: DraftControl,
-    /// Generated tokens already in `index`.
-    indexed: usize,
 }
 
-impl Speculator {
-    fn new(opts: Speculation, prompt: &[u32]) -> Speculator {
-        let mut index = NgramIndex::new(opts.ngram);
-        index.extend(prompt);
-        Speculator {
-            index,
+/// The first of the largest logits (NaN counts as smallest): a draft
+/// model's greedy choice.
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] || logits[best].is_nan() && !l.is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+enum Source<'d, 'm> {
+    /// The index over the prompt and the tokens so far, and how many
+    /// generated tokens it holds.
+    Ngram { index: NgramIndex, indexed: usize },
+    /// The draft model's session.
+    Model(&'d mut Session<'m>),
+}
+
+impl<'d, 'm> Speculator<'d, 'm> {
+    fn new(
+        opts: Speculation,
+        prompt: &[u32],
+        draft: Option<&'d mut Session<'m>>,
+        target: &Session<'_>,
+    ) -> Result<Speculator<'d, 'm>> {
+        let source = match (opts.source, draft) {
+            (DraftSource::Ngram, _) => {
+                let mut index = NgramIndex::new(opts.ngram);
+                index.extend(prompt);
+                Source::Ngram { index, indexed: 0 }
+            }
+            (DraftSource::Model, None) => {
+                return Err(ModelError::Invalid(
+                    "speculation with a draft model needs the draft model's session".into(),
+                ))
+            }
+            (DraftSource::Model, Some(d)) => {
+                let (want, have) = (target.model().config().n_vocab, d.model().config().n_vocab);
+                if want != have {
+                    return Err(ModelError::Invalid(format!(
+                        "the draft model has {have} tokens in its vocabulary, the model {want}: drafts need the same vocabulary"
+                    )));
+                }
+                Source::Model(d)
+            }
+        };
+        Ok(Speculator {
+            source,
             control: DraftControl::new(opts.draft),
-            indexed: 0,
+        })
+    }
+
+    /// Up to `k` tokens to follow what `session` holds and `pending`.
+    fn propose(
+        &mut self,
+        session: &Session<'_>,
+        generated: &[u32],
+        pending: &[u32],
+        k: usize,
+    ) -> Result<Vec<u32>> {
+        match &mut self.source {
+            Source::Ngram { index, indexed } => {
+                index.extend(&generated[*indexed..]);
+                *indexed = generated.len();
+                Ok(index.propose(k).to_vec())
+            }
+            Source::Model(d) => {
+                let t = Instant::now();
+                let mut want = session.tokens().to_vec();
+                want.extend_from_slice(pending);
+                // The draft holds what it feeds, all but its last token.
+                let k = k.min((d.context() + 1).saturating_sub(want.len()));
+                let mut out = Vec::with_capacity(k);
+                if k > 0 {
+                    let mut logits = d.feed_prompt(&want)?;
+                    loop {
+                        out.push(argmax(&logits));
+                        if out.len() == k {
+                            break;
+                        }
+                        logits = d.feed(&out[out.len() - 1..])?;
+                    }
+                }
+                self.control
+                    .drafting_timed(out.len(), t.elapsed().as_secs_f64());
+                Ok(out)
+            }
         }
     }
 
@@ -671,9 +769,8 @@ impl Speculator {
         stats: &mut GenerateStats,
     ) -> Result<Option<Finish>> {
         loop {
-            self.index.extend(&generation.tokens()[self.indexed..]);
-            self.indexed = generation.tokens().len();
-            let left = generation.opts.max_tokens.saturating_sub(self.indexed);
+            let generated = generation.tokens().len();
+            let left = generation.opts.max_tokens.saturating_sub(generated);
             // Drafts fit the step and the context (a plain step would
             // still run where no draft fits).
             let room = session
@@ -687,7 +784,7 @@ impl Speculator {
             let draft = if k == 0 || plain {
                 Vec::new()
             } else {
-                self.index.propose(k).to_vec()
+                self.propose(session, generation.tokens(), generation.pending(), k)?
             };
             if draft.is_empty() {
                 self.control.record(0, 0);

@@ -148,7 +148,7 @@ impl Default for DraftOptions {
 
 /// The draft length from the recent per-token acceptance rate α: the k
 /// that gives the most tokens per unit of cost, `(1 − α^(k+1)) / (1 − α)`
-/// tokens a step for `1 + k·row_cost`, and none (plain decoding, for
+/// tokens a step for `1 + k·(row_cost + draft_cost)`, and none (plain decoding, for
 /// `cooldown` steps) where no k beats a plain step.
 #[derive(Clone, Debug)]
 pub struct DraftControl {
@@ -161,6 +161,12 @@ pub struct DraftControl {
     /// row of a verification step adds, once timed.
     step_secs: Option<f64>,
     row_secs: Option<f64>,
+    /// A one-row step's seconds as verification steps suggest, while no
+    /// one-row step has been timed.
+    step_guess: Option<f64>,
+    /// Running mean of the seconds drafting took a drafted token (a draft
+    /// model's steps; prompt lookup is not timed: it costs next to nothing).
+    draft_secs: Option<f64>,
     /// Row counts whose first step has been seen (and not timed: a first
     /// step of a shape may build its plan).
     warm: u64,
@@ -178,6 +184,8 @@ impl DraftControl {
             resting: 0,
             step_secs: None,
             row_secs: None,
+            step_guess: None,
+            draft_secs: None,
             warm: 0,
             probe: false,
         }
@@ -189,6 +197,24 @@ impl DraftControl {
         match (self.step_secs, self.row_secs) {
             (Some(step), Some(row)) if step > 0.0 => (row / step).clamp(0.0, 4.0),
             _ => self.opts.row_cost,
+        }
+    }
+
+    /// What drafting a token costs, in one-row steps of the target: zero
+    /// until drafting has been timed ([`DraftControl::drafting_timed`]) and
+    /// a step of the target too.
+    pub fn draft_cost(&self) -> f64 {
+        match (self.step_secs.or(self.step_guess), self.draft_secs) {
+            (Some(step), Some(draft)) if step > 0.0 => (draft / step).clamp(0.0, 4.0),
+            _ => 0.0,
+        }
+    }
+
+    /// Records that drafting `tokens` tokens took `secs`.
+    pub fn drafting_timed(&mut self, tokens: usize, secs: f64) {
+        if tokens > 0 {
+            let x = secs / tokens as f64;
+            self.draft_secs = Some(self.draft_secs.map_or(x, |m| m + 0.2 * (x - m)));
         }
     }
 
@@ -206,6 +232,12 @@ impl DraftControl {
         } else if let Some(step) = self.step_secs {
             let per_row = (secs - step).max(0.0) / (rows - 1) as f64;
             self.row_secs = mean(self.row_secs, per_row);
+        } else {
+            // No one-row step timed yet (drafts were found every step):
+            // what one would take at the estimated row cost, the scale of
+            // drafting's cost until one is timed.
+            let guess = secs / (1.0 + (rows - 1) as f64 * self.opts.row_cost);
+            self.step_guess = mean(self.step_guess, guess);
         }
     }
 
@@ -228,7 +260,7 @@ impl DraftControl {
             return self.opts.min_draft.max(1);
         }
         let o = &self.opts;
-        let cost = self.row_cost();
+        let cost = self.row_cost() + self.draft_cost();
         let gain = |k: usize| Self::tokens(self.alpha, k) / (1.0 + k as f64 * cost);
         let best = (o.min_draft.max(1)..=o.max_draft.max(o.min_draft.max(1)))
             .max_by(|&a, &b| gain(a).total_cmp(&gain(b)))
@@ -371,6 +403,34 @@ mod tests {
         let mut index = NgramIndex::new(NgramOptions::default());
         index.extend(&[1, 2, 3, 4, 5]);
         assert!(index.propose(4).is_empty());
+    }
+
+    #[test]
+    fn a_costly_drafter_drafts_less_or_not_at_all() {
+        let opts = DraftOptions {
+            max_draft: 8,
+            ..DraftOptions::default()
+        };
+        let timed = |draft_secs: f64| {
+            let mut c = DraftControl::new(opts);
+            for _ in 0..3 {
+                // One-row steps of 10 ms, verification rows of 1 ms.
+                c.timed(1, 0.010);
+                c.timed(5, 0.014);
+            }
+            for _ in 0..20 {
+                c.record(4, 3);
+            }
+            c.drafting_timed(4, 4.0 * draft_secs);
+            c
+        };
+        let free = timed(0.0);
+        assert_eq!(free.draft_cost(), 0.0);
+        let cheap = timed(0.001);
+        assert!((cheap.draft_cost() - 0.1).abs() < 1e-9);
+        assert!(free.length() >= cheap.length() && cheap.length() > 0);
+        // A drafter as slow as the target: no draft pays.
+        assert_eq!(timed(0.010).length(), 0);
     }
 
     #[test]

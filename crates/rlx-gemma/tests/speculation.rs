@@ -1,14 +1,16 @@
-//! Prompt-lookup speculation gives the tokens plain decoding gives: greedy
-//! and seeded sampling alike (each row of a verification step is computed
-//! as a one-row step computes it, and each row takes the sampler's next
-//! draw, as each plain step does), on every tiny model, `exact` and `q8`,
-//! and on the real 270M file, while drafts are found and kept.
+//! Speculation gives the tokens plain decoding gives, drafts from prompt
+//! lookup and from a draft model alike: greedy and seeded sampling (each
+//! row of a verification step is computed as a one-row step computes it,
+//! and each row takes the sampler's next draw, as each plain step does), on
+//! every tiny model, `exact` and `q8`, and on the real 270M file, while
+//! drafts are found and kept.
 
 mod common;
 
 use common::{fixtures, real_model, TINY_GENERATIONS};
 use rlx_gemma::generate::{
-    generate_constrained, Finish, GenerateStats, Generation, GenerationOptions, Speculation,
+    generate_constrained, DraftSource, Finish, GenerateStats, Generation, GenerationOptions,
+    Speculation,
 };
 use rlx_gemma::model::open_file;
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
@@ -35,7 +37,7 @@ fn generate_in(
     sampler: &SamplerConfig,
     spec: Option<Speculation>,
 ) -> (Vec<u32>, Finish, GenerateStats) {
-    let (_, got, held) = run_in(model, prompt, n, context, sampler, spec);
+    let (_, got, held) = run_in(model, None, prompt, n, context, sampler, spec);
     let got = got.unwrap();
     // The session holds the prompt and every generated token but the last.
     let mut want = prompt.to_vec();
@@ -44,23 +46,27 @@ fn generate_in(
     got
 }
 
-/// A generation of up to `n` tokens in a session of `context` tokens: the
-/// tokens it produced (also where it failed), its result, and the tokens
-/// the session holds after it.
+/// A generation of up to `n` tokens in a session of `context` tokens,
+/// drafting with `draft` where given: the tokens it produced (also where
+/// it failed), its result, and the tokens the session holds after it.
 fn run_in(
     model: &Model,
+    draft: Option<&Model>,
     prompt: &[u32],
     n: usize,
     context: usize,
     sampler: &SamplerConfig,
     spec: Option<Speculation>,
 ) -> (Vec<u32>, ModelResult, Vec<u32>) {
-    let mut session = model
-        .session(SessionOptions {
+    fn session_of(m: &Model, context: usize) -> rlx_gemma::Session<'_> {
+        m.session(SessionOptions {
             context: Some(context),
             ..Default::default()
         })
-        .unwrap();
+        .unwrap()
+    }
+    let mut session = session_of(model, context);
+    let mut draft = draft.map(|d| session_of(d, context));
     let opts = GenerationOptions {
         max_tokens: n,
         speculation: spec,
@@ -70,6 +76,7 @@ fn run_in(
     let mut generation = Generation::new(sampler, prompt, opts);
     let got = generate_constrained(
         &mut session,
+        draft.as_mut(),
         prompt,
         &mut generation,
         None,
@@ -169,7 +176,7 @@ fn drafts_fit_the_context() {
     let prompt = repetitive_prompt(model.config().n_vocab);
     let context = prompt.len() + 20;
     let run = |spec| {
-        let (tokens, got, _) = run_in(&model, &prompt, 40, context, &samplers()[0], spec);
+        let (tokens, got, _) = run_in(&model, None, &prompt, 40, context, &samplers()[0], spec);
         let err = got.expect_err("more tokens than the context holds");
         (tokens, err.to_string())
     };
@@ -246,4 +253,92 @@ fn speculation_gives_plain_decodings_tokens_on_gemma3_270m() {
             assert!(spec.2.accepted > 0, "{:?}", spec.2);
         }
     }
+}
+
+/// Drafts of `k` tokens from a draft model.
+fn from_model(k: usize) -> Speculation {
+    Speculation {
+        source: DraftSource::Model,
+        ..fixed(k)
+    }
+}
+
+/// A draft model gives plain decoding's tokens: the same tiny model in
+/// f32 drafting for its Q8_0 file (most drafts kept, some not), and tiny
+/// models of other generations with the same vocabulary (most refused),
+/// draft lengths 1–6, greedy and seeded, `exact` and `q8`; the target's
+/// session holds the prompt and the output, the drafts it refused gone.
+#[test]
+fn a_draft_model_gives_plain_decodings_tokens() {
+    let tiny = |name: &str, file: &str| fixtures().join("tiny").join(name).join(file);
+    let (mut drafted, mut accepted) = (0, 0);
+    for precision in [Precision::Exact, Precision::Quantized] {
+        let opts = ModelOptions {
+            threads: 2,
+            precision,
+            ..Default::default()
+        };
+        let model = Model::load(tiny("gemma3", "model-Q8_0.gguf"), opts.clone()).unwrap();
+        let prompt: Vec<u32> = (0..9).map(|i| (5 + 31 * i) % 384).collect();
+        for (draft_name, draft_file) in [("gemma3", "model-f32.gguf"), ("gemma2", "model-f32.gguf")]
+        {
+            let draft = Model::load(tiny(draft_name, draft_file), opts.clone()).unwrap();
+            for sampler in samplers() {
+                let n = 40;
+                let context = prompt.len() + n + 16;
+                let (_, plain, _) = run_in(&model, None, &prompt, n, context, &sampler, None);
+                let plain = plain.unwrap();
+                for k in [1, 3, 6] {
+                    let at = format!("{precision:?} {draft_name} t={} k={k}", sampler.temperature);
+                    let (_, got, held) = run_in(
+                        &model,
+                        Some(&draft),
+                        &prompt,
+                        n,
+                        context,
+                        &sampler,
+                        Some(from_model(k)),
+                    );
+                    let got = got.unwrap();
+                    assert_eq!(plain.0, got.0, "{at}");
+                    let mut want = prompt.clone();
+                    want.extend_from_slice(&got.0[..got.0.len() - 1]);
+                    assert_eq!(held, want, "{at}: the session's tokens");
+                    assert!(got.2.drafted > 0, "{at}: {:?}", got.2);
+                    if draft_name == "gemma3" {
+                        drafted += got.2.drafted;
+                        accepted += got.2.accepted;
+                    }
+                }
+            }
+        }
+    }
+    // The same model's f32 weights draft what its Q8_0 weights mostly pick.
+    assert!(accepted * 2 > drafted, "{accepted} of {drafted} kept");
+}
+
+/// A draft model of another vocabulary is refused by name, and so is
+/// drafting from a model without its session.
+#[test]
+fn a_draft_model_of_another_vocabulary_is_refused() {
+    let tiny = |name: &str| fixtures().join("tiny").join(name).join("model-f32.gguf");
+    let model = Model::load(tiny("gemma3"), ModelOptions::default()).unwrap();
+    let other = Model::load(tiny("gemma4-tools"), ModelOptions::default()).unwrap();
+    assert_ne!(model.config().n_vocab, other.config().n_vocab);
+    let prompt = [2, 10, 11, 12];
+    let sampler = &samplers()[0];
+    let (_, got, _) = run_in(
+        &model,
+        Some(&other),
+        &prompt,
+        8,
+        32,
+        sampler,
+        Some(from_model(3)),
+    );
+    let err = got.expect_err("another vocabulary").to_string();
+    assert!(err.contains("vocabulary"), "{err}");
+    let (_, got, _) = run_in(&model, None, &prompt, 8, 32, sampler, Some(from_model(3)));
+    let err = got.expect_err("no draft session").to_string();
+    assert!(err.contains("draft model"), "{err}");
 }

@@ -86,6 +86,7 @@ fn sample(
     let mut generation = Generation::new(sampler, prompt, opts);
     let (out, finish, _) = generate_constrained(
         session,
+        None,
         prompt,
         &mut generation,
         constraint,

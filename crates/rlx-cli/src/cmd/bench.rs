@@ -372,7 +372,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         });
     }
     let spec = match args.spec {
-        Some(kind) => speculation(kind, args.draft_max, 1, args.model.batch_invariant, gpu)?,
+        Some(kind) => speculation(
+            kind.source(),
+            args.draft_max,
+            1,
+            args.model.batch_invariant,
+            gpu,
+        )?,
         None => None,
     };
     if let Some(spec) = spec {

@@ -41,6 +41,16 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         kv_types: args.model.kv_types(&model),
         ..SessionOptions::default()
     })?;
+    // A draft model's session follows the conversation's as drafts need it.
+    let draft = args.sample.draft_model(&args.model, &tok, Some(args.ctx))?;
+    let mut draft_session = match &draft {
+        Some(d) => Some(d.session(SessionOptions {
+            context: Some(args.ctx),
+            kv_types: args.model.kv_types(d),
+            ..SessionOptions::default()
+        })?),
+        None => None,
+    };
     // Ctrl-C during a reply stops the reply; at the prompt it ends the program.
     let generating = Arc::new(AtomicBool::new(false));
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -136,6 +146,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         generating.store(true, Ordering::SeqCst);
         let result = generate_constrained(
             &mut session,
+            draft_session.as_mut(),
             &ids,
             &mut generation,
             None,

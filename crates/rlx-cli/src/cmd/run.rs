@@ -167,6 +167,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let spinner = super::progress::spinner("loading model");
     let model = args.model.load_for(args.ctx)?;
     let tok = std::sync::Arc::new(Tokenizer::from_gguf(model.file())?);
+    let draft = args.sample.draft_model(&args.model, &tok, args.ctx)?;
     let mut guide = match &spec {
         Some(spec) => {
             let opts = rlx_guide::GuideOptions {
@@ -191,11 +192,20 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
     messages.push(ChatMessage::user(prompt));
     let ids = prompt_tokens(&tok, model.file(), &messages, args.raw)?;
+    let context = Some(args.ctx.unwrap_or(ids.len() + args.sample.n));
     let mut session = model.session(SessionOptions {
-        context: Some(args.ctx.unwrap_or(ids.len() + args.sample.n)),
+        context,
         kv_types: args.model.kv_types(&model),
         ..SessionOptions::default()
     })?;
+    let mut draft_session = match &draft {
+        Some(d) => Some(d.session(SessionOptions {
+            context,
+            kv_types: args.model.kv_types(d),
+            ..SessionOptions::default()
+        })?),
+        None => None,
+    };
     let opts = GenerationOptions {
         max_tokens: args.sample.n,
         stop_tokens: if args.sample.ignore_eos {
@@ -217,6 +227,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let bar = super::progress::prefill_bar(ids.len());
     let (tokens, reason, stats) = generate_constrained(
         &mut session,
+        draft_session.as_mut(),
         &ids,
         &mut generation,
         guide.as_mut().map(|g| g as &mut dyn Constraint),

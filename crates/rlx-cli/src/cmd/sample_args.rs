@@ -1,9 +1,13 @@
 //! Sampling flags shared by `run` and `chat`, llama.cpp-style.
 
 use anyhow::{bail, Context, Result};
-use rlx_gemma::generate::Speculation;
+use rlx_gemma::generate::{DraftSource, Speculation};
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 use rlx_gemma::speculative::DraftOptions;
+use rlx_gemma::Model;
+use rlx_tokenizer::Tokenizer;
+
+use super::common::ModelArgs;
 
 /// How tokens are drafted for speculative decoding.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -13,6 +17,16 @@ pub enum Spec {
     /// Prompt lookup: the tokens that followed the last few tokens where
     /// they occurred before (in the prompt or the output); no extra weights.
     Ngram,
+}
+
+impl Spec {
+    /// Where `--spec` takes drafts from (`None`: no speculation).
+    pub fn source(self) -> Option<DraftSource> {
+        match self {
+            Spec::None => None,
+            Spec::Ngram => Some(DraftSource::Ngram),
+        }
+    }
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -64,6 +78,11 @@ pub struct SampleArgs {
     /// The fewest tokens a draft holds while drafting is on.
     #[arg(long, default_value_t = 1)]
     pub draft_min: usize,
+    /// A smaller model of the same vocabulary (a path or a name, as -m
+    /// takes) whose greedy continuation is the draft: speculative decoding
+    /// as --spec gives, with this model's drafts instead of prompt lookup.
+    #[arg(long, value_name = "MODEL")]
+    pub draft_model: Option<std::path::PathBuf>,
 }
 
 impl SampleArgs {
@@ -74,13 +93,47 @@ impl SampleArgs {
     /// The speculation `--spec`, `--draft-max` and `--draft-min` ask for
     /// (see [`speculation`]).
     pub fn speculation(&self, batch_invariant: bool, gpu: bool) -> Result<Option<Speculation>> {
-        speculation(
-            self.spec,
-            self.draft_max,
-            self.draft_min,
-            batch_invariant,
-            gpu,
-        )
+        let source = match (self.spec, &self.draft_model) {
+            (Spec::Ngram, Some(_)) => bail!(
+                "--spec ngram and --draft-model each say how drafts are made: give one of them"
+            ),
+            (_, Some(_)) => Some(DraftSource::Model),
+            (spec, None) => spec.source(),
+        };
+        speculation(source, self.draft_max, self.draft_min, batch_invariant, gpu)
+    }
+
+    /// The `--draft-model`, loaded as `model` loads the model (device,
+    /// precision, threads), once its vocabulary is checked to be `tok`'s.
+    pub fn draft_model(
+        &self,
+        model: &ModelArgs,
+        tok: &Tokenizer,
+        kv_tokens: Option<usize>,
+    ) -> Result<Option<Model>> {
+        let Some(path) = &self.draft_model else {
+            return Ok(None);
+        };
+        let name = path.display();
+        let args = ModelArgs {
+            model: path.clone(),
+            quantize: None,
+            ..model.clone()
+        };
+        let draft = args
+            .load_for(kv_tokens)
+            .with_context(|| format!("--draft-model {name}"))?;
+        let theirs = Tokenizer::from_gguf(draft.file())
+            .with_context(|| format!("--draft-model {name}: its tokenizer"))?;
+        let n = tok.vocab_size().max(theirs.vocab_size()) as u32;
+        if let Some(id) = (0..n).find(|&i| tok.piece(i) != theirs.piece(i)) {
+            bail!(
+                "--draft-model {name}: its vocabulary differs from the model's at token {id} ({:?} against {:?}); drafts need the same vocabulary",
+                theirs.piece(id),
+                tok.piece(id)
+            );
+        }
+        Ok(Some(draft))
     }
 
     pub fn sampler_config(&self) -> SamplerConfig {
@@ -100,20 +153,20 @@ impl SampleArgs {
     }
 }
 
-/// The speculation `--spec`, `--draft-max` and `--draft-min` ask for
-/// (`None` for `--spec none`); drafts longer than a step of one-row products holds need
+/// The speculation `--spec` or `--draft-model`, `--draft-max` and
+/// `--draft-min` ask for (`source` `None` for none); drafts longer than a step of one-row products holds need
 /// `--batch-invariant` (`batch_invariant`), or the output could differ
 /// from plain decoding's where two tokens are nearly tied.
 pub fn speculation(
-    spec: Spec,
+    source: Option<DraftSource>,
     draft_max: usize,
     draft_min: usize,
     batch_invariant: bool,
     gpu: bool,
 ) -> Result<Option<Speculation>> {
-    if spec == Spec::None {
+    let Some(source) = source else {
         return Ok(None);
-    }
+    };
     if gpu {
         eprintln!(
             "note: on a GPU a verification step's products are not yet shown to round as a one-token step's do, so a nearly tied greedy choice may differ from plain decoding"
@@ -136,6 +189,7 @@ pub fn speculation(
     }
     let default = Speculation::default();
     Ok(Some(Speculation {
+        source,
         draft: DraftOptions {
             max_draft: draft_max,
             min_draft: draft_min,
