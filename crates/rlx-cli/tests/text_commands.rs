@@ -393,4 +393,20 @@ fn bench_times_speculation_beside_plain_generation() {
     // The prompt repeats a phrase: lookup finds drafts from the start.
     assert!(drafted > 0 && kept <= drafted, "{spec}");
     assert!(v[2]["tokens_per_second"].as_f64().unwrap() > 0.0, "{v}");
+    // A draft model's rows: the tiny model drafting for itself keeps
+    // what it drafts.
+    let out = ok(rlx()
+        .args(["bench", "-m"])
+        .arg(tiny())
+        .args(["-p", "0", "-n", "16", "-r", "1", "-t", "2", "--json"])
+        .arg("--draft-model")
+        .arg(tiny()));
+    let v = json(&out);
+    assert_eq!(v[2]["test"], "tg16 draft", "{v}");
+    let spec = &v[2]["speculation"];
+    let (drafted, kept) = (
+        spec["drafted"].as_u64().unwrap(),
+        spec["kept"].as_u64().unwrap(),
+    );
+    assert!(drafted > 0 && kept == drafted, "{spec}");
 }

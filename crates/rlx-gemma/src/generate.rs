@@ -552,13 +552,15 @@ pub fn generate(
         stop_tokens: stop_tokens.to_vec(),
         ..GenerationOptions::default()
     };
-    generate_with(session, prompt, sampler, opts)
+    generate_with(session, None, prompt, sampler, opts)
 }
 
 /// Feeds `prompt` (reusing any cached prefix) and generates as `opts` asks,
-/// tokens only (no text, no stop strings, no constraint).
+/// tokens only (no text, no stop strings, no constraint); `draft` as
+/// [`generate_constrained`] takes it.
 pub fn generate_with(
     session: &mut Session<'_>,
+    draft: Option<&mut Session<'_>>,
     prompt: &[u32],
     sampler: Sampler,
     opts: GenerationOptions,
@@ -566,7 +568,7 @@ pub fn generate_with(
     let mut generation = Generation::new(sampler, prompt, opts);
     generate_constrained(
         session,
-        None,
+        draft,
         prompt,
         &mut generation,
         None,
@@ -802,8 +804,12 @@ impl<'d, 'm> Speculator<'d, 'm> {
             let mut kept = 0;
             for (i, row) in rows.chunks_exact(vocab).enumerate() {
                 let c = constraint.as_mut().map(|c| &mut **c as &mut dyn Constraint);
+                let before = generation.tokens().len();
                 if let Some(finish) = generation.next(row, c, tok, out)? {
-                    stats.accepted += kept;
+                    // The last token may be the drafted one: kept, though
+                    // it need not run.
+                    let last = generation.tokens().get(before);
+                    stats.accepted += kept + usize::from(last.is_some() && last == draft.get(i));
                     // The session holds what ran: the pending token and
                     // the drafted tokens kept.
                     session.rewind(base + 1 + kept)?;

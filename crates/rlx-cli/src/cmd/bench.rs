@@ -10,9 +10,12 @@ use rlx_runtime::{KvTypes, RowReduce};
 use serde_json::json;
 
 use super::common::ModelArgs;
-use super::sample_args::{speculation, Spec};
-use rlx_gemma::generate::{generate_with, GenerateStats, GenerationOptions, Speculation};
+use super::sample_args::{load_draft, speculation, Spec};
+use rlx_gemma::generate::{
+    generate_with, DraftSource, GenerateStats, GenerationOptions, Speculation,
+};
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
+use rlx_tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -61,6 +64,10 @@ pub struct BenchArgs {
     /// The most tokens a draft holds (as `rlx run --draft-max`).
     #[arg(long, default_value_t = 6)]
     pub draft_max: usize,
+    /// As --spec, with drafts from this smaller model of the same
+    /// vocabulary (as `rlx run --draft-model`): `tgN draft` rows.
+    #[arg(long, value_name = "MODEL")]
+    pub draft_model: Option<std::path::PathBuf>,
 }
 
 struct Row {
@@ -214,6 +221,7 @@ fn spec_prompt(model: &Model) -> Vec<u32> {
 /// `spec` or without, and what speculation drafted and kept.
 fn time_generation(
     s: &mut Session,
+    draft: Option<&mut Session>,
     depth: usize,
     n: usize,
     spec: Option<Speculation>,
@@ -231,7 +239,7 @@ fn time_generation(
         speculation: spec,
         ..Default::default()
     };
-    let (out, _, stats) = generate_with(s, &prompt, sampler, opts)?;
+    let (out, _, stats) = generate_with(s, draft, &prompt, sampler, opts)?;
     // The first token comes from the prompt's step, as in `rlx run`.
     let steps = out.len().saturating_sub(1);
     Ok((steps as f64 / stats.decode_secs.max(1e-9), stats))
@@ -371,27 +379,43 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             bandwidth,
         });
     }
-    let spec = match args.spec {
-        Some(kind) => speculation(
-            kind.source(),
-            args.draft_max,
-            1,
-            args.model.batch_invariant,
-            gpu,
-        )?,
+    let source = match (args.spec, &args.draft_model) {
+        (Some(Spec::Ngram), Some(_)) => {
+            bail!("--spec ngram and --draft-model each say how drafts are made: give one of them")
+        }
+        (_, Some(_)) => Some(DraftSource::Model),
+        (kind, None) => kind.and_then(Spec::source),
+    };
+    let spec = speculation(source, args.draft_max, 1, args.model.batch_invariant, gpu)?;
+    let draft = match &args.draft_model {
+        Some(path) => {
+            let tok = Tokenizer::from_gguf(model.file())?;
+            Some(load_draft(path, &args.model, &tok, Some(longest * seqs))?)
+        }
         None => None,
     };
     if let Some(spec) = spec {
+        let label = if draft.is_some() { "draft" } else { "ngram" };
         for n in args.gen.iter().copied().filter(|&n| n > 0) {
             // Plain and speculative runs alternate, after one untimed
             // run of each.
+            let context = args.depth + n + SPEC_PROMPT;
             let mut s = test_session(&model, kv, args.depth, 0, n + SPEC_PROMPT)?;
+            let mut d = match &draft {
+                Some(m) => Some(m.session(SessionOptions {
+                    context: Some(context),
+                    kv_types: args.model.kv_types(m),
+                    ..SessionOptions::default()
+                })?),
+                None => None,
+            };
             let mut plain = Vec::new();
             let mut drafted = Vec::new();
             let mut sums = (0, 0, 0);
             for rep in 0..=args.reps {
-                let (tps, _) = time_generation(&mut s, args.depth, n, None)?;
-                let (spec_tps, st) = time_generation(&mut s, args.depth, n, Some(spec))?;
+                let (tps, _) = time_generation(&mut s, None, args.depth, n, None)?;
+                let (spec_tps, st) =
+                    time_generation(&mut s, d.as_mut(), args.depth, n, Some(spec))?;
                 if rep > 0 {
                     plain.push(tps);
                     drafted.push(spec_tps);
@@ -402,7 +426,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     );
                 }
             }
-            for (name, tps, spec) in [("greedy", plain, None), ("ngram", drafted, Some(sums))] {
+            for (name, tps, spec) in [("greedy", plain, None), (label, drafted, Some(sums))] {
                 rows.push(Row {
                     test: suffix(format!("tg{n} {name}")),
                     tps,

@@ -103,37 +103,17 @@ impl SampleArgs {
         speculation(source, self.draft_max, self.draft_min, batch_invariant, gpu)
     }
 
-    /// The `--draft-model`, loaded as `model` loads the model (device,
-    /// precision, threads), once its vocabulary is checked to be `tok`'s.
+    /// The `--draft-model` ([`load_draft`]).
     pub fn draft_model(
         &self,
         model: &ModelArgs,
         tok: &Tokenizer,
         kv_tokens: Option<usize>,
     ) -> Result<Option<Model>> {
-        let Some(path) = &self.draft_model else {
-            return Ok(None);
-        };
-        let name = path.display();
-        let args = ModelArgs {
-            model: path.clone(),
-            quantize: None,
-            ..model.clone()
-        };
-        let draft = args
-            .load_for(kv_tokens)
-            .with_context(|| format!("--draft-model {name}"))?;
-        let theirs = Tokenizer::from_gguf(draft.file())
-            .with_context(|| format!("--draft-model {name}: its tokenizer"))?;
-        let n = tok.vocab_size().max(theirs.vocab_size()) as u32;
-        if let Some(id) = (0..n).find(|&i| tok.piece(i) != theirs.piece(i)) {
-            bail!(
-                "--draft-model {name}: its vocabulary differs from the model's at token {id} ({:?} against {:?}); drafts need the same vocabulary",
-                theirs.piece(id),
-                tok.piece(id)
-            );
-        }
-        Ok(Some(draft))
+        self.draft_model
+            .as_deref()
+            .map(|path| load_draft(path, model, tok, kv_tokens))
+            .transpose()
     }
 
     pub fn sampler_config(&self) -> SamplerConfig {
@@ -197,4 +177,34 @@ pub fn speculation(
         },
         ..default
     }))
+}
+
+/// The draft model at `path`, loaded as `model` loads the model (device,
+/// precision, threads), once its vocabulary is checked to be `tok`'s.
+pub fn load_draft(
+    path: &std::path::Path,
+    model: &ModelArgs,
+    tok: &Tokenizer,
+    kv_tokens: Option<usize>,
+) -> Result<Model> {
+    let name = path.display();
+    let args = ModelArgs {
+        model: path.to_path_buf(),
+        quantize: None,
+        ..model.clone()
+    };
+    let draft = args
+        .load_for(kv_tokens)
+        .with_context(|| format!("--draft-model {name}"))?;
+    let theirs = Tokenizer::from_gguf(draft.file())
+        .with_context(|| format!("--draft-model {name}: its tokenizer"))?;
+    let n = tok.vocab_size().max(theirs.vocab_size()) as u32;
+    if let Some(id) = (0..n).find(|&i| tok.piece(i) != theirs.piece(i)) {
+        bail!(
+            "--draft-model {name}: its vocabulary differs from the model's at token {id} ({:?} against {:?}); drafts need the same vocabulary",
+            theirs.piece(id),
+            tok.piece(id)
+        );
+    }
+    Ok(draft)
 }
