@@ -87,6 +87,13 @@ pub trait Constraint {
     fn forced(&mut self) -> Vec<u32>;
     /// Whether the output is complete and nothing more may follow.
     fn is_complete(&self) -> bool;
+    /// How many of `tokens`, in order, could come next (none accepted):
+    /// a draft is cut there, so that no step runs a drafted token the mask
+    /// would rule out. A constraint that cannot tell says all of them
+    /// (verification still masks each row).
+    fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
+        tokens.len()
+    }
     /// The tokens the output may still take, told after each token: a
     /// constraint that can close its output early (forcing the closing)
     /// starts when it must.
@@ -535,6 +542,9 @@ pub struct GenerateStats {
     pub accepted: usize,
     /// Steps that verified a draft.
     pub verify_steps: usize,
+    /// Drafted tokens a constraint ruled out before they ran (not in
+    /// `drafted`).
+    pub masked: usize,
 }
 
 /// Feeds `prompt` (reusing any cached prefix) and generates up to
@@ -783,11 +793,16 @@ impl<'d, 'm> Speculator<'d, 'm> {
             // Log-probabilities sample forced tokens too; one token a step
             // keeps that simple.
             let plain = generation.pending().len() != 1 || generation.opts.logprobs.is_some();
-            let draft = if k == 0 || plain {
+            let mut draft = if k == 0 || plain {
                 Vec::new()
             } else {
                 self.propose(session, generation.tokens(), generation.pending(), k)?
             };
+            if let Some(c) = constraint.as_mut() {
+                let valid = c.valid_prefix(&draft);
+                stats.masked += draft.len() - valid;
+                draft.truncate(valid);
+            }
             if draft.is_empty() {
                 self.control.record(0, 0);
                 return Ok(None);

@@ -683,6 +683,15 @@ impl Constraint for Guide {
         self.closed_at
     }
 
+    fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
+        // While closing, the closing's tokens are forced, not drafted; the
+        // grammar alone (not the soft limits the mask adds) judges the rest.
+        if self.closing.is_some() || self.matcher.is_stopped() {
+            return 0;
+        }
+        self.matcher.validate_tokens(tokens).unwrap_or(0)
+    }
+
     fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
         let allowed = self.compute_mask()?;
         for (i, l) in logits.iter_mut().enumerate() {

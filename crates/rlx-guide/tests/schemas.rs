@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use rlx_gemma::generate::{
-    generate_constrained, Constraint, Finish, Generation, GenerationOptions,
+    generate_constrained, Constraint, Finish, Generation, GenerationOptions, Speculation,
 };
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 use rlx_gemma::{Model, ModelOptions, Precision, Session, SessionOptions};
@@ -308,4 +308,58 @@ fn a_schema_that_cannot_end_within_the_budget_is_reported_cut() {
     assert_eq!(finish, Finish::Length, "{out:?}");
     assert!(!guide.is_complete() && !guide.cut_short(), "{out:?}");
     assert!(serde_json::from_str::<Value>(&out).is_err(), "{out:?}");
+}
+
+/// Prompt-lookup drafts under a schema: drafted tokens the grammar rules
+/// out are cut before they run (counted as masked, not drafted), and the
+/// output is plain constrained decoding's, greedy.
+#[test]
+fn drafts_under_a_schema_are_cut_where_the_grammar_rules_them_out() {
+    let model = model();
+    let tok = Arc::new(Tokenizer::from_gguf(model.file()).unwrap());
+    let vocab = Vocabulary::new(Arc::clone(&tok)).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"colors": {"type": "array", "items": {"type": "string"}}},
+        "required": ["colors"]
+    });
+    // Lookup drafts from the examples: the undeclared "count" key (object
+    // schemas that list their properties get no others) is ruled out.
+    let example = r#"{"colors": ["red", "green", "blue"], "count": 3}"#;
+    let text = format!("Example: {example}\nAnother: {example}\nJSON: ");
+    let prompt = tok.encode(&text, EncodeOptions::default());
+    let run = |spec: Option<Speculation>| {
+        let mut guide = vocab
+            .guide(&Spec::JsonSchema(schema.clone()), &GuideOptions::default())
+            .unwrap();
+        let mut session = session_for(&model, &prompt, 48);
+        let sampler = Sampler::new(SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        })
+        .unwrap();
+        let opts = GenerationOptions {
+            max_tokens: 48,
+            stop_tokens: tok.eog_ids().to_vec(),
+            speculation: spec,
+            ..GenerationOptions::default()
+        };
+        let mut generation = Generation::new(sampler, &prompt, opts);
+        let (out, _, stats) = generate_constrained(
+            &mut session,
+            None,
+            &prompt,
+            &mut generation,
+            Some(&mut guide),
+            None,
+            &mut |_| true,
+            &mut |_, _| {},
+        )
+        .unwrap();
+        (out, stats)
+    };
+    let (plain, _) = run(None);
+    let (drafted, stats) = run(Some(Speculation::default()));
+    assert_eq!(plain, drafted, "{}", tok.decode(&plain, false));
+    assert!(stats.masked > 0 && stats.drafted > 0, "{stats:?}");
 }

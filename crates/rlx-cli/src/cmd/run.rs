@@ -274,7 +274,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "complete": !cut,
             "timings": {"load_s": load_secs, "prefill_s": stats.prefill_secs, "decode_s": stats.decode_secs,
                         "prefill_tokens_per_s": prefill_tps, "decode_tokens_per_s": decode_tps},
-            "speculation": {"drafted": stats.drafted, "accepted": stats.accepted, "verify_steps": stats.verify_steps},
+            "speculation": {"drafted": stats.drafted, "accepted": stats.accepted, "verify_steps": stats.verify_steps, "masked": stats.masked},
         });
         serde_json::to_writer(&mut stdout, &v)?;
     }
