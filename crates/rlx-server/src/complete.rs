@@ -163,6 +163,7 @@ impl Server {
                 logprobs: params.logprobs,
                 events: tx,
                 constraint: guides.next(),
+                speculative: params.speculative,
             };
             if let Err(e) = self.engine.submit(job) {
                 if let JobError::Busy(_) = e {

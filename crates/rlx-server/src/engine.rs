@@ -5,7 +5,11 @@
 //! does not stall the streams already generating. Finished requests keep
 //! their sequence for a while: a new prompt that starts the same way forks
 //! it and runs only the rest (a conversation re-sent with one more turn, a
-//! shared system prompt), its blocks shared until one side writes.
+//! shared system prompt), its blocks shared until one side writes. With
+//! prompt lookup on (`EngineOptions::speculation`), a generating request
+//! whose last tokens occurred before carries the tokens that followed them
+//! as a draft in its place in the step, and keeps those its own samples
+//! confirm: the drafts of many sequences are verified in one step.
 
 use rlx_runtime::KvPool;
 use std::collections::VecDeque;
@@ -17,9 +21,11 @@ use std::time::Instant;
 
 pub use rlx_gemma::generate::TokenLogprob;
 use rlx_gemma::generate::{
-    Constraint, Finish as GenFinish, Generation, GenerationOptions, Piece, Row,
+    Constraint, DraftSource, Finish as GenFinish, Generation, GenerationOptions, Piece, Row,
+    Speculation,
 };
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
+use rlx_gemma::speculative::{DraftControl, NgramIndex};
 use rlx_gemma::{
     Feed, LogitRows, Model, ModelError, SeqId, Sequences, SequencesOptions, StepLogits, Want,
 };
@@ -45,6 +51,10 @@ pub struct Job {
     /// are masked before each sample, and the request ends when the output
     /// is complete.
     pub constraint: Option<Box<dyn Constraint + Send>>,
+    /// Whether drafts may speed this request up where the engine drafts
+    /// (`EngineOptions::speculation`); a request that asks for
+    /// log-probabilities decodes one token a step regardless.
+    pub speculative: bool,
 }
 
 /// What the engine sends back for a job: text pieces (with log-probabilities
@@ -129,6 +139,10 @@ pub struct EngineOptions {
     pub kv_types: Option<KvTypes>,
     /// Requests that may wait for a place; more are refused as busy.
     pub max_queue: usize,
+    /// Prompt-lookup drafts verified in the step, per request (`source`
+    /// must be [`DraftSource::Ngram`]); `None` decodes one token a request
+    /// a step.
+    pub speculation: Option<Speculation>,
 }
 
 impl Default for EngineOptions {
@@ -139,6 +153,7 @@ impl Default for EngineOptions {
             step_tokens: 512,
             kv_types: None,
             max_queue: 64,
+            speculation: None,
         }
     }
 }
@@ -156,6 +171,9 @@ pub struct Load {
     pub cached_blocks: AtomicUsize,
     /// Generated tokens a constraint forced (taken without sampling).
     pub forced_tokens: AtomicU64,
+    /// Tokens drafted by prompt lookup, and those of them kept.
+    pub drafted_tokens: AtomicU64,
+    pub accepted_tokens: AtomicU64,
     pub kv_total_bytes: AtomicUsize,
     /// Prompt tokens run and taken from the cache, tokens generated.
     pub prompt_tokens: AtomicU64,
@@ -193,6 +211,14 @@ impl Engine {
         tokenizer: Arc<Tokenizer>,
         opts: EngineOptions,
     ) -> Result<Engine, StartError> {
+        if opts
+            .speculation
+            .is_some_and(|s| s.source != DraftSource::Ngram)
+        {
+            return Err(StartError::Model(ModelError::Invalid(
+                "the server drafts by prompt lookup only".into(),
+            )));
+        }
         let (queue, jobs) = mpsc::channel::<Job>();
         let (ready_tx, ready) = mpsc::channel();
         let tok = Arc::clone(&tokenizer);
@@ -225,7 +251,9 @@ impl Engine {
                 engine_load
                     .kv_total_bytes
                     .store(seqs.pool().memory_bytes(), Ordering::Relaxed);
-                Scheduler::new(seqs, tok, parallel, engine_load).run(&jobs);
+                let mut scheduler = Scheduler::new(seqs, tok, parallel, engine_load);
+                scheduler.speculation = opts.speculation;
+                scheduler.run(&jobs);
             })
             .map_err(StartError::Thread)?;
         let context = ready.recv().map_err(|_| StartError::Died)??;
@@ -293,6 +321,19 @@ struct Running {
     generation: Generation,
     started: Instant,
     first_token: Option<Instant>,
+    /// Prompt lookup, where the request drafts.
+    drafting: Option<Drafting>,
+}
+
+/// A request's prompt lookup: the index over its prompt and output, the
+/// draft length, and what the step being planned runs for it.
+struct Drafting {
+    index: NgramIndex,
+    /// Generated tokens in `index`.
+    indexed: usize,
+    control: DraftControl,
+    /// The pending token and its draft, when the step verifies one.
+    run: Vec<u32>,
 }
 
 /// What one request contributes to a step.
@@ -336,6 +377,7 @@ struct Scheduler<'m> {
     running: Vec<Running>,
     waiting: VecDeque<Job>,
     load: Arc<Load>,
+    speculation: Option<Speculation>,
 }
 
 impl<'m> Scheduler<'m> {
@@ -347,6 +389,7 @@ impl<'m> Scheduler<'m> {
             running: Vec::new(),
             waiting: VecDeque::new(),
             load,
+            speculation: None,
         }
     }
 
@@ -464,7 +507,21 @@ impl<'m> Scheduler<'m> {
             logprobs: job.logprobs,
             speculation: None,
         };
+        let drafting = self
+            .speculation
+            .filter(|_| job.speculative && job.logprobs.is_none())
+            .map(|spec| {
+                let mut index = NgramIndex::new(spec.ngram);
+                index.extend(&job.prompt);
+                Drafting {
+                    index,
+                    indexed: 0,
+                    control: DraftControl::new(spec.draft),
+                    run: Vec::new(),
+                }
+            });
         Some(Running {
+            drafting,
             generation: Generation::new(sampler, &job.prompt, opts),
             job,
             seq,
@@ -490,13 +547,126 @@ impl<'m> Scheduler<'m> {
     }
 
     /// One step over every running request.
+    /// Drafts for the requests that decode one token a step by prompt
+    /// lookup, as long as the step's budget (after every pending token)
+    /// and each one's context allow.
+    fn draft(&mut self) {
+        let pending: usize = self
+            .running
+            .iter()
+            .map(|r| r.generation.pending().len())
+            .sum();
+        let mut budget = self.seqs.max_step_tokens().saturating_sub(pending);
+        let context = self.seqs.context();
+        for r in &mut self.running {
+            let Some(d) = r.drafting.as_mut() else {
+                continue;
+            };
+            d.run.clear();
+            let pending = r.generation.pending();
+            if pending.len() != 1 || r.fed < r.job.prompt.len() {
+                continue;
+            }
+            let next = pending[0];
+            let held = self.seqs.tokens(r.seq).map_or(context, |t| t.len());
+            let generated = r.generation.tokens();
+            d.index.extend(&generated[d.indexed..]);
+            d.indexed = generated.len();
+            let left = r.job.max_tokens.saturating_sub(generated.len());
+            let room = context.saturating_sub(held + 1);
+            let k = d.control.length().min(left).min(room).min(budget);
+            let mut draft = if k > 0 {
+                d.index.propose(k).to_vec()
+            } else {
+                Vec::new()
+            };
+            if let Some(c) = r.job.constraint.as_mut() {
+                let valid = c.valid_prefix(&draft);
+                draft.truncate(valid);
+            }
+            if draft.is_empty() {
+                d.control.record(0, 0);
+                continue;
+            }
+            budget -= draft.len();
+            d.run.push(next);
+            d.run.extend_from_slice(&draft);
+        }
+    }
+
+    /// The rows of a step that verified request `i`'s draft (`rows`: one
+    /// a token of its run): each sampled in turn, the drafted tokens kept
+    /// up to the first whose row sampled another, the sequence rewound
+    /// past the rest.
+    fn verify(&mut self, i: usize, rows: &[f32]) -> Next {
+        let vocab = self.seqs.model().config().n_vocab;
+        let r = &mut self.running[i];
+        let d = r.drafting.as_mut().expect("a request that drafted");
+        let run = std::mem::take(&mut d.run);
+        let drafted = run.len() - 1;
+        // The pending token ran; the sequence holds it and the draft.
+        r.generation.ran(1);
+        let base = self
+            .seqs
+            .tokens(r.seq)
+            .map_or(0, |t| t.len().saturating_sub(run.len()));
+        // Drafted tokens that stand, and of them those that ran (the one a
+        // request ended on stands but need not run).
+        let (mut kept, mut last_kept) = (0, 0);
+        let mut next = Next::Going;
+        for (j, row) in rows.chunks_exact(vocab).enumerate() {
+            let before = r.generation.tokens().len();
+            next = r.next(Row::Whole(row), &self.tok, &self.load);
+            if !matches!(next, Next::Going) {
+                let last = r.generation.tokens().get(before);
+                last_kept = usize::from(last.is_some() && last == run.get(j + 1));
+                break;
+            }
+            let pending = r.generation.pending();
+            if j == drafted || pending[0] != run[j + 1] {
+                break;
+            }
+            kept += 1;
+            if pending.len() > 1 {
+                // Tokens the constraint forces follow it: they run next.
+                r.generation.ran(1);
+                break;
+            }
+        }
+        let d = r.drafting.as_mut().expect("a request that drafted");
+        d.control.record(drafted, kept + last_kept);
+        self.load
+            .drafted_tokens
+            .fetch_add(drafted as u64, Ordering::Relaxed);
+        self.load
+            .accepted_tokens
+            .fetch_add((kept + last_kept) as u64, Ordering::Relaxed);
+        // The sequence keeps what ran and stands: the pending token and the
+        // drafted tokens kept.
+        if let Err(e) = self.seqs.rewind(r.seq, base + 1 + kept) {
+            let _ = r
+                .job
+                .events
+                .send(Event::Error(JobError::Internal(e.to_string())));
+            return Next::Dropped;
+        }
+        next
+    }
+
     fn step(&mut self) {
+        self.draft();
+        let run_len = |r: &Running| r.drafting.as_ref().map_or(0, |d| d.run.len());
         let requests: Vec<(usize, usize)> = self
             .running
             .iter()
-            .map(|r| (r.generation.pending().len(), r.job.prompt.len() - r.fed))
+            .map(|r| {
+                let pending = r.generation.pending().len().max(run_len(r));
+                (pending, r.job.prompt.len() - r.fed)
+            })
             .collect();
         let plan = plan_step(self.seqs.max_step_tokens(), &requests);
+        // A step that verifies drafts brings its rows back whole.
+        let verifying = self.running.iter().any(|r| run_len(r) > 0);
         // Each logit row reduced on the device to what its sampler needs
         // (a row needed whole, for a constraint that can only mask a whole
         // row, is read back on its own).
@@ -511,8 +681,8 @@ impl<'m> Scheduler<'m> {
             })
             .map(|(i, _)| *i)
             .collect();
-        let mut reqs = Some(Vec::with_capacity(wants.len()));
-        for &i in &wants {
+        let mut reqs = (!verifying).then(|| Vec::with_capacity(wants.len()));
+        for &i in wants.iter().filter(|_| !verifying) {
             let r = &mut self.running[i];
             let c = r
                 .job
@@ -537,6 +707,12 @@ impl<'m> Scheduler<'m> {
             .map(|(i, part)| {
                 let r = &running[*i];
                 match part {
+                    // A draft's rows, each token's.
+                    Part::Generated { .. } if run_len(r) > 0 => Feed {
+                        seq: r.seq,
+                        tokens: &r.drafting.as_ref().expect("drafted").run,
+                        logits: Want::All,
+                    },
                     // Logits once every pending token has run.
                     Part::Generated { n } => Feed {
                         seq: r.seq,
@@ -586,6 +762,17 @@ impl<'m> Scheduler<'m> {
                     if r.fed < r.job.prompt.len() {
                         continue;
                     }
+                }
+                Part::Generated { .. } if run_len(r) > 0 => {
+                    let StepRows::Whole(out) = &out else {
+                        unreachable!("a verifying step's rows come back whole")
+                    };
+                    match self.verify(i, out.get(k)) {
+                        Next::Going => {}
+                        Next::Done(reason) => finished.push((i, Some(reason))),
+                        Next::Dropped => finished.push((i, None)),
+                    }
+                    continue;
                 }
                 Part::Generated { n } => {
                     r.generation.ran(n);

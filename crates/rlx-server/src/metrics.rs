@@ -72,6 +72,10 @@ impl Metrics {
                 .absolute(load.generated_tokens.load(Ordering::Relaxed));
             counter!("rlx:tokens_forced_total")
                 .absolute(load.forced_tokens.load(Ordering::Relaxed));
+            counter!("rlx:tokens_drafted_total")
+                .absolute(load.drafted_tokens.load(Ordering::Relaxed));
+            counter!("rlx:tokens_draft_accepted_total")
+                .absolute(load.accepted_tokens.load(Ordering::Relaxed));
             gauge!("llamacpp:requests_processing").set(get(&load.running) as f64);
             gauge!("llamacpp:requests_deferred").set(get(&load.waiting) as f64);
             counter!("rlx:requests_rejected_total").absolute(self.rejected.load(Ordering::Relaxed));

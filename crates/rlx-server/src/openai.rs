@@ -53,6 +53,9 @@ pub struct Params {
     pub tools: Option<ToolUse>,
     /// `chat_template_kwargs.enable_thinking` (chat only).
     pub enable_thinking: Option<bool>,
+    /// rlx's `speculative` (default true): `false` decodes this request one
+    /// token a step where the server drafts (`rlx serve --spec`).
+    pub speculative: bool,
 }
 
 /// The most choices a request may ask for.
@@ -301,6 +304,7 @@ pub fn params(
         guide,
         tools,
         enable_thinking,
+        speculative: field(body, "speculative").is_none() || boolean(body, "speculative")?,
     })
 }
 

@@ -540,6 +540,72 @@ fn sixteen_concurrent_streams_each_get_what_they_get_alone() {
     });
 }
 
+/// Prompt lookup in the server: 12 concurrent greedy streams whose
+/// prompts repeat themselves, drafting and verifying in shared steps (one
+/// asks for none), each get what the library gives alone; /metrics counts
+/// the drafted and kept tokens.
+#[test]
+fn concurrent_streams_with_drafts_each_get_what_they_get_alone() {
+    let srv = TestServer::start_with(
+        EngineOptions {
+            parallel: 12,
+            context: 96,
+            step_tokens: 64,
+            speculation: Some(rlx_gemma::generate::Speculation::default()),
+            ..EngineOptions::default()
+        },
+        None,
+    );
+    let prompts: Vec<Vec<u32>> = (0..12u32)
+        .map(|i| {
+            let phrase: Vec<u32> = (0..4 + i % 5)
+                .map(|j| 3 + (i * 37 + j * 11) % 300)
+                .collect();
+            phrase
+                .iter()
+                .cycle()
+                .take(3 * phrase.len() + 1)
+                .copied()
+                .collect()
+        })
+        .collect();
+    let want: Vec<String> = prompts.iter().map(|p| library_text(p, 24).0).collect();
+    let srv = &srv;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                s.spawn(move || {
+                    let body = json!({"prompt": p, "max_tokens": 24, "temperature": 0,
+                                      "ignore_eos": true, "stream": true,
+                                      "speculative": i != 5});
+                    srv.post_stream("/v1/completions", &body)
+                })
+            })
+            .collect();
+        for (h, want) in handles.into_iter().zip(&want) {
+            let text = completion_text(&h.join().unwrap());
+            assert_eq!(&text, want);
+        }
+    });
+    let (_, metrics) = srv.request("GET", "/metrics", None);
+    let count = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    let (drafted, kept) = (
+        count("rlx:tokens_drafted_total"),
+        count("rlx:tokens_draft_accepted_total"),
+    );
+    assert!(
+        drafted > 0 && kept > 0 && kept <= drafted,
+        "{drafted} drafted, {kept} kept"
+    );
+}
+
 #[test]
 fn a_shared_prefix_is_reused_by_a_different_request() {
     let srv = TestServer::start();
