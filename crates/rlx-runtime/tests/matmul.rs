@@ -575,6 +575,44 @@ fn scalar_and_simd_quantized_kernels_agree() {
     }
 }
 
+/// The K-quant dots (Q2_K..Q6_K, IQ4_XS against Q8_K activations) give the
+/// scalar reference's bits on every instruction set: each block's exact
+/// integer sums, scaled and added in block order as the reference does.
+#[test]
+fn k_quant_dots_give_the_references_bits_on_every_instruction_set() {
+    let pool = ThreadPool::new(1);
+    let mut rng = Rng(5);
+    let mut checked = 0;
+    for ty in [
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::IQ4_XS,
+    ] {
+        for k in [256, 2048] {
+            let (rows, m) = (9, 3);
+            let data = random_weights(ty, rows, k, &mut rng);
+            let x = rng.vec(m * k);
+            let w = one(ty, rows, k, &data);
+            let base = run(&pool, Precision::Quantized, Isa::Scalar, &x, m, &w);
+            for isa in Isa::supported() {
+                let y = run(&pool, Precision::Quantized, isa, &x, m, &w);
+                for (o, (&a, &b)) in base.iter().zip(&y).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{ty} {isa} k={k} out {o}: {a} vs {b}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 12);
+}
+
 /// A fused call writes weight i's outputs into column block i, and each block
 /// is bit-identical to calling that weight alone (activation formats are shared
 /// but quantized identically).

@@ -22,7 +22,7 @@ use crate::cpu::simd::Bytes32;
 use rlx_gguf::blocks::scales_mins_k4;
 
 use super::scalar::{
-    e8m0_half, f32_at, q3_k_scales, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES,
+    e8m0_half, f32_at, k_block, q3_k_scales, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES,
 };
 
 /// The first `N` elements of `s` as an array (panics if `s` is shorter).
@@ -189,7 +189,7 @@ pub(super) fn table(values: &[i8; 16]) -> __m128i {
 // ---- Integer dot products against Q8_K activations ----
 
 /// The Q8_K block's `(d, qs, bsums)`: 256 quants and 16 i16 run sums.
-#[inline]
+#[inline(always)]
 fn q8_k(ab: &[u8]) -> (f32, &[u8], &[u8; 32]) {
     (f32_at(ab, 0), &ab[4..260], arr(&ab[260..]))
 }
@@ -226,7 +226,7 @@ fn k_units<F: KQuant>(
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+    let mut sum = 0f32;
     for (wb, ab) in w
         .chunks_exact(GgmlType::Q2_K.block_bytes())
         .zip(a.chunks_exact(Q8_K_BYTES))
@@ -235,24 +235,24 @@ pub(super) fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
         let sc = &wb[0..16];
         // Mins: high nibbles × the 16 run sums.
         let mins = _mm_and_si128(_mm_srli_epi16(load128(arr(sc)), 4), _mm_set1_epi8(0xF));
-        let prod = _mm256_madd_epi16(_mm256_cvtepi8_epi16(mins), load256(bsums));
-        let dmin = -da * f16_at(wb, 82);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+        let summ = hsum_epi32(_mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(mins),
+            load256(bsums),
+        ));
         let scales = half_unit_scales(_mm256_cvtepu8_epi16(_mm_and_si128(
             load128(arr(sc)),
             _mm_set1_epi8(0xF),
         )));
-        let sumi = k_units::<Q2K>(wb, q8, None, |u| unit_scales(&scales, u));
-        let d = da * f16_at(wb, 80);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        let sumi = hsum_epi32(k_units::<Q2K>(wb, q8, None, |u| unit_scales(&scales, u)));
+        sum += k_block(da, f16_at(wb, 80), sumi, Some((f16_at(wb, 82), summ)));
     }
-    hsum_ps(acc)
+    sum
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
     let four = _mm256_set1_epi8(4);
-    let mut acc = _mm256_setzero_ps();
+    let mut sum = 0f32;
     for (wb, ab) in w
         .chunks_exact(GgmlType::Q3_K.block_bytes())
         .zip(a.chunks_exact(Q8_K_BYTES))
@@ -262,16 +262,15 @@ pub(super) fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
         let scales = half_unit_scales(_mm256_cvtepi8_epi16(load128(&sc)));
         // Codes are stored + 4.
         let sumi = k_units::<Q3K>(wb, q8, Some(four), |u| unit_scales(&scales, u));
-        let d = da * f16_at(wb, 108);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        sum += k_block(da, f16_at(wb, 108), hsum_epi32(sumi), None);
     }
-    hsum_ps(acc)
+    sum
 }
 
 /// The sum of the eight i32 lanes of `v` (exact: integers).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum_epi32(v: __m256i) -> i32 {
+pub(super) fn hsum_epi32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
@@ -287,25 +286,27 @@ pub(super) fn vec_dot_k4<F: KQuant>(w: &[u8], a: &[u8]) -> f32 {
     let bytes = F::BYTES;
     // Each min twice: it scales two of the 16-element run sums.
     let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    let mut acc = _mm256_setzero_ps();
-    let mut mins = 0f32;
+    let mut sum = 0f32;
     for (wb, ab) in w.chunks_exact(bytes).zip(a.chunks_exact(Q8_K_BYTES)) {
         prefetch_ahead(wb, bytes);
         let (da, q8, bsums) = q8_k(ab);
         let (sc, mn) = scales_mins_k4(arr(&wb[4..16]));
         let mn = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(mn as i64), dup));
         let summ = hsum_epi32(_mm256_madd_epi16(load256(bsums), mn));
-        mins += (da * f16_at(wb, 2)) * summ as f32;
         // Scale u in both i16 halves of i32 lane u.
         let sc = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
         let sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
         let sumi = k_units::<F>(wb, q8, None, |u| {
             _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(u as i32))
         });
-        let d = da * f16_at(wb, 0);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        sum += k_block(
+            da,
+            f16_at(wb, 0),
+            hsum_epi32(sumi),
+            Some((f16_at(wb, 2), summ)),
+        );
     }
-    hsum_ps(acc) - mins
+    sum
 }
 
 /// Prefetches the `bytes`-byte block this far ahead of `b`: weight rows
@@ -322,7 +323,7 @@ pub(super) fn prefetch_ahead(b: &[u8], bytes: usize) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+    let mut sum = 0f32;
     for (wb, ab) in w
         .chunks_exact(GgmlType::Q6_K.block_bytes())
         .zip(a.chunks_exact(Q8_K_BYTES))
@@ -336,16 +337,15 @@ pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
         let scales = half_unit_scales(sc16);
         let sumi = k_units::<Q6K>(wb, q8, None, |u| unit_scales(&scales, u));
         let sumi = _mm256_sub_epi32(sumi, offset);
-        let d = da * f16_at(wb, 208);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        sum += k_block(da, f16_at(wb, 208), hsum_epi32(sumi), None);
     }
-    hsum_ps(acc)
+    sum
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
     let values = table(&KVALUES_IQ4NL);
-    let mut acc = _mm256_setzero_ps();
+    let mut sum = 0f32;
     for (wb, ab) in w
         .chunks_exact(GgmlType::IQ4_XS.block_bytes())
         .zip(a.chunks_exact(Q8_K_BYTES))
@@ -365,8 +365,7 @@ pub(super) fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
             let ls = (low | (((scales_h >> (2 * j)) & 3) << 4)) as i16 - 32;
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(ls)));
         }
-        let d = da * f16_at(wb, 0);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        sum += k_block(da, f16_at(wb, 0), hsum_epi32(sumi), None);
     }
-    hsum_ps(acc)
+    sum
 }

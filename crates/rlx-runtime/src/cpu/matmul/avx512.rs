@@ -11,9 +11,11 @@
 use rlx_gguf::GgmlType;
 use std::arch::x86_64::*;
 
-use super::avx2::{arr, f16_at, hsum_ps as hsum_ps256, load128, load256, prefetch_ahead};
+use super::avx2::{
+    arr, f16_at, hsum_epi32, hsum_ps as hsum_ps256, load128, load256, prefetch_ahead,
+};
 use super::formats::{KQuant, Q6K};
-use super::scalar::{f32_at, Q8_K_BYTES};
+use super::scalar::{f32_at, k_block, Q8_K_BYTES};
 use crate::cpu::simd::avx512::Bytes32Vl;
 use rlx_gguf::blocks::scales_mins_k4;
 
@@ -100,22 +102,19 @@ pub(super) fn vec_dot_k4<F: KQuant>(w: &[u8], a: &[u8]) -> f32 {
     let idx: [__m512i; 4] = std::array::from_fn(|c| scale_index(c, 2));
     // Each min twice: it scales two of the 16-element run sums.
     let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    let mut acc = _mm512_setzero_ps();
-    let mut acc_min = _mm256_setzero_ps();
+    let mut sum = 0f32;
     for (wb, ab) in w.chunks_exact(bytes).zip(a.chunks_exact(Q8_K_BYTES)) {
         prefetch_ahead(wb, bytes);
         let da = f32_at(ab, 0);
         let (sc, mn) = scales_mins_k4(arr(&wb[4..16]));
         let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(mn as i64), dup));
         let bsums = load256(arr(&ab[260..292]));
-        let min_sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, mins));
-        acc_min = _mm256_fmadd_ps(_mm256_set1_ps(da * f16_at(wb, 2)), min_sums, acc_min);
+        let summ = hsum_epi32(_mm256_madd_epi16(bsums, mins));
         let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-        let sumi = k_sums::<F>(wb, &ab[4..260], scales, &idx);
-        let d = da * f16_at(wb, 0);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        let sumi = _mm512_reduce_add_epi32(k_sums::<F>(wb, &ab[4..260], scales, &idx));
+        sum += k_block(da, f16_at(wb, 0), sumi, Some((f16_at(wb, 2), summ)));
     }
-    hsum_ps(acc) - hsum_ps256(acc_min)
+    sum
 }
 
 /// Q6_K · Q8_K: [`k_sums`] of the codes `q + 32` with the 16-element
@@ -123,7 +122,7 @@ pub(super) fn vec_dot_k4<F: KQuant>(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
     let idx: [__m512i; 4] = std::array::from_fn(|c| scale_index(c, 4));
-    let mut acc = _mm256_setzero_ps();
+    let mut sum = 0f32;
     for (wb, ab) in w
         .chunks_exact(GgmlType::Q6_K.block_bytes())
         .zip(a.chunks_exact(Q8_K_BYTES))
@@ -140,10 +139,9 @@ pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
             ),
             offset,
         );
-        let d = da * f16_at(wb, 208);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        sum += k_block(da, f16_at(wb, 208), hsum_epi32(sumi), None);
     }
-    hsum_ps256(acc)
+    sum
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use std::arch::aarch64::*;
 
 use super::formats::{KQuant, Legacy, Q2K, Q3K, Q4K, Q4_1, Q5K, Q5_1, Q6K, Q8_0};
 use super::rows::{rows_entry, IntDot};
-use super::scalar::{scale_min_k4, KVALUES_IQ4NL, Q8_1_BYTES, Q8_K_BYTES};
+use super::scalar::{k_block, scale_min_k4, KVALUES_IQ4NL, Q8_1_BYTES, Q8_K_BYTES};
 use crate::cpu::arm::sdot;
 use crate::cpu::simd::neon::U8x32;
 use crate::cpu::simd::table::f16_table;
@@ -339,7 +339,7 @@ unsafe fn k4_block<F: KQuant>(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
         let summ: i32 = (0..8)
             .map(|j| i32::from(scale_min_k4(j, scales).1) * (bsum(2 * j) + bsum(2 * j + 1)))
             .sum();
-        (da * d) * sumi as f32 - (da * dmin) * summ as f32
+        k_block(da, d, sumi, Some((dmin, summ)))
     }
 }
 
@@ -380,7 +380,7 @@ unsafe fn iq4_xs_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
             let (c, e) = code_values(&KVALUES_IQ4NL, l1, h1);
             [a, b, c, e]
         };
-        (da * d) * sub32_sum(ab, dot, scale, pair) as f32
+        k_block(da, d, sub32_sum(ab, dot, scale, pair), None)
     }
 }
 
@@ -400,7 +400,7 @@ unsafe fn q6_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
             let a = vld1q_s8(ab.as_ptr().add(4 + 16 * j) as *const i8);
             sumi += i32::from(wb[192 + j] as i8) * dot16(dot, v, a);
         }
-        (da * d) * sumi as f32
+        k_block(da, d, sumi, None)
     }
 }
 
@@ -480,7 +480,7 @@ unsafe fn q2_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
         let prod = vmlal_high_s16(prod, m0, b0);
         let prod = vmlal_s16(prod, vget_low_s16(m1), vget_low_s16(b1));
         let summ = vaddvq_s32(vmlal_high_s16(prod, m1, b1));
-        (da * d) * sumi as f32 - (da * dmin) * summ as f32
+        k_block(da, d, sumi, Some((dmin, summ)))
     }
 }
 
@@ -513,7 +513,7 @@ unsafe fn q3_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
         // Codes stored + 4.
         let v = k_units::<Q3K>(wb).map(|v| vsubq_s8(v, vdupq_n_s8(4)));
         let sumi = sub16_sum(ab, dot, widen(scales), |j| v[j]);
-        (da * d) * sumi as f32
+        k_block(da, d, sumi, None)
     }
 }
 

@@ -204,7 +204,7 @@ pub(super) fn vec_dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
             .zip(bsums)
             .map(|(&s, b)| i32::from(s >> 4) * b)
             .sum();
-        sum += (da * f16_at(wb, 80)) * sumi as f32 - (da * f16_at(wb, 82)) * summ as f32;
+        sum += k_block(da, f16_at(wb, 80), sumi, Some((f16_at(wb, 82), summ)));
     }
     sum
 }
@@ -223,7 +223,7 @@ pub(super) fn vec_dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
             crumb(qs, e) as i8 - if high_set { 0 } else { 4 }
         });
         let sumi = scaled_idot(&v, qa, &q3_k_scales(&wb[96..108]).map(i32::from), 16);
-        sum += (da * f16_at(wb, 108)) * sumi as f32;
+        sum += k_block(da, f16_at(wb, 108), sumi, None);
     }
     sum
 }
@@ -240,7 +240,20 @@ fn k4_block_sum(v: &[i8; 256], wb: &[u8], da: f32, qa: &[u8], bsums: &[i32; 16])
         summ += i32::from(mn) * (bsums[2 * j] + bsums[2 * j + 1]);
     }
     let sumi = scaled_idot(v, qa, &scales, 32);
-    (da * f16_at(wb, 0)) * sumi as f32 - (da * f16_at(wb, 2)) * summ as f32
+    k_block(da, f16_at(wb, 0), sumi, Some((f16_at(wb, 2), summ)))
+}
+
+/// A K-quant block's term of a dot product from its exact integer sums:
+/// `(d_a·d)·Σ scale·q·a`, less `(d_a·d_min)·Σ min·bsum` where the format
+/// has mins. Every instruction set's K-quant dot adds its blocks' terms
+/// through this, in block order, so each gives the reference's bits.
+#[inline(always)]
+pub(super) fn k_block(da: f32, d: f32, sumi: i32, min: Option<(f32, i32)>) -> f32 {
+    let scaled = (da * d) * sumi as f32;
+    match min {
+        Some((dmin, summ)) => scaled - (da * dmin) * summ as f32,
+        None => scaled,
+    }
 }
 
 pub(super) fn vec_dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
@@ -293,7 +306,7 @@ pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
             (low | (high << 4)) as i8 - 32
         });
         let scales: [i32; 16] = std::array::from_fn(|j| i32::from(wb[192 + j] as i8));
-        sum += (da * f16_at(wb, 208)) * scaled_idot(&v, qa, &scales, 16) as f32;
+        sum += k_block(da, f16_at(wb, 208), scaled_idot(&v, qa, &scales, 16), None);
     }
     sum
 }
@@ -320,7 +333,7 @@ pub(super) fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
             let high = (scales_h >> (2 * j)) & 3;
             (low | (high << 4)) as i32 - 32
         });
-        sum += (da * f16_at(wb, 0)) * scaled_idot(&v, qa, &scales, 32) as f32;
+        sum += k_block(da, f16_at(wb, 0), scaled_idot(&v, qa, &scales, 32), None);
     }
     sum
 }
