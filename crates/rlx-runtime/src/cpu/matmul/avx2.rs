@@ -1,9 +1,12 @@
 //! AVX2 + FMA + F16C kernels: the f32 dot and the integer dot products (the
-//! dequantizers live in `avx2_dequant`).
+//! dequantizers live in `dequant.rs`).
 //!
 //! The integer kernels follow llama.cpp's x86 ones: `maddubs` (u8 × i8 pairs
 //! into i16; unsigned weights directly, signed ones through the sign trick),
-//! `madd` with the sub-block scale into i32 lanes, then one f32 FMA per block.
+//! `madd` with the sub-block scale into i32 lanes; the legacy formats then
+//! take one f32 FMA per block into eight lanes, the K-quants one exact
+//! horizontal integer sum per block, scaled and added as the reference does
+//! (`scalar::k_block`), so they give its bits.
 //!
 //! # Safety
 //! Every function is a safe `#[target_feature(enable = "avx2,fma,f16c")]`

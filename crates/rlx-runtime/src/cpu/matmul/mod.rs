@@ -19,7 +19,9 @@
 //!   call into each activation format the weights need (Q8_0 for Q4_0, Q5_0,
 //!   Q8_0, IQ4_NL, MXFP4; Q8_1 for Q4_1, Q5_1; Q8_K for Q2_K..Q6_K, IQ4_XS),
 //!   shared by every weight of that format, and every output is an integer dot
-//!   product scaled in f32 (scalar reference kernels for all of these, AVX2
+//!   product scaled in f32 (the K-quants' blocks scaled and added as the
+//!   reference does on every instruction set, so their dots have its bits;
+//!   scalar reference kernels for all of these, AVX2
 //!   for all, AVX-512 VNNI for Q8_0, Q4_0, Q5_0 (4 weight rows × 4 activation
 //!   rows per register tile), Q4_K and Q6_K, NEON (with `SDOT` where the
 //!   CPU has it) for all). With enough rows (16, or 128 where panel kernels
