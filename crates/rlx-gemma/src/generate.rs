@@ -813,40 +813,82 @@ impl<'d, 'm> Speculator<'d, 'm> {
             let t = Instant::now();
             let rows = session.score(&run)?;
             self.control.timed(run.len(), t.elapsed().as_secs_f64());
-            let vocab = rows.len() / run.len();
             stats.verify_steps += 1;
             stats.drafted += draft.len();
-            let mut kept = 0;
-            for (i, row) in rows.chunks_exact(vocab).enumerate() {
+            let v = keep_drafted(generation, &rows, &draft, |g, row| {
                 let c = constraint.as_mut().map(|c| &mut **c as &mut dyn Constraint);
-                let before = generation.tokens().len();
-                if let Some(finish) = generation.next(row, c, tok, out)? {
-                    // The last token may be the drafted one: kept, though
-                    // it need not run.
-                    let last = generation.tokens().get(before);
-                    stats.accepted += kept + usize::from(last.is_some() && last == draft.get(i));
-                    // The session holds what ran: the pending token and
-                    // the drafted tokens kept.
-                    session.rewind(base + 1 + kept)?;
-                    return Ok(Some(finish));
-                }
-                let pending = generation.pending();
-                if i == draft.len() || pending[0] != draft[i] {
-                    break;
-                }
-                // The drafted token stands: its K/V and its row are right.
-                kept += 1;
-                if pending.len() > 1 {
-                    // Tokens the constraint forces follow it: they run next.
-                    generation.ran(1);
-                    break;
-                }
+                g.next(row, c, tok, out)
+            })?;
+            // The session holds what ran: the pending token and the drafted
+            // tokens kept.
+            session.rewind(base + 1 + v.kept)?;
+            stats.accepted += v.accepted;
+            if let Some(finish) = v.end {
+                return Ok(Some(finish));
             }
-            stats.accepted += kept;
-            self.control.record(draft.len(), kept);
-            session.rewind(base + 1 + kept)?;
+            self.control.record(draft.len(), v.accepted);
         }
     }
+}
+
+/// What a verification step's rows gave ([`keep_drafted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verified<E> {
+    /// Drafted tokens that stand and ran: the sequence keeps the pending
+    /// token and these, and forgets the rest of the draft.
+    pub kept: usize,
+    /// Drafted tokens that stand, the one the generation ended on (which
+    /// need not run) included.
+    pub accepted: usize,
+    /// How the generation ended, where it did.
+    pub end: Option<E>,
+}
+
+/// The rows of a verification step — one for the pending token, then one
+/// for each token of `draft` — sampled in turn by `sample` (a row to the
+/// generation's next tokens; `Some` where it ended): the drafted tokens
+/// stand up to the first whose row sampled another, the token sampled there
+/// stays pending, and where a constraint forces tokens after a drafted one,
+/// they run next. The one acceptance rule of every caller (a session's
+/// [`generate_constrained`], the server's steps).
+pub fn keep_drafted<E, X>(
+    generation: &mut Generation,
+    rows: &[f32],
+    draft: &[u32],
+    mut sample: impl FnMut(&mut Generation, &[f32]) -> std::result::Result<Option<E>, X>,
+) -> std::result::Result<Verified<E>, X> {
+    let vocab = rows.len() / (draft.len() + 1);
+    let mut kept = 0;
+    for (i, row) in rows.chunks_exact(vocab).enumerate() {
+        let before = generation.tokens().len();
+        if let Some(end) = sample(generation, row)? {
+            // The last token may be the drafted one: it stands, though it
+            // need not run.
+            let last = generation.tokens().get(before);
+            let on_draft = usize::from(last.is_some() && last == draft.get(i));
+            return Ok(Verified {
+                kept,
+                accepted: kept + on_draft,
+                end: Some(end),
+            });
+        }
+        let pending = generation.pending();
+        if i == draft.len() || pending[0] != draft[i] {
+            break;
+        }
+        // The drafted token stands: its K/V and its row are right.
+        kept += 1;
+        if pending.len() > 1 {
+            // Tokens the constraint forces follow it: they run next.
+            generation.ran(1);
+            break;
+        }
+    }
+    Ok(Verified {
+        kept,
+        accepted: kept,
+        end: None,
+    })
 }
 
 #[cfg(test)]

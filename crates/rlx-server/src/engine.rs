@@ -21,8 +21,8 @@ use std::time::Instant;
 
 pub use rlx_gemma::generate::TokenLogprob;
 use rlx_gemma::generate::{
-    Constraint, DraftSource, Finish as GenFinish, Generation, GenerationOptions, Piece, Row,
-    Speculation,
+    keep_drafted, Constraint, DraftSource, Finish as GenFinish, Generation, GenerationOptions,
+    Piece, Row, Speculation,
 };
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 use rlx_gemma::speculative::{DraftControl, NgramIndex};
@@ -599,58 +599,39 @@ impl<'m> Scheduler<'m> {
     /// up to the first whose row sampled another, the sequence rewound
     /// past the rest.
     fn verify(&mut self, i: usize, rows: &[f32]) -> Next {
-        let vocab = self.seqs.model().config().n_vocab;
         let r = &mut self.running[i];
         let d = r.drafting.as_mut().expect("a request that drafted");
         let run = std::mem::take(&mut d.run);
-        let drafted = run.len() - 1;
+        let draft = &run[1..];
         // The pending token ran; the sequence holds it and the draft.
         r.generation.ran(1);
         let base = self
             .seqs
             .tokens(r.seq)
             .map_or(0, |t| t.len().saturating_sub(run.len()));
-        // Drafted tokens that stand, and of them those that ran (the one a
-        // request ended on stands but need not run).
-        let (mut kept, mut last_kept) = (0, 0);
-        let mut next = Next::Going;
-        for (j, row) in rows.chunks_exact(vocab).enumerate() {
-            let before = r.generation.tokens().len();
-            next = r.next(Row::Whole(row), &self.tok, &self.load);
-            if !matches!(next, Next::Going) {
-                let last = r.generation.tokens().get(before);
-                last_kept = usize::from(last.is_some() && last == run.get(j + 1));
-                break;
-            }
-            let pending = r.generation.pending();
-            if j == drafted || pending[0] != run[j + 1] {
-                break;
-            }
-            kept += 1;
-            if pending.len() > 1 {
-                // Tokens the constraint forces follow it: they run next.
-                r.generation.ran(1);
-                break;
-            }
-        }
+        let (tok, load) = (&self.tok, &self.load);
+        let (job, first_token) = (&mut r.job, &mut r.first_token);
+        let v = keep_drafted(&mut r.generation, rows, draft, |g, row| {
+            let next = sample(g, job, first_token, Row::Whole(row), tok, load);
+            Ok::<_, std::convert::Infallible>((!matches!(next, Next::Going)).then_some(next))
+        })
+        .unwrap_or_else(|never| match never {});
         let d = r.drafting.as_mut().expect("a request that drafted");
-        d.control.record(drafted, kept + last_kept);
-        self.load
-            .drafted_tokens
-            .fetch_add(drafted as u64, Ordering::Relaxed);
-        self.load
-            .accepted_tokens
-            .fetch_add((kept + last_kept) as u64, Ordering::Relaxed);
+        d.control.record(draft.len(), v.accepted);
+        load.drafted_tokens
+            .fetch_add(draft.len() as u64, Ordering::Relaxed);
+        load.accepted_tokens
+            .fetch_add(v.accepted as u64, Ordering::Relaxed);
         // The sequence keeps what ran and stands: the pending token and the
         // drafted tokens kept.
-        if let Err(e) = self.seqs.rewind(r.seq, base + 1 + kept) {
+        if let Err(e) = self.seqs.rewind(r.seq, base + 1 + v.kept) {
             let _ = r
                 .job
                 .events
                 .send(Event::Error(JobError::Internal(e.to_string())));
             return Next::Dropped;
         }
-        next
+        v.end.unwrap_or(Next::Going)
     }
 
     fn step(&mut self) {
@@ -864,6 +845,50 @@ fn common(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// [`Running::next`] on the request's parts, so that a verification step
+/// can hand its generation to `keep_drafted` and sample through this.
+fn sample(
+    generation: &mut Generation,
+    job: &mut Job,
+    first_token: &mut Option<Instant>,
+    logits: Row<'_>,
+    tok: &Tokenizer,
+    load: &Load,
+) -> Next {
+    first_token.get_or_insert(Instant::now());
+    let (before, forced) = (generation.tokens().len(), generation.forced());
+    let events = &job.events;
+    let constraint = job
+        .constraint
+        .as_mut()
+        .map(|c| &mut **c as &mut dyn Constraint);
+    let step = generation.next_row(logits, constraint, Some(tok), &mut |piece| {
+        let event = match piece {
+            Piece::Text(text) => Event::Text(text),
+            Piece::Token { text, logprob } => Event::Token { text, logprob },
+        };
+        events.send(event).is_ok()
+    });
+    let generated = generation.tokens().len() - before;
+    load.generated_tokens
+        .fetch_add(generated as u64, Ordering::Relaxed);
+    load.forced_tokens
+        .fetch_add((generation.forced() - forced) as u64, Ordering::Relaxed);
+    match step {
+        Ok(None) => Next::Going,
+        // Closed early to fit the budget: whole, but cut by it.
+        Ok(Some(GenFinish::Length | GenFinish::Closed)) => Next::Done(FinishReason::Length),
+        Ok(Some(GenFinish::StopToken | GenFinish::StopString | GenFinish::Complete)) => {
+            Next::Done(FinishReason::Stop)
+        }
+        Ok(Some(GenFinish::Cancelled)) => Next::Dropped,
+        Err(e) => {
+            let _ = events.send(Event::Error(JobError::Internal(e.to_string())));
+            Next::Dropped
+        }
+    }
+}
+
 /// Where a request stands after a token.
 enum Next {
     Going,
@@ -875,44 +900,14 @@ enum Next {
 impl Running {
     /// Samples the next token from its logit row and streams its text.
     fn next(&mut self, logits: Row<'_>, tok: &Tokenizer, load: &Load) -> Next {
-        let now = Instant::now();
-        self.first_token.get_or_insert(now);
-        let (before, forced) = (self.generation.tokens().len(), self.generation.forced());
-        let events = &self.job.events;
-        let constraint = self
-            .job
-            .constraint
-            .as_mut()
-            .map(|c| &mut **c as &mut dyn Constraint);
-        let step = self
-            .generation
-            .next_row(logits, constraint, Some(tok), &mut |piece| {
-                let event = match piece {
-                    Piece::Text(text) => Event::Text(text),
-                    Piece::Token { text, logprob } => Event::Token { text, logprob },
-                };
-                events.send(event).is_ok()
-            });
-        let generated = self.generation.tokens().len() - before;
-        load.generated_tokens
-            .fetch_add(generated as u64, Ordering::Relaxed);
-        load.forced_tokens.fetch_add(
-            (self.generation.forced() - forced) as u64,
-            Ordering::Relaxed,
-        );
-        match step {
-            Ok(None) => Next::Going,
-            // Closed early to fit the budget: whole, but cut by it.
-            Ok(Some(GenFinish::Length | GenFinish::Closed)) => Next::Done(FinishReason::Length),
-            Ok(Some(GenFinish::StopToken | GenFinish::StopString | GenFinish::Complete)) => {
-                Next::Done(FinishReason::Stop)
-            }
-            Ok(Some(GenFinish::Cancelled)) => Next::Dropped,
-            Err(e) => {
-                let _ = events.send(Event::Error(JobError::Internal(e.to_string())));
-                Next::Dropped
-            }
-        }
+        sample(
+            &mut self.generation,
+            &mut self.job,
+            &mut self.first_token,
+            logits,
+            tok,
+            load,
+        )
     }
 
     fn send_done(&self, reason: FinishReason) {

@@ -10,10 +10,8 @@ use rlx_runtime::{KvTypes, RowReduce};
 use serde_json::json;
 
 use super::common::ModelArgs;
-use super::sample_args::{load_draft, speculation, Spec};
-use rlx_gemma::generate::{
-    generate_with, DraftSource, GenerateStats, GenerationOptions, Speculation,
-};
+use super::sample_args::{draft_session, draft_source, load_draft, speculation, Spec};
+use rlx_gemma::generate::{generate_with, GenerateStats, GenerationOptions, Speculation};
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 use rlx_tokenizer::Tokenizer;
 
@@ -379,13 +377,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             bandwidth,
         });
     }
-    let source = match (args.spec, &args.draft_model) {
-        (Some(Spec::Ngram), Some(_)) => {
-            bail!("--spec ngram and --draft-model each say how drafts are made: give one of them")
-        }
-        (_, Some(_)) => Some(DraftSource::Model),
-        (kind, None) => kind.and_then(Spec::source),
-    };
+    let source = draft_source(args.spec.unwrap_or(Spec::None), args.draft_model.is_some())?;
     let spec = speculation(source, args.draft_max, 1, args.model.batch_invariant, gpu)?;
     let draft = match &args.draft_model {
         Some(path) => {
@@ -401,14 +393,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             // run of each.
             let context = args.depth + n + SPEC_PROMPT;
             let mut s = test_session(&model, kv, args.depth, 0, n + SPEC_PROMPT)?;
-            let mut d = match &draft {
-                Some(m) => Some(m.session(SessionOptions {
-                    context: Some(context),
-                    kv_types: args.model.kv_types(m),
-                    ..SessionOptions::default()
-                })?),
-                None => None,
-            };
+            let mut d = draft_session(draft.as_ref(), Some(context), &args.model)?;
             let mut plain = Vec::new();
             let mut drafted = Vec::new();
             let mut sums = (0, 0, 0);

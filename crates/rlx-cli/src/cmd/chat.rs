@@ -12,7 +12,7 @@ use rlx_gemma::{ModelError, SessionOptions};
 use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, Tokenizer};
 
 use super::common::ModelArgs;
-use super::sample_args::SampleArgs;
+use super::sample_args::{draft_session, SampleArgs};
 
 #[derive(clap::Args)]
 pub struct ChatArgs {
@@ -43,14 +43,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     })?;
     // A draft model's session follows the conversation's as drafts need it.
     let draft = args.sample.draft_model(&args.model, &tok, Some(args.ctx))?;
-    let mut draft_session = match &draft {
-        Some(d) => Some(d.session(SessionOptions {
-            context: Some(args.ctx),
-            kv_types: args.model.kv_types(d),
-            ..SessionOptions::default()
-        })?),
-        None => None,
-    };
+    let mut draft_session = draft_session(draft.as_ref(), Some(args.ctx), &args.model)?;
     // Ctrl-C during a reply stops the reply; at the prompt it ends the program.
     let generating = Arc::new(AtomicBool::new(false));
     let interrupted = Arc::new(AtomicBool::new(false));

@@ -13,7 +13,7 @@ use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Token
 use serde_json::json;
 
 use super::common::ModelArgs;
-use super::sample_args::SampleArgs;
+use super::sample_args::{draft_session, SampleArgs};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -198,14 +198,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         kv_types: args.model.kv_types(&model),
         ..SessionOptions::default()
     })?;
-    let mut draft_session = match &draft {
-        Some(d) => Some(d.session(SessionOptions {
-            context,
-            kv_types: args.model.kv_types(d),
-            ..SessionOptions::default()
-        })?),
-        None => None,
-    };
+    let mut draft_session = draft_session(draft.as_ref(), context, &args.model)?;
     let opts = GenerationOptions {
         max_tokens: args.sample.n,
         stop_tokens: if args.sample.ignore_eos {

@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use rlx_gemma::generate::{DraftSource, Speculation};
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
 use rlx_gemma::speculative::DraftOptions;
-use rlx_gemma::Model;
+use rlx_gemma::{Model, Session, SessionOptions};
 use rlx_tokenizer::Tokenizer;
 
 use super::common::ModelArgs;
@@ -93,13 +93,7 @@ impl SampleArgs {
     /// The speculation `--spec`, `--draft-max` and `--draft-min` ask for
     /// (see [`speculation`]).
     pub fn speculation(&self, batch_invariant: bool, gpu: bool) -> Result<Option<Speculation>> {
-        let source = match (self.spec, &self.draft_model) {
-            (Spec::Ngram, Some(_)) => bail!(
-                "--spec ngram and --draft-model each say how drafts are made: give one of them"
-            ),
-            (_, Some(_)) => Some(DraftSource::Model),
-            (spec, None) => spec.source(),
-        };
+        let source = draft_source(self.spec, self.draft_model.is_some())?;
         speculation(source, self.draft_max, self.draft_min, batch_invariant, gpu)
     }
 
@@ -207,4 +201,33 @@ pub fn load_draft(
         );
     }
     Ok(draft)
+}
+
+/// Where drafts come from for `--spec` and whether `--draft-model` was
+/// given (`None`: no speculation).
+pub fn draft_source(spec: Spec, draft_model: bool) -> Result<Option<DraftSource>> {
+    Ok(match (spec, draft_model) {
+        (Spec::Ngram, true) => {
+            bail!("--spec ngram and --draft-model each say how drafts are made: give one of them")
+        }
+        (_, true) => Some(DraftSource::Model),
+        (spec, false) => spec.source(),
+    })
+}
+
+/// A session of `draft` beside the model's, of the same context, its K/V
+/// types as `model` asks.
+pub fn draft_session<'m>(
+    draft: Option<&'m Model>,
+    context: Option<usize>,
+    model: &ModelArgs,
+) -> Result<Option<Session<'m>>> {
+    let Some(d) = draft else {
+        return Ok(None);
+    };
+    Ok(Some(d.session(SessionOptions {
+        context,
+        kv_types: model.kv_types(d),
+        ..SessionOptions::default()
+    })?))
 }
