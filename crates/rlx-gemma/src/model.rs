@@ -110,6 +110,9 @@ pub struct ModelOptions {
     /// The highest instruction set the CPU's kernels may use (lowered to
     /// what the CPU has); `None`: the best it has.
     pub isa: Option<Isa>,
+    /// Time the CPU's decode kernels at start and keep the faster per
+    /// weight type (see `BackendOptions::measure_kernels`).
+    pub measure_kernels: bool,
 }
 
 impl Default for ModelOptions {
@@ -122,6 +125,7 @@ impl Default for ModelOptions {
             offload: Offload::default(),
             kernel_cache: None,
             isa: None,
+            measure_kernels: false,
         }
     }
 }
@@ -178,6 +182,7 @@ impl Model {
         let threads = BackendOptions {
             kernel_cache: options.kernel_cache.clone(),
             isa: options.isa,
+            measure_kernels: options.measure_kernels,
             ..BackendOptions::threads(options.threads)
         };
         let off = &options.offload;

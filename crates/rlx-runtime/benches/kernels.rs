@@ -85,6 +85,7 @@ fn options(precision: Precision) -> MatmulOptions {
         precision,
         isa: Isa::detect(),
         batch_invariant: false,
+        rows: rlx_runtime::cpu::matmul::RowChoice::WIDEST,
     }
 }
 

@@ -122,6 +122,7 @@ fn main() {
                     precision,
                     isa: Isa::detect(),
                     batch_invariant: false,
+                    rows: rlx_runtime::cpu::matmul::RowChoice::WIDEST,
                 };
                 let mut scratch = MatmulScratch::default();
                 let mut call = || matmul(pool, &opts, &x, m, &w, &mut y, &mut scratch).unwrap();

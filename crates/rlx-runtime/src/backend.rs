@@ -69,6 +69,10 @@ pub struct BackendOptions {
     /// The highest instruction set the CPU's kernels may use (lowered to
     /// what the CPU has); `None`: the best it has.
     pub isa: Option<Isa>,
+    /// Time the CPU's decode kernels at start (about 10 ms) and keep, per
+    /// weight type, the faster of the 256- and 512-bit ones; otherwise the
+    /// widest.
+    pub measure_kernels: bool,
 }
 
 impl BackendOptions {
@@ -79,6 +83,7 @@ impl BackendOptions {
             weights: None,
             kernel_cache: None,
             isa: None,
+            measure_kernels: false,
         }
     }
 }
@@ -265,7 +270,10 @@ pub fn open(
         Device::Cpu => {
             let cpu = CpuDevice::new(opts.threads);
             let isa = opts.isa.map_or(cpu.isa(), |cap| cap.min(cpu.isa()));
-            let cpu = cpu.with_isa(isa);
+            let mut cpu = cpu.with_isa(isa);
+            if opts.measure_kernels {
+                cpu = cpu.with_measured_kernels();
+            }
             Ok(Arc::new(CpuBackend::with_device(Arc::clone(store), cpu)))
         }
         #[cfg(feature = "cuda")]

@@ -214,6 +214,7 @@ fn run(
         precision,
         isa,
         batch_invariant: false,
+        rows: rlx_runtime::cpu::matmul::RowChoice::WIDEST,
     };
     matmul(pool, &opts, x, m, weights, &mut y, &mut scratch).unwrap();
     y
@@ -702,6 +703,7 @@ fn reused_scratch_gives_identical_results() {
                 precision,
                 isa: Isa::detect(),
                 batch_invariant: false,
+                rows: rlx_runtime::cpu::matmul::RowChoice::WIDEST,
             };
             let mut y = vec![0f32; m * rows];
             matmul(&pool, &opts, &x, m, &w, &mut y, &mut scratch).unwrap();
@@ -757,6 +759,7 @@ fn bad_sizes_are_errors() {
         precision: Precision::Quantized,
         isa: Isa::Scalar,
         batch_invariant: false,
+        rows: rlx_runtime::cpu::matmul::RowChoice::WIDEST,
     };
     let q4 = [0u8; 2 * 18 * 2]; // 2 rows of 64 Q4_0 elements
     let q8 = [0u8; 3 * 34 * 2]; // 3 rows of 64 Q8_0 elements
@@ -848,6 +851,7 @@ fn isa_beyond_the_cpu_is_an_error() {
         precision: Precision::Exact,
         isa: beyond,
         batch_invariant: false,
+        rows: rlx_runtime::cpu::matmul::RowChoice::WIDEST,
     };
     let data = vec![0u8; 4 * 8];
     let w = [WeightMatrix {

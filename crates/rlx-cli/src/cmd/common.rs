@@ -43,6 +43,12 @@ pub struct ModelArgs {
     /// paths on one machine (e.g. the AVX2-only path of a CPU with AVX-512).
     #[arg(long, default_value = "auto", value_parser = ["auto", "avx512", "avx2", "neon", "scalar"])]
     pub isa: String,
+    /// The CPU's decode kernels per weight type: `measured` (the faster of
+    /// its 256- and 512-bit kernels on this CPU, timed at start in about
+    /// 10 ms; the same results) or `widest`. `rlx bench --json` names the
+    /// choice under `backend`.
+    #[arg(long, default_value = "measured", value_parser = ["measured", "widest"])]
+    pub kernels: String,
     /// K/V cache type of keys and values: `f32`, `f16`, `bf16` (half the
     /// cache memory and bandwidth), `q8_0`, `q4_0` (ggml's blocks: about a
     /// quarter and an eighth of f32), or `auto`: f32 with `exact`, f16 with
@@ -166,6 +172,7 @@ impl ModelArgs {
         };
         opts.batch_invariant = self.batch_invariant;
         opts.isa = self.isa()?;
+        opts.measure_kernels = self.kernels == "measured";
         opts.offload = self.offload(kv_tokens, opts.device)?;
         // NVRTC takes tens of seconds over the GPU kernels at every start
         // without a cache.

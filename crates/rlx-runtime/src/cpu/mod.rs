@@ -82,7 +82,11 @@ impl Backend for CpuBackend {
             Isa::Neon if features::has_neon_dotprod() => " + dotprod",
             _ => "",
         };
-        format!("cpu: {} threads, {isa}{extra}", self.device.threads())
+        format!(
+            "cpu: {} threads, {isa}{extra}, decode kernels: {}",
+            self.device.threads(),
+            self.device.rows()
+        )
     }
 
     fn store(&self) -> &Arc<WeightStore> {
@@ -161,6 +165,7 @@ impl Executable for Plan {
 pub struct CpuDevice {
     pool: Arc<ThreadPool>,
     isa: Isa,
+    rows: matmul::RowChoice,
 }
 
 impl CpuDevice {
@@ -169,6 +174,7 @@ impl CpuDevice {
         CpuDevice {
             pool: Arc::new(ThreadPool::new(threads)),
             isa: Isa::detect(),
+            rows: matmul::RowChoice::WIDEST,
         }
     }
 
@@ -176,6 +182,18 @@ impl CpuDevice {
     pub fn with_isa(mut self, isa: Isa) -> Self {
         self.isa = isa;
         self
+    }
+
+    /// Decode kernels chosen by timing them on this CPU
+    /// ([`matmul::RowChoice::measure`], about 10 ms) instead of the widest.
+    pub fn with_measured_kernels(mut self) -> Self {
+        self.rows = matmul::RowChoice::measure(self.isa);
+        self
+    }
+
+    /// Which types' decode kernels take a lower instruction set.
+    pub fn rows(&self) -> matmul::RowChoice {
+        self.rows
     }
 
     pub fn pool(&self) -> &ThreadPool {

@@ -295,6 +295,7 @@ impl Plan {
             dims,
             pool: self.device.pool(),
             isa: self.device.isa(),
+            rows: self.device.rows(),
         };
         let (pool, isa) = (run.pool, run.isa);
         match &n.op {
@@ -433,6 +434,8 @@ struct Run<'a> {
     dims: Vec<usize>,
     pool: &'a ThreadPool,
     isa: Isa,
+    /// The decode kernels' instruction set by type.
+    rows: matmul::RowChoice,
 }
 
 impl<'a> Run<'a> {
@@ -557,6 +560,7 @@ impl<'a> Run<'a> {
             precision: self.plan.opts.precision,
             isa,
             batch_invariant: self.plan.opts.batch_invariant,
+            rows: self.rows,
         };
         let mut scratch = self.plan.scratch.borrow_mut();
         matmul::matmul(pool, &opts, x, m, &ws, out, &mut scratch)
@@ -751,6 +755,7 @@ impl<'a> Run<'a> {
             precision: self.plan.opts.precision,
             isa,
             batch_invariant: self.plan.opts.batch_invariant,
+            rows: self.rows,
         };
         let mut scratch = self.plan.scratch.borrow_mut();
         moe::moe(

@@ -296,7 +296,7 @@ mod tests {
                 let deq = rlx_gguf::dequantize_to_vec(ty, &data).unwrap();
                 let RowKernel::Exact {
                     fused: Some(fused), ..
-                } = row_kernel(ty, Precision::Exact, Isa::Avx512)
+                } = row_kernel(ty, Precision::Exact, Isa::Avx512, Isa::Avx512)
                 else {
                     panic!("{ty} has no fused kernel");
                 };

@@ -113,9 +113,19 @@ impl RowKernel {
     }
 }
 
-pub(super) fn row_kernel(ty: GgmlType, precision: Precision, isa: Isa) -> RowKernel {
+pub(super) fn row_kernel(ty: GgmlType, precision: Precision, isa: Isa, rows_isa: Isa) -> RowKernel {
     if precision == Precision::Quantized {
         if let Some((fmt, dot)) = quant_dot(ty, isa) {
+            // Decode kernels at `rows_isa` where lower; panels stay at `isa`.
+            let dot = match (dot, quant_dot(ty, rows_isa)) {
+                (QuantDot::Rows { panel, .. }, Some((f, QuantDot::Rows { rows, .. })))
+                    if rows_isa < isa && f == fmt =>
+                {
+                    QuantDot::Rows { rows, panel }
+                }
+                (_, Some((f, low))) if rows_isa < isa && f == fmt => low,
+                (dot, _) => dot,
+            };
             return RowKernel::Quant { fmt, dot };
         }
     }

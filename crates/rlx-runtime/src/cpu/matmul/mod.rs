@@ -43,6 +43,8 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_fused;
+#[cfg(target_arch = "x86_64")]
+mod choice;
 mod dequant;
 mod exact;
 mod f32_tile;
@@ -95,6 +97,35 @@ pub struct MatmulOptions {
     /// row's result does not depend on what else is in the call (the GEMM
     /// and panel kernels, chosen by row count, sum in another order).
     pub batch_invariant: bool,
+    /// Types whose decode kernels take a lower instruction set than `isa`
+    /// (measured faster on this CPU; the same bits).
+    pub rows: RowChoice,
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use choice::RowChoice;
+
+/// Where there is nothing to choose: every type's widest decode kernels.
+#[cfg(not(target_arch = "x86_64"))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RowChoice;
+
+#[cfg(not(target_arch = "x86_64"))]
+impl RowChoice {
+    pub const WIDEST: RowChoice = RowChoice;
+    pub fn isa_for(&self, _ty: GgmlType, isa: Isa) -> Isa {
+        isa
+    }
+    pub fn measure(_isa: Isa) -> RowChoice {
+        RowChoice
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+impl std::fmt::Display for RowChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("widest")
+    }
 }
 
 /// Buffers reused across calls; they grow to the largest call and never shrink.
@@ -372,7 +403,12 @@ fn plan<'a>(opts: &MatmulOptions, weights: &[WeightMatrix<'a>]) -> Vec<Segment<'
                 w,
                 col0,
                 row_bytes: w.k / w.ty.block_elems() * w.ty.block_bytes(),
-                kernel: kernels::row_kernel(w.ty, opts.precision, opts.isa),
+                kernel: kernels::row_kernel(
+                    w.ty,
+                    opts.precision,
+                    opts.isa,
+                    opts.rows.isa_for(w.ty, opts.isa),
+                ),
             };
             col0 += w.rows;
             s
