@@ -126,8 +126,9 @@ pub fn run(args: &BenchArgs, model: &Model, kv: KvTypes) -> Result<()> {
     let name = args.model.model.display().to_string();
     let mut rows = Vec::new();
     for &b in &args.batch {
-        // One untimed warm-up, as the single-sequence tests do.
-        time_batch(model, kv, b, prompt.min(32), gen.min(4), args.whole_rows)?;
+        // One untimed warm-up of the timed steps' shapes (a device captures
+        // a graph and loads kernels on a shape's first step).
+        time_batch(model, kv, b, prompt, gen.min(4), args.whole_rows)?;
         let samples = (0..args.reps)
             .map(|_| time_batch(model, kv, b, prompt, gen, args.whole_rows))
             .collect::<Result<Vec<_>>>()?;

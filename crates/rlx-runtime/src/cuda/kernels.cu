@@ -818,6 +818,263 @@ __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
     extern "C" __global__ void mmvq1u3_##SUF(MMV_PARAMS) { mmv_body<T, 1, true, 3>(MMV_ARGS); }
 FOR_EACH_TYPE(MMV)
 
+// ---- Products of 9–64 activation rows on the tensor cores ----
+// y[t, y_off + r] = Σ_k x[t, k] · w[r, k] with bf16 operands and f32 sums
+// (the numbers of dequantizing to bf16 for a library GEMM), each weight read
+// once from its blocks and no dequantized copy. x: the activations as
+// to_bf16 writes them, rows of k (a multiple of 32), at most 8 NB rows.
+//
+// A block takes MQ_ROWS weight rows (four warps of 32) and every token, and
+// walks k four units (128 elements) at a time. Lane (g, t) (g = lane / 4,
+// t = lane % 4) decodes unit 4s + t of its rows g, g + 8, g + 16 and g + 24
+// straight from global memory (wunit, as the decode products do; the next
+// group's loads go out before this group's products) and gives mma.sync its
+// elements 4j .. 4j + 3 at step j. That is not mma's k order, but a sum
+// over k does not care which order, only that both operands share it, and
+// in this one no lane needs another lane's unit. The activations come
+// through shared memory, copied asynchronously a group ahead, laid out so
+// that a lane's B fragments of two steps are one conflict-free 16-byte load:
+// token i's 16-byte chunk c of unit t sits at i · MQ_TOK + 64 c + 16 t.
+//
+// Up to three weights of one type and row length (w0 below row e0, w1
+// below e1, then w2), as in the decode products. gridDim.y shares cut k
+// (per groups of four units each) so that a product of few rows fills the
+// GPU; with more than one, share z writes part[z][t][r] and mmq_sum adds
+// the shares in order. Compute capability 8.0 on (below it the kernels are
+// empty and plans do not launch them).
+#define MQ_ROWS 128
+#define MQ_TOK 320
+
+__device__ __forceinline__ u32 bf16x2(float lo, float hi) {
+    u32 r = 0;
+#if __CUDA_ARCH__ >= 800
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+__device__ __forceinline__ void mq_mma(float* c, const u32* a, u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// 16 bytes from global to shared memory without registers; `bytes` below 16
+// fills the rest with zeros (0: all zeros, src not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+#endif
+}
+
+// One unit of a weight row between its load and its use: the codes and
+// scales of a block type, a float row's raw 16-bit elements.
+template <int T>
+struct MqUnit {
+    WUnit w;
+    __device__ __forceinline__ void load(const u8* __restrict__ row, int u) { wunit<T>(row, u, w); }
+    // Elements 4j, 4j + 1 (lo) and 4j + 2, 4j + 3 (hi) as bf16 pairs.
+    __device__ __forceinline__ void pairs(int j, u32& lo, u32& hi) const {
+        // A signed code c as the float 2^23 + c + 128 (its byte, sign bit
+        // flipped, under 2^23's exponent), less 2^23 + 128: exact, and no
+        // slow integer conversion.
+        const u32 q = (u32)w.q[j] ^ 0x80808080u;
+        const float s = w.s[j >> 2], m = w.m[j >> 2];
+        float v[4];
+        #pragma unroll
+        for (int e = 0; e < 4; e++)
+            v[e] = fmaf(s, __int_as_float(__byte_perm(q, 0x4B000000u, 0x7540u + e)) - 8388736.0f, m);
+        lo = bf16x2(v[0], v[1]);
+        hi = bf16x2(v[2], v[3]);
+    }
+};
+template <int T>
+struct MqFloatUnit {
+    uint4 raw[4];
+    __device__ __forceinline__ void load(const u8* __restrict__ row, int u) {
+        const uint4* p = (const uint4*)row + 4 * u;
+        #pragma unroll
+        for (int i = 0; i < 4; i++) raw[i] = p[i];
+    }
+    __device__ __forceinline__ void pairs(int j, u32& lo, u32& hi) const {
+        const uint4 r = raw[j >> 1];
+        const u32 a = j & 1 ? r.z : r.x, b = j & 1 ? r.w : r.y;
+        if (T == T_BF16) {
+            lo = a;
+            hi = b;
+        } else {
+            lo = bf16x2(h2f((u16)(a & 0xFFFF)), h2f((u16)(a >> 16)));
+            hi = bf16x2(h2f((u16)(b & 0xFFFF)), h2f((u16)(b >> 16)));
+        }
+    }
+};
+template <> struct MqUnit<T_F16> : MqFloatUnit<T_F16> {};
+template <> struct MqUnit<T_BF16> : MqFloatUnit<T_BF16> {};
+template <>
+struct MqUnit<T_F32> {
+    u32 p[16];
+    __device__ __forceinline__ void load(const u8* __restrict__ row, int u) {
+        const float4* q = (const float4*)row + 8 * u;
+        #pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 a = q[i];
+            p[2 * i] = bf16x2(a.x, a.y);
+            p[2 * i + 1] = bf16x2(a.z, a.w);
+        }
+    }
+    __device__ __forceinline__ void pairs(int j, u32& lo, u32& hi) const {
+        lo = p[2 * j];
+        hi = p[2 * j + 1];
+    }
+};
+
+// Group s's activations (units 4s .. 4s + 3 of 8 NB tokens, zeros past
+// either end) copied into one of mmq's buffers: 16 chunks of 16 bytes a
+// token, a chunk a thread at a time.
+template <int NB>
+__device__ __forceinline__ void mq_stage(u8* xs, const u16* __restrict__ x, int s, int mt, int k,
+                                         int tid) {
+    #pragma unroll
+    for (int i = 0; i < NB; i++) {
+        const int c = tid + 128 * i, tok = c >> 4, tt = (c >> 2) & 3, jj = c & 3;
+        const int u = 4 * s + tt;
+        const bool ok = tok < mt && u < (k >> 5);
+        const u16* src = x + (ok ? (size_t)tok * k + 32 * u + 8 * jj : 0);
+        cp_async16(xs + tok * MQ_TOK + 64 * jj + 16 * tt, src, ok ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
+template <int T, int NB>
+__device__ void mmq_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
+                         const u8* __restrict__ w2, int e0, int e1, const u16* __restrict__ x,
+                         float* __restrict__ y, float* __restrict__ part, int mt, int n, int k,
+                         int ldy, int y_off, int per) {
+#if __CUDA_ARCH__ >= 800
+    __shared__ __align__(16) u8 xs[2][NB * 8 * MQ_TOK];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int units = k >> 5, groups = (units + 3) >> 2;
+    const int s0 = blockIdx.y * per, s1 = min(groups, s0 + per);
+    const size_t rs = row_size(T, k);
+    // Rows past n read row n - 1 and are not written.
+    const u8* rows[4];
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = min(blockIdx.x * MQ_ROWS + 32 * warp + g + 8 * i, n - 1);
+        rows[i] = r < e0   ? w0 + (size_t)r * rs
+                  : r < e1 ? w1 + (size_t)(r - e0) * rs
+                           : w2 + (size_t)(r - e1) * rs;
+    }
+    float acc[2][NB][4];
+    #pragma unroll
+    for (int i = 0; i < 2; i++)
+        #pragma unroll
+        for (int nt = 0; nt < NB; nt++)
+            #pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][nt][c] = 0.0f;
+    // Past the last unit a lane reloads it; the activations there are zeros.
+    MqUnit<T> cur[4], nxt[4];
+    #pragma unroll
+    for (int i = 0; i < 4; i++) cur[i].load(rows[i], min(4 * s0 + t, units - 1));
+    // No kernel writes weights: they load before the wait for the one before.
+    pdl_begin();
+    mq_stage<NB>(xs[0], x, s0, mt, k, tid);
+    for (int s = s0; s < s1; s++) {
+        const int b = (s - s0) & 1;
+        if (s + 1 < s1) mq_stage<NB>(xs[b ^ 1], x, s + 1, mt, k, tid);
+        #pragma unroll
+        for (int i = 0; i < 4; i++) nxt[i].load(rows[i], min(4 * (s + 1) + t, units - 1));
+        if (s + 1 < s1) cp_async_wait<1>();
+        else cp_async_wait<0>();
+        __syncthreads();
+        const u8* xb = &xs[b][g * MQ_TOK + 16 * t];
+        #pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            // Steps 2jj and 2jj + 1: A fragments of both m-tiles.
+            u32 a[2][2][4];
+            #pragma unroll
+            for (int h = 0; h < 2; h++)
+                #pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    cur[2 * i].pairs(2 * jj + h, a[h][i][0], a[h][i][2]);
+                    cur[2 * i + 1].pairs(2 * jj + h, a[h][i][1], a[h][i][3]);
+                }
+            #pragma unroll
+            for (int nt = 0; nt < NB; nt++) {
+                const uint4 v = *(const uint4*)(xb + nt * 8 * MQ_TOK + 64 * jj);
+                #pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    mq_mma(acc[i][nt], a[0][i], v.x, v.y);
+                    mq_mma(acc[i][nt], a[1][i], v.z, v.w);
+                }
+            }
+        }
+        // Buffer b takes group s + 2 next.
+        __syncthreads();
+        #pragma unroll
+        for (int i = 0; i < 4; i++) cur[i] = nxt[i];
+    }
+    // acc[i][nt]: rows g (c < 2) and g + 8 of m-tile i, tokens 8 nt + 2t + c % 2.
+    #pragma unroll
+    for (int i = 0; i < 2; i++)
+        #pragma unroll
+        for (int nt = 0; nt < NB; nt++)
+            #pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int r = blockIdx.x * MQ_ROWS + 32 * warp + 16 * i + g + 8 * (c >> 1);
+                const int tok = 8 * nt + 2 * t + (c & 1);
+                if (r >= n || tok >= mt) continue;
+                if (gridDim.y == 1) y[(size_t)tok * ldy + y_off + r] = acc[i][nt][c];
+                else part[((size_t)blockIdx.y * mt + tok) * n + r] = acc[i][nt][c];
+            }
+#endif
+}
+
+// y[t, y_off + r] = Σ_z part[z][t][r], z in order (the shares of an mmq).
+extern "C" __global__ void mmq_sum(const float* __restrict__ part, float* __restrict__ y, int mt,
+                                   int n, int shares, int ldy, int y_off) {
+    pdl_begin();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)mt * n) return;
+    const long long tok = i / n, r = i % n;
+    float s = 0.0f;
+    for (int z = 0; z < shares; z++) s += part[(size_t)z * mt * n + i];
+    y[tok * ldy + y_off + r] = s;
+}
+
+// Per type: mmq<8 NB>_<type>, products of up to 8 NB activation rows.
+#define MMQ_PARAMS                                                                       \
+    const u8 *w0, const u8 *w1, const u8 *w2, int e0, int e1, const u16 *x, float *y,    \
+        float *part, int mt, int n, int k, int ldy, int y_off, int per
+#define MMQ_ARGS w0, w1, w2, e0, e1, x, y, part, mt, n, k, ldy, y_off, per
+#define MMQ(SUF, T)                                                                      \
+    extern "C" __global__ void __launch_bounds__(128) mmq16_##SUF(MMQ_PARAMS) {          \
+        mmq_body<T, 2>(MMQ_ARGS);                                                        \
+    }                                                                                    \
+    extern "C" __global__ void __launch_bounds__(128) mmq32_##SUF(MMQ_PARAMS) {          \
+        mmq_body<T, 4>(MMQ_ARGS);                                                        \
+    }                                                                                    \
+    extern "C" __global__ void __launch_bounds__(128) mmq64_##SUF(MMQ_PARAMS) {          \
+        mmq_body<T, 8>(MMQ_ARGS);                                                        \
+    }
+FOR_EACH_TYPE(MMQ)
+
 
 // out[i, :] = table[ids[i], :] dequantized; one thread per 32-element unit
 // (a float row's partial last unit element by element).

@@ -225,6 +225,11 @@ struct Kernels {
     /// `mmvq1u3_` (one row, two or three units a lane at once), each
     /// `_<type>`.
     mmv: Vec<[CudaFunction; 6]>,
+    /// Per weight type code, the tensor-core products of up to 16, 32 and
+    /// 64 activation rows (`mmq16_`, `mmq32_`, `mmq64_`), and the sum of
+    /// their shares of k.
+    mmq: Vec<[CudaFunction; 3]>,
+    mmq_sum: CudaFunction,
     quantize_q8: CudaFunction,
     /// Per weight type code: `dequant_<type>`, rows into f32 or bf16 for a
     /// cuBLAS product.
@@ -284,6 +289,9 @@ pub struct CudaDevice {
     /// Programmatic dependent launch (compute capability 9.0 on): plans
     /// launch each kernel so that it may start before the one before it ends.
     pdl: bool,
+    /// bf16 tensor-core `mma.sync` and `cp.async` (compute capability 8.0
+    /// on): products of up to 64 rows straight from the weights' blocks.
+    mma: bool,
 }
 
 /// A cuBLAS handle on the device's stream, with a workspace of our own so
@@ -402,6 +410,19 @@ impl CudaDevice {
                     },
                 )
                 .collect::<Result<_, _>>()?,
+            mmq: TYPES
+                .iter()
+                .map(
+                    |(_, t)| -> Result<[CudaFunction; 3], cudarc::driver::DriverError> {
+                        Ok([
+                            f(&format!("mmq16_{t}"))?,
+                            f(&format!("mmq32_{t}"))?,
+                            f(&format!("mmq64_{t}"))?,
+                        ])
+                    },
+                )
+                .collect::<Result<_, _>>()?,
+            mmq_sum: f("mmq_sum")?,
             quantize_q8: f("quantize_q8")?,
             gather: per_type("gather")?,
             dequant: per_type("dequant")?,
@@ -473,6 +494,7 @@ impl CudaDevice {
             name,
             sms: sms.max(1) as usize,
             pdl: major >= 9,
+            mma: major >= 8,
         }))
     }
 

@@ -215,6 +215,40 @@ const MMV_ROWS: usize = 8;
 /// Warps (one weight row each) per block of the decode products.
 const MMV_WARPS: usize = 4;
 
+/// The most activation rows the tensor-core products (`mmq*` kernels) take
+/// in `q8` plans; between [`MMV_ROWS`] and this, each weight is read once
+/// from its blocks. More go to cuBLAS on dequantized chunks.
+const MMQ_ROWS: usize = 64;
+
+/// The fewest activation rows the tensor-core products take (fewer go to
+/// the decode products): measured faster at 8 rows (4B: 1.35×), not yet
+/// below.
+const MMQ_MIN_ROWS: usize = 8;
+
+/// Weight rows of one tensor-core product block (`MQ_ROWS` in kernels.cu).
+const MMQ_BLOCK_ROWS: usize = 128;
+
+/// The most shares of k one tensor-core product is cut into.
+const MMQ_MAX_SHARES: usize = 16;
+
+/// How a tensor-core product of `rows` weight rows over `units` 32-element
+/// units cuts k to fill a GPU of `sms` multiprocessors: `(shares, per)`,
+/// `per` groups of four units a share, every share non-empty. About two
+/// blocks a multiprocessor (what their registers allow), at least two
+/// groups a share, at most [`MMQ_MAX_SHARES`]; a product that fills the
+/// GPU alone is not cut. Fewer than `4 · sms` blocks in all either way
+/// (the partial sums' buffer).
+pub(super) fn mmq_shares(rows: usize, units: usize, sms: usize) -> (usize, usize) {
+    let blocks = rows.div_ceil(MMQ_BLOCK_ROWS).max(1);
+    let groups = units.div_ceil(4).max(1);
+    let want = (2 * sms)
+        .div_ceil(blocks)
+        .min(groups / 2)
+        .clamp(1, MMQ_MAX_SHARES);
+    let per = groups.div_ceil(want);
+    (groups.div_ceil(per), per)
+}
+
 /// Floats of one split's partial attention result (`ATTN_PART` in
 /// kernels.cu): an output row of up to 512, its maximum and its total.
 const ATTN_PART: usize = 512 + 2;
@@ -301,6 +335,9 @@ struct GemmScratch {
     /// Weight elements `weights` holds.
     elems: usize,
     x16: Option<CudaSlice<u16>>,
+    /// The tensor-core products' partial sums of their shares of k (bf16
+    /// plans): [`MMQ_ROWS`] rows of `4 · sms` blocks of [`MMQ_BLOCK_ROWS`].
+    part: Option<CudaSlice<f32>>,
 }
 
 /// The sizes a plan's mixture-of-experts steps need (the largest of each;
@@ -994,6 +1031,10 @@ pub fn compile_cuda(
                 GemmType::BF16 => Some(s.alloc_zeros(x_elems)?),
                 GemmType::F32 => None,
             },
+            part: match ty {
+                GemmType::BF16 => Some(s.alloc_zeros(MMQ_ROWS * 4 * device.sms * MMQ_BLOCK_ROWS)?),
+                GemmType::F32 => None,
+            },
         })
     } else {
         None
@@ -1208,6 +1249,7 @@ impl CudaPlan {
         let m = xd.iter().product::<usize>() / kin.max(1);
         let w = self.mm_weights(mm)?;
         let ok = m <= MMV_ROWS
+            && !self.takes_mmq(m, kin, &w)
             && kin.is_multiple_of(32)
             && w.iter().all(|w| !is_float(w.3) && w.1 % 16 == 0);
         Ok(ok.then(|| {
@@ -1882,6 +1924,7 @@ impl CudaPlan {
         let pre = self.prologue_blocks(cx.id, cx.b)?;
         let small = pre.is_some()
             || (m <= MMV_ROWS
+                && !self.takes_mmq(m, kin, &weights_of)
                 && kin.is_multiple_of(32)
                 && cx.inp(0).is_multiple_of(16)
                 && weights_of.iter().all(|w| w.1 % 16 == 0));
@@ -1970,9 +2013,10 @@ impl CudaPlan {
             }
             return Ok(());
         }
-        // Many rows: weight rows dequantized a chunk at a time and
-        // multiplied by cuBLAS (the activations once as bf16 for
-        // bf16 products).
+        // Many rows: the activations once as bf16 for bf16 products, then
+        // up to MMQ_ROWS rows on the tensor cores straight from the
+        // weights' blocks, more through cuBLAS on weight rows dequantized
+        // a chunk at a time.
         let gemm = self.gemm.as_ref().filter(|_| m > 1);
         let mut gx = x;
         if let Some(GemmScratch { x16: Some(x16), .. }) = gemm {
@@ -1982,6 +2026,12 @@ impl CudaPlan {
                 linear(m * kin),
                 &[Arg::Ptr(x), Arg::Ptr(gx), Arg::I64((m * kin) as i64)],
             )?;
+        }
+        if let Some(part) = gemm
+            .and_then(|gs| gs.part.as_ref())
+            .filter(|_| self.takes_mmq(m, kin, &weights_of))
+        {
+            return self.mmq(cx, &weights_of, gx, self.device.ptr(part), m, kin, total);
         }
         let mut off = 0;
         for &(code, ptr, rows, ty) in &weights_of {
@@ -2051,6 +2101,92 @@ impl CudaPlan {
                 ],
             )?;
             off += rows;
+        }
+        Ok(())
+    }
+
+    /// Whether a product of `m` rows of `kin` over `weights` runs on the
+    /// tensor cores (`q8` plans with cuBLAS scratch on compute capability
+    /// 8.0 on, [`MMQ_MIN_ROWS`] to [`MMQ_ROWS`] rows, whole units, 16-byte
+    /// aligned weights).
+    fn takes_mmq(&self, m: usize, kin: usize, weights: &[(u32, u64, usize, GgmlType)]) -> bool {
+        self.device.mma
+            && self.gemm.as_ref().is_some_and(|gs| gs.part.is_some())
+            && (MMQ_MIN_ROWS..=MMQ_ROWS).contains(&m)
+            && kin.is_multiple_of(32)
+            && weights.iter().all(|w| w.1 % 16 == 0)
+    }
+
+    /// A product of `m` (up to [`MMQ_ROWS`]) bf16 activation rows at `x`
+    /// on the tensor cores: runs of up to three weights of one type a
+    /// launch, k cut into shares where the weights alone would leave the
+    /// GPU idle (partial sums in `part`, added in order by `mmq_sum`).
+    #[allow(clippy::too_many_arguments)]
+    fn mmq(
+        &self,
+        cx: &Cx,
+        weights_of: &[(u32, u64, usize, GgmlType)],
+        x: u64,
+        part: u64,
+        m: usize,
+        kin: usize,
+        total: usize,
+    ) -> Result<(), CudaError> {
+        let k = &self.device.kernels;
+        let variant = match m {
+            0..=16 => 0,
+            17..=32 => 1,
+            _ => 2,
+        };
+        let mut off = 0;
+        for run in weights_of.chunk_by(|a, b| a.0 == b.0) {
+            for seg in run.chunks(3) {
+                let at = |i: usize| seg[i.min(seg.len() - 1)].1;
+                let mut ends = seg.iter().scan(0, |e, w| {
+                    *e += w.2;
+                    Some(*e)
+                });
+                let e0 = ends.next().unwrap_or(0);
+                let e1 = ends.next().unwrap_or(e0);
+                let rows: usize = seg.iter().map(|w| w.2).sum();
+                let (shares, per) = mmq_shares(rows, kin / 32, self.device.sms);
+                self.launch(
+                    &k.mmq[seg[0].0 as usize][variant],
+                    grid(rows.div_ceil(MMQ_BLOCK_ROWS), shares, 128),
+                    &[
+                        Arg::Ptr(at(0)),
+                        Arg::Ptr(at(1)),
+                        Arg::Ptr(at(2)),
+                        Arg::I32(e0 as i32),
+                        Arg::I32(e1 as i32),
+                        Arg::Ptr(x),
+                        Arg::Ptr(cx.out),
+                        Arg::Ptr(part),
+                        Arg::I32(m as i32),
+                        Arg::I32(rows as i32),
+                        Arg::I32(kin as i32),
+                        Arg::I32(total as i32),
+                        Arg::I32(off as i32),
+                        Arg::I32(per as i32),
+                    ],
+                )?;
+                if shares > 1 {
+                    self.launch(
+                        &k.mmq_sum,
+                        linear(m * rows),
+                        &[
+                            Arg::Ptr(part),
+                            Arg::Ptr(cx.out),
+                            Arg::I32(m as i32),
+                            Arg::I32(rows as i32),
+                            Arg::I32(shares as i32),
+                            Arg::I32(total as i32),
+                            Arg::I32(off as i32),
+                        ],
+                    )?;
+                }
+                off += rows;
+            }
         }
         Ok(())
     }

@@ -622,7 +622,7 @@ fn a_pool_of_another_device_is_an_error() {
 #[ignore = "needs libnvrtc"]
 fn kernels_compile_with_nvrtc() {
     let cache = std::env::temp_dir().join(format!("rlx-nvrtc-cache-{}", std::process::id()));
-    for (major, minor) in [(8, 0), (9, 0)] {
+    for (major, minor) in [(7, 5), (8, 0), (9, 0)] {
         // Through a kernel cache: compiled the first time and kept whole,
         // read back (not compiled) the second.
         let ptx = match super::compile_kernels_cached(major, minor, Some(&cache)) {
@@ -651,6 +651,10 @@ fn kernels_compile_with_nvrtc() {
         // Plans on sm_90 launch every kernel as a programmatic dependent of
         // the one before: a kernel that touched memory without waiting for
         // its predecessor would read values not yet written.
+        // Tensor-core products need 8.0; below, their kernels are empty.
+        for op in ["mma.sync", "cp.async"] {
+            assert_eq!(ptx.contains(op), major >= 8, "sm_{major}{minor}: {op}");
+        }
         let entries: Vec<&str> = ptx.split(".entry ").skip(1).collect();
         assert!(
             entries.len() > 100,
@@ -1954,4 +1958,166 @@ fn reduced_steps_keep_their_rows_on_the_gpu() {
         let err = rel_l2(g, w);
         assert!(err < 1e-3, "step {i}: CUDA vs CPU relative L2 {err}");
     }
+}
+
+#[test]
+fn tensor_core_products_cut_k_to_fill_the_gpu() {
+    use super::plan::mmq_shares;
+    let sms = 132;
+    // 4B shapes (rows, units): o, fused q/k/v, gate/up, down, the LM head;
+    // 1B's; a tiny product; one of fewer than eight units.
+    for (rows, units) in [
+        (2560, 64),
+        (4096, 80),
+        (20480, 80),
+        (2560, 320),
+        (262_144, 80),
+        (1152, 216),
+        (1536, 36),
+        (64, 8),
+        (100, 3),
+    ] {
+        let (shares, per) = mmq_shares(rows, units, sms);
+        let groups = units.div_ceil(4);
+        let blocks = rows.div_ceil(128);
+        let at = format!("{rows} rows of {units} units: {shares} shares of {per}");
+        assert!((1..=16).contains(&shares), "{at}");
+        // Every group in a share, no share empty.
+        assert!(
+            shares * per >= groups && (shares - 1) * per < groups,
+            "{at}"
+        );
+        // The partial sums fit their buffer (4 · sms blocks of 128 rows).
+        assert!(shares == 1 || blocks * shares < 4 * sms, "{at}");
+        if blocks >= 2 * sms {
+            assert_eq!(shares, 1, "{at}: fills the GPU alone");
+        } else if groups >= 4 {
+            // Cut until about two blocks a multiprocessor, or the cap.
+            assert!(shares > 1, "{at}");
+            assert!(per >= 2, "{at}");
+            assert!(
+                blocks * shares >= sms || shares * 2 > groups / 2 || shares == 16,
+                "{at}"
+            );
+        }
+    }
+    // The 4B's down projection: 20 row blocks, 80 groups of four units.
+    assert_eq!(mmq_shares(2560, 320, sms), (14, 6));
+}
+
+/// The tensor-core products of 9–64 rows against bf16-rounded operands
+/// summed in f64: every weight type, each of the three kernels, rows not a
+/// multiple of 8 or of 128, k not a multiple of 128, one to three weights
+/// in a launch, and k cut into shares.
+#[test]
+#[ignore = "needs a GPU"]
+fn tensor_core_products_match_bf16_operands() {
+    use super::plan::mmq_shares;
+    use cudarc::driver::LaunchConfig;
+    let dev = super::CudaDevice::new(0).unwrap();
+    let s = &dev.stream;
+    let mut r = Rng(17);
+    let bf = |v: f32| half::bf16::from_f32(v).to_f32();
+    let mut failures = Vec::new();
+    for (code, &(ty, name)) in super::TYPES.iter().enumerate() {
+        for (m, parts, k) in [
+            (5usize, &[64usize][..], 256usize),
+            (16, &[64, 100, 36][..], 544),
+            (33, &[130][..], 512),
+            (64, &[200, 100][..], 1024),
+        ] {
+            let n: usize = parts.iter().sum();
+            let x: Vec<f32> = (0..m * k).map(|_| r.next() * 2.0).collect();
+            let x16: Vec<u16> = x
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect();
+            let mut wf = Vec::new();
+            let mut ws = Vec::new();
+            for &rows in parts {
+                let bytes = random_rows(ty, rows, k, &mut r);
+                wf.extend(rlx_gguf::dequantize_to_vec(ty, &bytes).unwrap());
+                ws.push(s.clone_htod(&bytes).unwrap());
+            }
+            let (ldy, y_off) = (n + 3, 2usize);
+            let xg = s.clone_htod(&x16).unwrap();
+            let y = s.alloc_zeros::<f32>(m * ldy).unwrap();
+            let (shares, per) = mmq_shares(n, k / 32, dev.sms);
+            let part = s.alloc_zeros::<f32>(shares * m * n).unwrap();
+            let e0 = parts[0];
+            let e1 = e0 + parts.get(1).copied().unwrap_or(0);
+            let w = |i: usize| dev.ptr(&ws[i.min(ws.len() - 1)]);
+            let cfg = LaunchConfig {
+                grid_dim: (n.div_ceil(128) as u32, shares as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let variant = match m {
+                0..=16 => 0,
+                17..=32 => 1,
+                _ => 2,
+            };
+            let args = [
+                w(0),
+                w(1),
+                w(2),
+                e0 as u64,
+                e1 as u64,
+                dev.ptr(&xg),
+                dev.ptr(&y),
+                dev.ptr(&part),
+                m as u64,
+                n as u64,
+                k as u64,
+                ldy as u64,
+                y_off as u64,
+                per as u64,
+            ];
+            launch_raw(s, &dev.kernels.mmq[code][variant], cfg, &args);
+            if shares > 1 {
+                let args = [
+                    dev.ptr(&part),
+                    dev.ptr(&y),
+                    m as u64,
+                    n as u64,
+                    shares as u64,
+                    ldy as u64,
+                    y_off as u64,
+                ];
+                launch_raw(s, &dev.kernels.mmq_sum, super::plan::linear(m * n), &args);
+            }
+            let got = s.clone_dtoh(&y).unwrap();
+            let mut worst = 0f64;
+            for t in 0..m {
+                for o in 0..n {
+                    let (mut sum, mut mag) = (0f64, 0f64);
+                    for i in 0..k {
+                        let p = f64::from(bf(wf[o * k + i])) * f64::from(bf(x[t * k + i]));
+                        sum += p;
+                        mag += p.abs();
+                    }
+                    let g = f64::from(got[t * ldy + y_off + o]);
+                    worst = worst.max((g - sum).abs() / mag.max(1e-30));
+                }
+            }
+            // f32 sums of k products, and a weight now and then a bf16 step
+            // apart where its f32 value rounds differently from the
+            // reference's: ~1e-5; an element out of order is ~1e-1.
+            if worst.is_nan() || worst >= 2e-4 {
+                failures.push(format!(
+                    "{name} m {m} rows {parts:?} k {k} shares {shares}: {worst:e}"
+                ));
+            }
+            // Nothing written outside the product's columns.
+            let outside = (0..m).any(|t| {
+                (0..ldy)
+                    .filter(|c| *c < y_off || *c >= y_off + n)
+                    .any(|c| got[t * ldy + c] != 0.0)
+            });
+            if outside {
+                failures.push(format!("{name} m {m}: wrote outside its columns"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
