@@ -501,7 +501,7 @@ mod tests {
             precision: Precision::Quantized,
             isa: Isa::Neon,
             batch_invariant: false,
-            rows: super::RowChoice::WIDEST,
+            rows: super::super::RowChoice::WIDEST,
         };
         for ty in [
             T::Q4_0,
