@@ -224,11 +224,11 @@ struct Kernels {
     /// `mmvq1_`, `mmvq8_` (8-bit activation blocks), then `mmvq1u2_`,
     /// `mmvq1u3_` (one row, two or three units a lane at once), each
     /// `_<type>`.
-    mmv: Vec<[CudaFunction; 6]>,
+    mmv: Vec<Vec<CudaFunction>>,
     /// Per weight type code, the tensor-core products of up to 16, 32 and
     /// 64 activation rows (`mmq16_`, `mmq32_`, `mmq64_`), and the sum of
     /// their shares of k.
-    mmq: Vec<[CudaFunction; 3]>,
+    mmq: Vec<Vec<CudaFunction>>,
     mmq_sum: CudaFunction,
     quantize_q8: CudaFunction,
     /// Per weight type code: `dequant_<type>`, rows into f32 or bf16 for a
@@ -393,35 +393,17 @@ impl CudaDevice {
                 .map(|(_, t)| f(&format!("{kind}_{t}")))
                 .collect()
         };
+        // Per type, one kernel of each named family: `<kind>_<type>`.
+        let per_type_set = |kinds: &[&str]| -> Result<Vec<Vec<CudaFunction>>, _> {
+            TYPES
+                .iter()
+                .map(|(_, t)| kinds.iter().map(|kind| f(&format!("{kind}_{t}"))).collect())
+                .collect()
+        };
         let kernels = Kernels {
             matmul: per_type("matmul")?,
-            mmv: TYPES
-                .iter()
-                .map(
-                    |(_, t)| -> Result<[CudaFunction; 6], cudarc::driver::DriverError> {
-                        Ok([
-                            f(&format!("mmv1_{t}"))?,
-                            f(&format!("mmv8_{t}"))?,
-                            f(&format!("mmvq1_{t}"))?,
-                            f(&format!("mmvq8_{t}"))?,
-                            f(&format!("mmvq1u2_{t}"))?,
-                            f(&format!("mmvq1u3_{t}"))?,
-                        ])
-                    },
-                )
-                .collect::<Result<_, _>>()?,
-            mmq: TYPES
-                .iter()
-                .map(
-                    |(_, t)| -> Result<[CudaFunction; 3], cudarc::driver::DriverError> {
-                        Ok([
-                            f(&format!("mmq16_{t}"))?,
-                            f(&format!("mmq32_{t}"))?,
-                            f(&format!("mmq64_{t}"))?,
-                        ])
-                    },
-                )
-                .collect::<Result<_, _>>()?,
+            mmv: per_type_set(&["mmv1", "mmv8", "mmvq1", "mmvq8", "mmvq1u2", "mmvq1u3"])?,
+            mmq: per_type_set(&["mmq16", "mmq32", "mmq64"])?,
             mmq_sum: f("mmq_sum")?,
             quantize_q8: f("quantize_q8")?,
             gather: per_type("gather")?,

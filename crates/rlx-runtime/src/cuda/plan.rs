@@ -231,6 +231,48 @@ const MMQ_BLOCK_ROWS: usize = 128;
 /// The most shares of k one tensor-core product is cut into.
 const MMQ_MAX_SHARES: usize = 16;
 
+/// Which tensor-core kernel (index into `Kernels::mmq`) takes `m`
+/// activation rows: `mmq16_`, `mmq32_` or `mmq64_`.
+pub(super) fn mmq_variant(m: usize) -> usize {
+    match m {
+        0..=16 => 0,
+        17..=32 => 1,
+        _ => 2,
+    }
+}
+
+/// Up to three consecutive weights of one type that one product launch
+/// takes (a fused q/k/v or gate/up): their addresses (the last repeated),
+/// where the second and third start among the rows, and the rows in all.
+struct WeightRun {
+    code: u32,
+    ptrs: [u64; 3],
+    e0: usize,
+    e1: usize,
+    rows: usize,
+}
+
+/// A product's weights (`mm_weights`) as the runs its launches take, in
+/// order.
+fn weight_runs(weights: &[(u32, u64, usize, GgmlType)]) -> Vec<WeightRun> {
+    weights
+        .chunk_by(|a, b| a.0 == b.0)
+        .flat_map(|run| run.chunks(3))
+        .map(|seg| {
+            let at = |i: usize| seg[i.min(seg.len() - 1)];
+            let e0 = at(0).2;
+            let e1 = if seg.len() > 1 { e0 + at(1).2 } else { e0 };
+            WeightRun {
+                code: seg[0].0,
+                ptrs: [at(0).1, at(1).1, at(2).1],
+                e0,
+                e1,
+                rows: seg.iter().map(|w| w.2).sum(),
+            }
+        })
+        .collect()
+}
+
 /// How a tensor-core product of `rows` weight rows over `units` 32-element
 /// units cuts k to fill a GPU of `sms` multiprocessors: `(shares, per)`,
 /// `per` groups of four units a share, every share non-empty. About two
@@ -1978,38 +2020,28 @@ impl CudaPlan {
             };
             // Runs of up to three weights of one type, one launch each.
             let mut off = 0;
-            for run in weights_of.chunk_by(|a, b| a.0 == b.0) {
-                for seg in run.chunks(3) {
-                    let at = |i: usize| seg[i.min(seg.len() - 1)].1;
-                    let mut ends = seg.iter().scan(0, |e, w| {
-                        *e += w.2;
-                        Some(*e)
-                    });
-                    let e0 = ends.next().unwrap_or(0);
-                    let e1 = ends.next().unwrap_or(e0);
-                    let rows: usize = seg.iter().map(|w| w.2).sum();
-                    self.launch(
-                        &k.mmv[seg[0].0 as usize][variant],
-                        grid(rows.div_ceil(MMV_WARPS), 1, 32 * MMV_WARPS as u32),
-                        &[
-                            Arg::Ptr(at(0)),
-                            Arg::Ptr(at(1)),
-                            Arg::Ptr(at(2)),
-                            Arg::I32(e0 as i32),
-                            Arg::I32(e1 as i32),
-                            Arg::Ptr(x),
-                            Arg::Ptr(xq),
-                            Arg::Ptr(xd),
-                            Arg::Ptr(cx.out),
-                            Arg::I32(m as i32),
-                            Arg::I32(rows as i32),
-                            Arg::I32(kin as i32),
-                            Arg::I32(total as i32),
-                            Arg::I32(off as i32),
-                        ],
-                    )?;
-                    off += rows;
-                }
+            for r in weight_runs(&weights_of) {
+                self.launch(
+                    &k.mmv[r.code as usize][variant],
+                    grid(r.rows.div_ceil(MMV_WARPS), 1, 32 * MMV_WARPS as u32),
+                    &[
+                        Arg::Ptr(r.ptrs[0]),
+                        Arg::Ptr(r.ptrs[1]),
+                        Arg::Ptr(r.ptrs[2]),
+                        Arg::I32(r.e0 as i32),
+                        Arg::I32(r.e1 as i32),
+                        Arg::Ptr(x),
+                        Arg::Ptr(xq),
+                        Arg::Ptr(xd),
+                        Arg::Ptr(cx.out),
+                        Arg::I32(m as i32),
+                        Arg::I32(r.rows as i32),
+                        Arg::I32(kin as i32),
+                        Arg::I32(total as i32),
+                        Arg::I32(off as i32),
+                    ],
+                )?;
+                off += r.rows;
             }
             return Ok(());
         }
@@ -2133,60 +2165,46 @@ impl CudaPlan {
         total: usize,
     ) -> Result<(), CudaError> {
         let k = &self.device.kernels;
-        let variant = match m {
-            0..=16 => 0,
-            17..=32 => 1,
-            _ => 2,
-        };
+        let variant = mmq_variant(m);
         let mut off = 0;
-        for run in weights_of.chunk_by(|a, b| a.0 == b.0) {
-            for seg in run.chunks(3) {
-                let at = |i: usize| seg[i.min(seg.len() - 1)].1;
-                let mut ends = seg.iter().scan(0, |e, w| {
-                    *e += w.2;
-                    Some(*e)
-                });
-                let e0 = ends.next().unwrap_or(0);
-                let e1 = ends.next().unwrap_or(e0);
-                let rows: usize = seg.iter().map(|w| w.2).sum();
-                let (shares, per) = mmq_shares(rows, kin / 32, self.device.sms);
+        for r in weight_runs(weights_of) {
+            let (shares, per) = mmq_shares(r.rows, kin / 32, self.device.sms);
+            self.launch(
+                &k.mmq[r.code as usize][variant],
+                grid(r.rows.div_ceil(MMQ_BLOCK_ROWS), shares, 128),
+                &[
+                    Arg::Ptr(r.ptrs[0]),
+                    Arg::Ptr(r.ptrs[1]),
+                    Arg::Ptr(r.ptrs[2]),
+                    Arg::I32(r.e0 as i32),
+                    Arg::I32(r.e1 as i32),
+                    Arg::Ptr(x),
+                    Arg::Ptr(cx.out),
+                    Arg::Ptr(part),
+                    Arg::I32(m as i32),
+                    Arg::I32(r.rows as i32),
+                    Arg::I32(kin as i32),
+                    Arg::I32(total as i32),
+                    Arg::I32(off as i32),
+                    Arg::I32(per as i32),
+                ],
+            )?;
+            if shares > 1 {
                 self.launch(
-                    &k.mmq[seg[0].0 as usize][variant],
-                    grid(rows.div_ceil(MMQ_BLOCK_ROWS), shares, 128),
+                    &k.mmq_sum,
+                    linear(m * r.rows),
                     &[
-                        Arg::Ptr(at(0)),
-                        Arg::Ptr(at(1)),
-                        Arg::Ptr(at(2)),
-                        Arg::I32(e0 as i32),
-                        Arg::I32(e1 as i32),
-                        Arg::Ptr(x),
-                        Arg::Ptr(cx.out),
                         Arg::Ptr(part),
+                        Arg::Ptr(cx.out),
                         Arg::I32(m as i32),
-                        Arg::I32(rows as i32),
-                        Arg::I32(kin as i32),
+                        Arg::I32(r.rows as i32),
+                        Arg::I32(shares as i32),
                         Arg::I32(total as i32),
                         Arg::I32(off as i32),
-                        Arg::I32(per as i32),
                     ],
                 )?;
-                if shares > 1 {
-                    self.launch(
-                        &k.mmq_sum,
-                        linear(m * rows),
-                        &[
-                            Arg::Ptr(part),
-                            Arg::Ptr(cx.out),
-                            Arg::I32(m as i32),
-                            Arg::I32(rows as i32),
-                            Arg::I32(shares as i32),
-                            Arg::I32(total as i32),
-                            Arg::I32(off as i32),
-                        ],
-                    )?;
-                }
-                off += rows;
             }
+            off += r.rows;
         }
         Ok(())
     }

@@ -2052,11 +2052,7 @@ fn tensor_core_products_match_bf16_operands() {
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let variant = match m {
-                0..=16 => 0,
-                17..=32 => 1,
-                _ => 2,
-            };
+            let variant = super::plan::mmq_variant(m);
             let args = [
                 w(0),
                 w(1),
