@@ -99,6 +99,29 @@ pub struct MemoryReport {
     pub weights: usize,
 }
 
+/// What one kernel took over the profiled steps of one size
+/// ([`Backend::set_profiling`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    /// The kernel's name (`cublas_gemm_bf16` for a cuBLAS product).
+    pub name: String,
+    /// Launches over all the steps.
+    pub launches: usize,
+    /// Seconds over all the steps.
+    pub seconds: f64,
+    /// Bytes of weights its launches read over all the steps (0 where not
+    /// counted: kernels that read no weights).
+    pub weight_bytes: u64,
+}
+
+/// The kernels of the profiled steps of `rows` rows, slowest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepProfile {
+    pub rows: usize,
+    pub steps: usize,
+    pub kernels: Vec<KernelTime>,
+}
+
 /// A device: weights, plans and K/V storage.
 pub trait Backend: Send + Sync {
     fn device(&self) -> Device;
@@ -133,6 +156,18 @@ pub trait Backend: Send + Sync {
         Ok(KvPool::new(config, storage)?)
     }
     fn memory(&self) -> MemoryReport;
+    /// Turns timing every kernel launch on or off; false where the device
+    /// cannot (the CPU). While on, steps run one kernel at a time (no
+    /// graphs, no overlap between kernels), so they are slower than
+    /// otherwise; the sum of a step's kernels bounds what it takes.
+    fn set_profiling(&self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
+    /// What was timed since the last call, by step size.
+    fn take_profile(&self) -> Vec<StepProfile> {
+        Vec::new()
+    }
 }
 
 /// The K/V type llama.cpp keeps with its arithmetic (f16), or f32 on the

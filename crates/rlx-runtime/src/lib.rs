@@ -24,7 +24,8 @@ pub mod split;
 pub mod weights;
 
 pub use backend::{
-    host_memory, open, Backend, BackendOptions, Device, Executable, MemoryReport, PreparedKv,
+    host_memory, open, Backend, BackendOptions, Device, Executable, KernelTime, MemoryReport,
+    PreparedKv, StepProfile,
 };
 pub use batch::{Batch, BatchError, SeqId, SeqRun};
 pub use compile::{

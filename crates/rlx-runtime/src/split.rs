@@ -19,7 +19,7 @@ use std::sync::Arc;
 use rlx_gguf::GgmlType;
 use rlx_ir::{DType, Dim, Graph, KvSource, NodeId, Op, Shape};
 
-use crate::backend::{Backend, Device, Executable, MemoryReport, PreparedKv};
+use crate::backend::{Backend, Device, Executable, MemoryReport, PreparedKv, StepProfile};
 use crate::batch::Batch;
 use crate::compile::{CompileOptions, HostTensor, Precision, RunError, StepOutputs};
 use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet};
@@ -327,6 +327,19 @@ impl Backend for SplitBackend {
 
     /// The sum of the weights each device holds; what is available is per
     /// device (each backend's own report), so none is given here.
+    fn set_profiling(&self, on: bool) -> bool {
+        // Every backend is told, so none is left on.
+        let told: Vec<bool> = self.backends.iter().map(|b| b.set_profiling(on)).collect();
+        told.contains(&true)
+    }
+
+    fn take_profile(&self) -> Vec<StepProfile> {
+        self.backends
+            .iter()
+            .flat_map(|b| b.take_profile())
+            .collect()
+    }
+
     fn memory(&self) -> MemoryReport {
         MemoryReport {
             total: None,

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use rlx_gemma::{Model, Session, SessionOptions};
-use rlx_runtime::{KvTypes, RowReduce};
+use rlx_runtime::{KvTypes, RowReduce, StepProfile};
 use serde_json::json;
 
 use super::common::ModelArgs;
@@ -66,6 +66,12 @@ pub struct BenchArgs {
     /// vocabulary (as `rlx run --draft-model`): `tgN draft` rows.
     #[arg(long, value_name = "MODEL")]
     pub draft_model: Option<std::path::PathBuf>,
+    /// After the timed runs, run each test once more with every kernel
+    /// timed on its own (devices that can: CUDA), and print where a step's
+    /// time goes, kernel by kernel. Kernels then run one at a time, without
+    /// graphs, so these figures bound a step from above.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 struct Row {
@@ -322,6 +328,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .model
         .kv_types(&model)
         .unwrap_or_else(|| KvTypes::both(model.default_kv_dtype()));
+    // Asked before any test runs (turning it off says whether it can).
+    if args.profile && !model.backend().set_profiling(false) {
+        bail!(
+            "--profile: the {} backend cannot time its kernels one by one",
+            model.backend().kind()
+        );
+    }
     if !args.batch.is_empty() {
         return super::bench_batch::run(args, &model, kv);
     }
@@ -376,6 +389,21 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 .then(|| decode_bytes(&model, kv, args.depth + n / 2)),
             bandwidth,
         });
+    }
+    let mut profiles = Vec::new();
+    if args.profile {
+        for &p in args.prompt.iter().filter(|&&p| p > 0) {
+            let mut s = test_session(&model, kv, args.depth, p, 0)?;
+            profiles.extend(profiled(&model, &suffix(format!("pp{p}")), || {
+                time_one(&mut s, args.depth, p, 0, args.whole_rows).map(drop)
+            })?);
+        }
+        for &n in args.gen.iter().filter(|&&n| n > 0) {
+            let mut s = test_session(&model, kv, args.depth, 0, n)?;
+            profiles.extend(profiled(&model, &suffix(format!("tg{n}")), || {
+                time_one(&mut s, args.depth, 0, n, args.whole_rows).map(drop)
+            })?);
+        }
     }
     let source = draft_source(args.spec.unwrap_or(Spec::None), args.draft_model.is_some())?;
     let spec = speculation(source, args.draft_max, 1, args.model.batch_invariant, gpu)?;
@@ -469,6 +497,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .collect();
         serde_json::to_writer_pretty(&mut out, &arr)?;
         writeln!(out)?;
+        print_profiles(&mut std::io::stderr().lock(), &profiles)?;
     } else {
         writeln!(
             out,
@@ -508,11 +537,80 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             model.backend().describe(),
             cpu_name().unwrap_or_else(|| "unknown".into())
         )?;
+        print_profiles(&mut out, &profiles)?;
         if bandwidth > 0.0 {
             writeln!(
                 out,
                 "\nroofline: read bandwidth {:.1} GB/s with {threads} threads (mean of probes run after each generation repetition; each repetition is set against its own probe); a generated token reads every weight and the K/V of its context once",
                 bandwidth / 1e9
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f` (one untimed run of a test) with every kernel of the model's
+/// device timed; its steps' profiles, labelled `test`.
+pub(super) fn profiled(
+    model: &Model,
+    test: &str,
+    f: impl FnOnce() -> Result<()>,
+) -> Result<Vec<(String, StepProfile)>> {
+    let backend = model.backend();
+    if !backend.set_profiling(true) {
+        bail!(
+            "--profile: the {} backend cannot time its kernels one by one",
+            backend.kind()
+        );
+    }
+    backend.take_profile();
+    let run = f();
+    backend.set_profiling(false);
+    run?;
+    Ok(backend
+        .take_profile()
+        .into_iter()
+        .map(|p| (test.to_string(), p))
+        .collect())
+}
+
+/// One table per profiled step size: each kernel's launches and time a
+/// step, its share, and for products the weights read and at what rate.
+pub(super) fn print_profiles(
+    out: &mut impl Write,
+    profiles: &[(String, StepProfile)],
+) -> Result<()> {
+    for (test, p) in profiles {
+        let steps = p.steps.max(1) as f64;
+        let total: f64 = p.kernels.iter().map(|k| k.seconds).sum();
+        writeln!(
+            out,
+            "\n{test}: steps of {} row{} ({} steps), kernels one at a time: {:.1} µs a step",
+            p.rows,
+            if p.rows == 1 { "" } else { "s" },
+            p.steps,
+            total / steps * 1e6
+        )?;
+        writeln!(
+            out,
+            "\n| kernel | launches a step | µs a step | share | weights MB a step | TB/s |"
+        )?;
+        writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: |")?;
+        for k in &p.kernels {
+            let (mb, rate) = match k.weight_bytes {
+                0 => (String::new(), String::new()),
+                b => (
+                    format!("{:.1}", b as f64 / steps / 1e6),
+                    format!("{:.2}", b as f64 / k.seconds.max(1e-12) / 1e12),
+                ),
+            };
+            writeln!(
+                out,
+                "| `{}` | {:.1} | {:.1} | {:.1} % | {mb} | {rate} |",
+                k.name,
+                k.launches as f64 / steps,
+                k.seconds / steps * 1e6,
+                100.0 * k.seconds / total.max(1e-12),
             )?;
         }
     }

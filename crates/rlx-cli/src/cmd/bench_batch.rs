@@ -12,7 +12,7 @@ use rlx_gemma::{Feed, Model, SeqId, Sequences, SequencesOptions, Want};
 use rlx_runtime::{KvTypes, RowReduce};
 use serde_json::json;
 
-use super::bench::{mean_std, tokens, BenchArgs};
+use super::bench::{mean_std, print_profiles, profiled, tokens, BenchArgs};
 
 /// Tokens per prefill step.
 const STEP_TOKENS: usize = 512;
@@ -134,6 +134,14 @@ pub fn run(args: &BenchArgs, model: &Model, kv: KvTypes) -> Result<()> {
             .collect::<Result<Vec<_>>>()?;
         rows.push((b, samples));
     }
+    let mut profiles = Vec::new();
+    if args.profile {
+        for &b in &args.batch {
+            profiles.extend(profiled(model, &format!("B = {b}"), || {
+                time_batch(model, kv, b, prompt, gen, args.whole_rows).map(drop)
+            })?);
+        }
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         let arr: Vec<_> = rows
@@ -163,6 +171,7 @@ pub fn run(args: &BenchArgs, model: &Model, kv: KvTypes) -> Result<()> {
             .collect();
         serde_json::to_writer_pretty(&mut out, &arr)?;
         writeln!(out)?;
+        print_profiles(&mut std::io::stderr().lock(), &profiles)?;
         return Ok(());
     }
     writeln!(
@@ -188,5 +197,6 @@ pub fn run(args: &BenchArgs, model: &Model, kv: KvTypes) -> Result<()> {
             mib(last.kv_full_length),
         )?;
     }
+    print_profiles(&mut out, &profiles)?;
     Ok(())
 }

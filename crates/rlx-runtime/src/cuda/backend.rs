@@ -7,7 +7,9 @@ use rlx_gguf::GgmlType;
 use rlx_ir::{Graph, Op};
 
 use super::{compile_cuda, supports, CudaDevice, CudaError, CudaKvStorage, CudaPlan, CudaWeights};
-use crate::backend::{kv_dtype_for, step, Backend, Device, Executable, MemoryReport, PreparedKv};
+use crate::backend::{
+    kv_dtype_for, step, Backend, Device, Executable, MemoryReport, PreparedKv, StepProfile,
+};
 use crate::batch::Batch;
 use crate::compile::{CompileOptions, HostTensor, Precision, RunError, StepOutputs};
 use crate::kv::{KvDType, KvPool, KvPoolConfig, KvStorage, SlotSet};
@@ -143,6 +145,15 @@ impl Backend for CudaBackend {
             available,
             weights: self.weights.bytes(),
         }
+    }
+
+    fn set_profiling(&self, on: bool) -> bool {
+        self.cuda().set_profiling(on);
+        true
+    }
+
+    fn take_profile(&self) -> Vec<StepProfile> {
+        self.cuda().take_profile()
     }
 }
 

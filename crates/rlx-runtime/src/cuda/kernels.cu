@@ -1148,6 +1148,19 @@ __device__ void dequant_body(const u8* w, void* out, long long n, int k, int bf1
     }
 FOR_EACH_TYPE(DEQUANT)
 
+// Waits `ns` nanoseconds of the GPU's clock: a step being profiled queues
+// behind it, so that its kernels run back to back however slowly the host
+// queues them.
+extern "C" __global__ void spin(long long ns) {
+    pdl_begin();
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < (unsigned long long)ns);
+}
+
 // y = x as bf16 (the activations of a bf16 library product).
 extern "C" __global__ void to_bf16(const float* x, u16* y, long long n) {
     pdl_begin();

@@ -33,6 +33,7 @@
 mod backend;
 mod kv;
 mod plan;
+mod profile;
 mod reduce;
 
 use std::sync::{Arc, Mutex, Weak};
@@ -245,6 +246,8 @@ struct Kernels {
     gaussian_topk: CudaFunction,
     batch_matmul: CudaFunction,
     to_bf16: CudaFunction,
+    /// Waits on the GPU a given time (profiled steps queue behind it).
+    spin: CudaFunction,
     rms_norm: CudaFunction,
     /// RMS norm writing 8-bit activation blocks (a `q8` decode product's
     /// input) instead of f32.
@@ -292,6 +295,10 @@ pub struct CudaDevice {
     /// bf16 tensor-core `mma.sync` and `cp.async` (compute capability 8.0
     /// on): products of up to 64 rows straight from the weights' blocks.
     mma: bool,
+    /// Whether every launch is timed ([`CudaDevice::set_profiling`]), and
+    /// what has been.
+    profiling: std::sync::atomic::AtomicBool,
+    profiler: Mutex<profile::Profiler>,
 }
 
 /// A cuBLAS handle on the device's stream, with a workspace of our own so
@@ -417,6 +424,7 @@ impl CudaDevice {
             gaussian_topk: f("gaussian_topk")?,
             batch_matmul: f("batch_matmul")?,
             to_bf16: f("to_bf16")?,
+            spin: f("spin")?,
             rms_norm: f("rms_norm")?,
             rms_norm_q8: f("rms_norm_q8")?,
             add_norm_q8: f("add_norm_q8")?,
@@ -477,6 +485,8 @@ impl CudaDevice {
             sms: sms.max(1) as usize,
             pdl: major >= 9,
             mma: major >= 8,
+            profiling: Default::default(),
+            profiler: Default::default(),
         }))
     }
 
@@ -560,6 +570,13 @@ impl CudaDevice {
                 blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )?;
+        }
+        if self.profiling() {
+            let name = match ty {
+                GemmType::F32 => "cublas_gemm_f32",
+                GemmType::BF16 => "cublas_gemm_bf16",
+            };
+            self.profile_launch(None, name, (n * k * ty.bytes()) as u64)?;
         }
         Ok(())
     }

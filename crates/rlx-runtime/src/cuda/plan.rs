@@ -246,10 +246,18 @@ pub(super) fn mmq_variant(m: usize) -> usize {
 /// where the second and third start among the rows, and the rows in all.
 struct WeightRun {
     code: u32,
+    ty: GgmlType,
     ptrs: [u64; 3],
     e0: usize,
     e1: usize,
     rows: usize,
+}
+
+impl WeightRun {
+    /// Bytes of its weights, rows of `k`.
+    fn bytes(&self, k: usize) -> u64 {
+        (self.rows * k / self.ty.block_elems() * self.ty.block_bytes()) as u64
+    }
 }
 
 /// A product's weights (`mm_weights`) as the runs its launches take, in
@@ -264,6 +272,7 @@ fn weight_runs(weights: &[(u32, u64, usize, GgmlType)]) -> Vec<WeightRun> {
             let e1 = if seg.len() > 1 { e0 + at(1).2 } else { e0 };
             WeightRun {
                 code: seg[0].0,
+                ty: seg[0].3,
                 ptrs: [at(0).1, at(1).1, at(2).1],
                 e0,
                 e1,
@@ -1315,6 +1324,18 @@ impl CudaPlan {
     /// memory: `pdl_begin` in kernels.cu), which hides most of the gap
     /// between two small kernels of a decode step.
     fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[Arg]) -> Result<(), CudaError> {
+        self.launch_reading(f, cfg, args, 0)
+    }
+
+    /// [`CudaPlan::launch`] of a kernel that reads `weight_bytes` of
+    /// weights (for profiles).
+    fn launch_reading(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: &[Arg],
+        weight_bytes: u64,
+    ) -> Result<(), CudaError> {
         use cudarc::driver::sys;
         let mut params: Vec<*mut std::ffi::c_void> = args
             .iter()
@@ -1361,6 +1382,9 @@ impl CudaPlan {
             )
             .result()?
         };
+        if self.device.profiling() {
+            self.device.profile_launch(Some(f), "", weight_bytes)?;
+        }
         Ok(())
     }
 
@@ -1467,11 +1491,16 @@ impl CudaPlan {
                 }),
                 None => None,
             };
-            let capture = b == self.max || batch.len() <= GRAPH_MAX_ROWS;
+            let profiling = self.device.profiling();
+            let capture = !profiling && (b == self.max || batch.len() <= GRAPH_MAX_ROWS);
             let found = self
                 .captured
                 .iter()
-                .position(|c| c.storage == storage_id && c.bindings == b);
+                .position(|c| c.storage == storage_id && c.bindings == b)
+                .filter(|_| !profiling);
+            if profiling {
+                self.device.profile_begin(batch.len())?;
+            }
             if let Some(i) = found {
                 self.captured[i].graph.launch()?;
             } else if capture {
@@ -1543,6 +1572,9 @@ impl CudaPlan {
         }
         if let (Some((name, _)), None) = (reduce, &digests) {
             return Err(RunError::NoOutput(name.into()).into());
+        }
+        if self.device.profiling() {
+            self.device.profile_end()?;
         }
         Ok((outs.into(), digests))
     }
@@ -2021,7 +2053,7 @@ impl CudaPlan {
             // Runs of up to three weights of one type, one launch each.
             let mut off = 0;
             for r in weight_runs(&weights_of) {
-                self.launch(
+                self.launch_reading(
                     &k.mmv[r.code as usize][variant],
                     grid(r.rows.div_ceil(MMV_WARPS), 1, 32 * MMV_WARPS as u32),
                     &[
@@ -2040,6 +2072,7 @@ impl CudaPlan {
                         Arg::I32(total as i32),
                         Arg::I32(off as i32),
                     ],
+                    r.bytes(kin),
                 )?;
                 off += r.rows;
             }
@@ -2091,7 +2124,7 @@ impl CudaPlan {
                 let scratch = self.device.ptr(&gs.weights);
                 for r0 in (0..rows).step_by(chunk) {
                     let nr = chunk.min(rows - r0);
-                    self.launch(
+                    self.launch_reading(
                         &k.dequant[code as usize],
                         linear(nr * kin / 32),
                         &[
@@ -2101,6 +2134,7 @@ impl CudaPlan {
                             Arg::I32(kin as i32),
                             Arg::I32((gs.ty == GemmType::BF16) as i32),
                         ],
+                        (nr * row_bytes) as u64,
                     )?;
                     self.device.gemm(
                         gs.ty,
@@ -2169,7 +2203,7 @@ impl CudaPlan {
         let mut off = 0;
         for r in weight_runs(weights_of) {
             let (shares, per) = mmq_shares(r.rows, kin / 32, self.device.sms);
-            self.launch(
+            self.launch_reading(
                 &k.mmq[r.code as usize][variant],
                 grid(r.rows.div_ceil(MMQ_BLOCK_ROWS), shares, 128),
                 &[
@@ -2188,6 +2222,7 @@ impl CudaPlan {
                     Arg::I32(off as i32),
                     Arg::I32(per as i32),
                 ],
+                r.bytes(kin),
             )?;
             if shares > 1 {
                 self.launch(

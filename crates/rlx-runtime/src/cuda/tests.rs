@@ -2117,3 +2117,48 @@ fn tensor_core_products_match_bf16_operands() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// Profiling times every launch of a step and changes nothing it computes:
+/// the scenario's logits are bit for bit those of graph replays, each
+/// decode step reads every matrix of the graph once in its products, and
+/// every launch has its kernel's name.
+#[test]
+#[ignore = "needs a GPU"]
+fn profiled_steps_compute_the_same_and_name_every_kernel() {
+    let s = store();
+    let gpu = open(Device::Cuda(0), &s, &BackendOptions::threads(2)).unwrap();
+    let want = scenario(&*gpu, KvDType::F16);
+    assert!(gpu.set_profiling(true));
+    gpu.take_profile();
+    let got = scenario(&*gpu, KvDType::F16);
+    gpu.set_profiling(false);
+    let profile = gpu.take_profile();
+    assert!(want == got, "profiled steps computed other logits");
+    let g = model_graph(&s);
+    let matrices: u64 = g
+        .ids()
+        .filter(|&id| matches!(g.node(id).op, rlx_ir::Op::MatMul { .. }))
+        .map(|id| {
+            let w = g.node(id).inputs[1];
+            let rlx_ir::Op::Weight { id: w, .. } = g.node(w).op else {
+                panic!("products of weights")
+            };
+            s.bytes(w).len() as u64
+        })
+        .sum();
+    // The scenario's decode steps of three rows (see `drive`).
+    let decode = profile.iter().find(|p| p.rows == 3).expect("3-row steps");
+    assert_eq!(decode.steps, 40, "{profile:?}");
+    let read: u64 = decode.kernels.iter().map(|k| k.weight_bytes).sum();
+    assert_eq!(read, 40 * matrices, "{decode:?}");
+    for p in &profile {
+        for k in &p.kernels {
+            assert!(!k.name.is_empty() && k.seconds > 0.0, "{k:?}");
+        }
+    }
+    assert!(decode.kernels.iter().any(|k| k.name.starts_with("mmv")));
+    assert!(decode
+        .kernels
+        .iter()
+        .any(|k| k.name.starts_with("attention")));
+}
