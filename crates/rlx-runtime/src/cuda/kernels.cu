@@ -803,8 +803,9 @@ __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
 
 // Per type: mmv<n>_<type> (exact, f32 activations) and mmvq<n>_<type> (q8
 // activations), for one activation row (n = 1) and up to eight (n = 8);
-// mmvq1u<U>_<type> load U units a lane at once instead of four (rows of up
-// to 32 U units in one pass with fewer registers, so more warps on an SM).
+// mmvq1u<U>_<type> and mmvq8u<U>_<type> load U units a lane at once
+// instead of four (rows of up to 32 U units in one pass with fewer
+// registers, so more warps on an SM, and no loads past a short row's end).
 #define MMV_PARAMS                                                                      \
     const u8 *w0, const u8 *w1, const u8 *w2, int e0, int e1, const float *x, const i8 *xq, \
         const u16 *xd, float *y, int mt, int n, int k, int ldy, int y_off
@@ -815,7 +816,9 @@ __device__ void mmv_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
     extern "C" __global__ void mmvq1_##SUF(MMV_PARAMS) { mmv_body<T, 1, true>(MMV_ARGS); }  \
     extern "C" __global__ void mmvq8_##SUF(MMV_PARAMS) { mmv_body<T, 8, true>(MMV_ARGS); }  \
     extern "C" __global__ void mmvq1u2_##SUF(MMV_PARAMS) { mmv_body<T, 1, true, 2>(MMV_ARGS); } \
-    extern "C" __global__ void mmvq1u3_##SUF(MMV_PARAMS) { mmv_body<T, 1, true, 3>(MMV_ARGS); }
+    extern "C" __global__ void mmvq1u3_##SUF(MMV_PARAMS) { mmv_body<T, 1, true, 3>(MMV_ARGS); } \
+    extern "C" __global__ void mmvq8u2_##SUF(MMV_PARAMS) { mmv_body<T, 8, true, 2>(MMV_ARGS); } \
+    extern "C" __global__ void mmvq8u3_##SUF(MMV_PARAMS) { mmv_body<T, 8, true, 3>(MMV_ARGS); }
 FOR_EACH_TYPE(MMV)
 
 // ---- Products of 9–64 activation rows on the tensor cores ----

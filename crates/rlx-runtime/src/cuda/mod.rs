@@ -409,7 +409,9 @@ impl CudaDevice {
         };
         let kernels = Kernels {
             matmul: per_type("matmul")?,
-            mmv: per_type_set(&["mmv1", "mmv8", "mmvq1", "mmvq8", "mmvq1u2", "mmvq1u3"])?,
+            mmv: per_type_set(&[
+                "mmv1", "mmv8", "mmvq1", "mmvq8", "mmvq1u2", "mmvq1u3", "mmvq8u2", "mmvq8u3",
+            ])?,
             mmq: per_type_set(&["mmq16", "mmq32", "mmq64"])?,
             mmq_sum: f("mmq_sum")?,
             quantize_q8: f("quantize_q8")?,

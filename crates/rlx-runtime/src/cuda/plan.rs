@@ -221,8 +221,9 @@ const MMV_WARPS: usize = 4;
 const MMQ_ROWS: usize = 64;
 
 /// The fewest activation rows the tensor-core products take (fewer go to
-/// the decode products): measured faster at 8 rows (4B: 1.35×), not yet
-/// below.
+/// the decode products): measured faster at 8 rows on an H200 (4B: 1.35×);
+/// below, on an H100, slower at 2 rows (10–15 %) and mixed at 4 (1B −5 %,
+/// 4B +3 %).
 const MMQ_MIN_ROWS: usize = 8;
 
 /// Weight rows of one tensor-core product block (`MQ_ROWS` in kernels.cu).
@@ -352,17 +353,19 @@ pub(super) fn attention_group(group: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// Which one-row `q8` product kernel (index into `Kernels::mmv`) reads rows
-/// of `units` 32-element units: a row in one pass of 32 lanes with the
-/// fewest units a lane, so the fewest registers (`mmvq1u2_`, `mmvq1u3_`,
-/// `mmvq1_` for four); longer rows in passes of two (measured fastest for
-/// 10,240 and as fast for 6,912).
-pub(super) fn mmvq1_variant(units: usize) -> usize {
+/// Which `q8` decode product kernel (index into `Kernels::mmv`) reads rows
+/// of `units` 32-element units for one activation row or (`many`) up to
+/// eight: a row in one pass of 32 lanes with the fewest units a lane, so
+/// the fewest registers and no loads past the row's end (`mmvq1u2_`,
+/// `mmvq1u3_`, `mmvq1_` for four, and `mmvq8u2_` …); longer rows in passes
+/// of two (measured fastest for one row of 10,240 and as fast for 6,912).
+pub(super) fn mmvq_variant(units: usize, many: bool) -> usize {
+    let (two, three, four) = if many { (6, 7, 3) } else { (4, 5, 2) };
     match units {
-        0..=64 => 4,
-        65..=96 => 5,
-        97..=128 => 2,
-        _ => 4,
+        0..=64 => two,
+        65..=96 => three,
+        97..=128 => four,
+        _ => two,
     }
 }
 
@@ -1532,6 +1535,9 @@ impl CudaPlan {
                     self.exec(id, &b, ctx.as_ref())?;
                 }
             }
+            if profiling {
+                self.device.profile_queued();
+            }
         }
         let mut outs = Vec::new();
         let mut digests = None;
@@ -2046,9 +2052,9 @@ impl CudaPlan {
                     ],
                 )?;
             }
-            let variant = match (q8.is_some(), m > 1) {
-                (true, false) => mmvq1_variant(kin / 32),
-                (q8, many) => usize::from(q8) * 2 + usize::from(many),
+            let variant = match q8 {
+                Some(_) => mmvq_variant(kin / 32, m > 1),
+                None => usize::from(m > 1),
             };
             // Runs of up to three weights of one type, one launch each.
             let mut off = 0;

@@ -18,8 +18,10 @@ use cudarc::driver::{sys, CudaEvent, CudaFunction, LaunchConfig, PushKernelArg};
 use super::{CudaDevice, CudaError};
 use crate::backend::{KernelTime, StepProfile};
 
-/// The wait before a step when nothing has been queued yet (ns).
+/// The wait before a step when nothing has been queued yet, and the
+/// longest (ns).
 const FIRST_WAIT_NS: u64 = 5_000_000;
+const MAX_WAIT_NS: u64 = 100_000_000;
 
 #[derive(Default)]
 pub(super) struct Profiler {
@@ -75,7 +77,7 @@ impl CudaDevice {
         let mut p = self.profiler();
         let wait = match p.queued.as_nanos() as u64 {
             0 => FIRST_WAIT_NS,
-            ns => ns * 3 / 2 + 200_000,
+            ns => (ns * 3 / 2 + 200_000).min(MAX_WAIT_NS),
         };
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
@@ -122,13 +124,21 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// Marks the end of queueing the step's kernels (before anything waits
+    /// for them): how long the next step's wait must be.
+    pub(super) fn profile_queued(&self) {
+        let mut p = self.profiler();
+        if let Some(began) = p.step.as_ref().map(|s| s.began) {
+            p.queued = began.elapsed();
+        }
+    }
+
     /// Ends the profiled step: waits for it and adds its kernels' times.
     pub(super) fn profile_end(&self) -> Result<(), CudaError> {
         let mut p = self.profiler();
         let Some(step) = p.step.take() else {
             return Ok(());
         };
-        p.queued = step.began.elapsed();
         self.stream.synchronize()?;
         let totals = p.done.entry(step.rows).or_default();
         totals.steps += 1;
