@@ -150,6 +150,58 @@ pub fn compile_kernels(major: i32, minor: i32) -> Result<Ptx, CudaError> {
     .map_err(|e| CudaError::Compile(format!("{e:?}")))
 }
 
+/// `kernels.cu` compiled to machine code (a cubin) for compute capability
+/// `major.minor` by NVRTC (needs only libnvrtc, no GPU): what a device
+/// loads without the driver translating PTX at every start where its own
+/// cache is off or full (about a minute over kernels.cu).
+pub fn compile_kernels_cubin(major: i32, minor: i32) -> Result<Vec<u8>, CudaError> {
+    use cudarc::nvrtc::{result, sys};
+    // SAFETY: only tries to open the shared library.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(CudaError::Unavailable(
+            "the NVRTC library (libnvrtc) is not installed".into(),
+        ));
+    }
+    let err = |what: &str, e: result::NvrtcError| CudaError::Compile(format!("{what}: {e:?}"));
+    let src = std::ffi::CString::new(include_str!("kernels.cu")).expect("no NUL in the source");
+    let prog = result::create_program(&src, Some(c"kernels.cu")).map_err(|e| err("create", e))?;
+    let options = [format!("--gpu-architecture=sm_{major}{minor}")];
+    // SAFETY: `prog` is a live program (destroyed below, once); the sizes
+    // NVRTC reports are those of the buffers it then fills.
+    let out = unsafe {
+        let compiled = match result::compile_program(prog, &options) {
+            Ok(()) => {
+                let mut size = 0usize;
+                sys::nvrtcGetCUBINSize(prog, &mut size)
+                    .result()
+                    .map_err(|e| err("cubin size", e))
+                    .and_then(|()| {
+                        let mut bin = vec![0u8; size];
+                        sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| bin)
+                            .map_err(|e| err("cubin", e))
+                    })
+            }
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| {
+                        std::ffi::CStr::from_ptr(l.as_ptr())
+                            .to_string_lossy()
+                            .into_owned()
+                    })
+                    .unwrap_or_default();
+                Err(CudaError::Compile(format!(
+                    "sm_{major}{minor}: {e:?}: {log}"
+                )))
+            }
+        };
+        let _ = result::destroy_program(prog);
+        compiled
+    };
+    out
+}
+
 /// [`compile_kernels`] through a directory of earlier results: the PTX for
 /// the same source and architecture is read back instead of compiled again
 /// (NVRTC takes tens of seconds over kernels.cu). Without a directory, or
@@ -160,13 +212,35 @@ pub fn compile_kernels_cached(
     cache: Option<&std::path::Path>,
 ) -> Result<Ptx, CudaError> {
     let arch = format!("compute_{major}{minor}");
-    match cache {
-        Some(dir) => Ok(Ptx::from_src(cached_text(
-            dir,
-            &kernels_key(&arch),
-            || compile_kernels(major, minor).map(|p| p.to_src()),
-        )?)),
-        None => compile_kernels(major, minor),
+    let make = || compile_kernels(major, minor).map(|p| p.to_src().into_bytes());
+    let text = match cache {
+        Some(dir) => cached_bytes(dir, &kernels_key(&arch), "ptx", make)?,
+        None => make()?,
+    };
+    String::from_utf8(text)
+        .map(Ptx::from_src)
+        .map_err(|e| CudaError::Compile(format!("kept PTX is not text: {e}")))
+}
+
+/// What a device of compute capability `major.minor` loads: the machine
+/// code of [`compile_kernels_cubin`] through `cache` as
+/// [`compile_kernels_cached`] keeps PTX, or, where NVRTC cannot make
+/// machine code for that architecture, the PTX.
+pub fn compile_module_cached(
+    major: i32,
+    minor: i32,
+    cache: Option<&std::path::Path>,
+) -> Result<Ptx, CudaError> {
+    let arch = format!("sm_{major}{minor}");
+    let make = || compile_kernels_cubin(major, minor);
+    let cubin = match cache {
+        Some(dir) => cached_bytes(dir, &kernels_key(&arch), "cubin", make),
+        None => make(),
+    };
+    match cubin {
+        Ok(bin) => Ok(Ptx::from_binary(bin)),
+        Err(CudaError::Compile(_)) => compile_kernels_cached(major, minor, cache),
+        Err(e) => Err(e),
     }
 }
 
@@ -185,29 +259,37 @@ fn kernels_key(arch: &str) -> String {
     )
 }
 
-/// The text kept under `key` in `dir` (a file named by the key's hash whose
+/// The bytes kept under `key` in `dir` (a file `<hash of key>.<ext>` whose
 /// first line is the key itself, so a different key never matches), or
-/// `make`'s, which is then written there for next time. A cache that
+/// `make`'s, which are then written there for next time. A cache that
 /// cannot be read or written only costs the work.
-fn cached_text<E>(
+fn cached_bytes<E>(
     dir: &std::path::Path,
     key: &str,
-    make: impl FnOnce() -> Result<String, E>,
-) -> Result<String, E> {
+    ext: &str,
+    make: impl FnOnce() -> Result<Vec<u8>, E>,
+) -> Result<Vec<u8>, E> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     key.hash(&mut h);
-    let path = dir.join(format!("{:016x}.ptx", h.finish()));
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        if let Some(body) = text.strip_prefix(key).and_then(|t| t.strip_prefix('\n')) {
-            return Ok(body.to_string());
+    let path = dir.join(format!("{:016x}.{ext}", h.finish()));
+    if let Ok(data) = std::fs::read(&path) {
+        if let Some(body) = data
+            .strip_prefix(key.as_bytes())
+            .and_then(|t| t.strip_prefix(b"\n"))
+        {
+            return Ok(body.to_vec());
         }
     }
     let body = make()?;
     // Written beside and renamed into place, so a reader never sees half.
     let tmp = dir.join(format!(".{:016x}.{}.tmp", h.finish(), std::process::id()));
+    let mut data = Vec::with_capacity(key.len() + 1 + body.len());
+    data.extend_from_slice(key.as_bytes());
+    data.push(b'\n');
+    data.extend_from_slice(&body);
     let written = std::fs::create_dir_all(dir)
-        .and_then(|_| std::fs::write(&tmp, format!("{key}\n{body}")))
+        .and_then(|_| std::fs::write(&tmp, &data))
         .and_then(|_| std::fs::rename(&tmp, &path));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -223,8 +305,8 @@ struct Kernels {
     /// Per weight type code, the products of up to eight activation rows:
     /// `mmv1_`, `mmv8_` (f32 activations, one row and up to eight), then
     /// `mmvq1_`, `mmvq8_` (8-bit activation blocks), then `mmvq1u2_`,
-    /// `mmvq1u3_` (one row, two or three units a lane at once), each
-    /// `_<type>`.
+    /// `mmvq1u3_` (one row, two or three units a lane at once), then
+    /// `mmvq8u2_`, `mmvq8u3_` (the same for up to eight), each `_<type>`.
     mmv: Vec<Vec<CudaFunction>>,
     /// Per weight type code, the tensor-core products of up to 16, 32 and
     /// 64 activation rows (`mmq16_`, `mmq32_`, `mmq64_`), and the sum of
@@ -392,7 +474,12 @@ impl CudaDevice {
         // into a graph.
         let stream = ctx.new_stream()?;
         let (major, minor) = ctx.compute_capability()?;
-        let module = ctx.load_module(compile_kernels_cached(major, minor, cache)?)?;
+        // Machine code where NVRTC made it; should the driver refuse it,
+        // PTX, which the driver translates itself.
+        let module = match ctx.load_module(compile_module_cached(major, minor, cache)?) {
+            Ok(m) => m,
+            Err(_) => ctx.load_module(compile_kernels_cached(major, minor, cache)?)?,
+        };
         let f = |name: &str| module.load_function(name);
         let per_type = |kind: &str| -> Result<Vec<CudaFunction>, _> {
             TYPES

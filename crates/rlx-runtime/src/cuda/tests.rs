@@ -648,6 +648,26 @@ fn kernels_compile_with_nvrtc() {
         std::fs::write(&kept, format!("{key}\nmarker")).unwrap();
         let again = super::compile_kernels_cached(major, minor, Some(&cache)).unwrap();
         assert_eq!(again.to_src(), "marker", "sm_{major}{minor}: not read back");
+        if major == 9 {
+            // Machine code for the device's own architecture: an ELF image,
+            // kept beside the PTX under its own key and read back.
+            let bin = super::compile_kernels_cubin(major, minor).unwrap();
+            assert!(bin.starts_with(b"\x7fELF"), "sm_90: not a cubin");
+            let via_cache =
+                super::cached_bytes(&cache, &super::kernels_key("sm_90"), "cubin", || {
+                    super::compile_kernels_cubin(major, minor)
+                })
+                .unwrap();
+            assert!(via_cache.starts_with(b"\x7fELF"));
+            let kept = super::cached_bytes::<super::CudaError>(
+                &cache,
+                &super::kernels_key("sm_90"),
+                "cubin",
+                || panic!("sm_90: the machine code was not kept"),
+            )
+            .unwrap();
+            assert_eq!(kept, via_cache);
+        }
         // Plans on sm_90 launch every kernel as a programmatic dependent of
         // the one before: a kernel that touched memory without waiting for
         // its predecessor would read values not yet written.
@@ -1583,43 +1603,46 @@ fn compiled_kernels_are_kept_by_key() {
     let dir = std::env::temp_dir().join(format!("rlx-kernel-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut made = 0;
+    // Machine code is bytes, not text: a NUL, a newline and a byte that is
+    // not UTF-8 come back as written.
+    let body = |key: &str| [key.as_bytes(), b"\0\n\xff second line"].concat();
     let mut get = |key: &str| {
-        super::cached_text::<()>(&dir, key, || {
+        super::cached_bytes::<()>(&dir, key, "bin", || {
             made += 1;
-            Ok(format!("ptx of {key}\nsecond line"))
+            Ok(body(key))
         })
         .unwrap()
     };
-    assert_eq!(get("a"), "ptx of a\nsecond line");
-    assert_eq!(get("a"), "ptx of a\nsecond line");
-    assert_eq!(get("b"), "ptx of b\nsecond line");
-    assert_eq!(get("a"), "ptx of a\nsecond line");
+    assert_eq!(get("a"), body("a"));
+    assert_eq!(get("a"), body("a"));
+    assert_eq!(get("b"), body("b"));
+    assert_eq!(get("a"), body("a"));
     assert_eq!(made, 2);
     // A file under the key's name whose first line is another key is not
     // taken (made again, and replaced).
     let file = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| std::fs::read_to_string(p).unwrap().starts_with("a\n"))
+        .find(|p| std::fs::read(p).unwrap().starts_with(b"a\n"))
         .unwrap();
     std::fs::write(&file, "not a\nstale").unwrap();
     let mut again = 0;
-    let text = super::cached_text::<()>(&dir, "a", || {
+    let data = super::cached_bytes::<()>(&dir, "a", "bin", || {
         again += 1;
-        Ok("fresh".into())
+        Ok(b"fresh".to_vec())
     })
     .unwrap();
-    assert_eq!((text.as_str(), again), ("fresh", 1));
-    // A cache where a directory cannot be made: the text, every time.
+    assert_eq!((data.as_slice(), again), (&b"fresh"[..], 1));
+    // A cache where a directory cannot be made: the bytes, every time.
     let blocked = dir.join("a-file");
     std::fs::write(&blocked, "").unwrap();
     let mut n = 0;
     for _ in 0..2 {
-        let t = super::cached_text::<()>(&blocked.join("sub"), "k", || {
+        let t = super::cached_bytes::<()>(&blocked.join("sub"), "k", "bin", || {
             n += 1;
-            Ok("t".into())
+            Ok(b"t".to_vec())
         });
-        assert_eq!(t.unwrap(), "t");
+        assert_eq!(t.unwrap(), b"t");
     }
     assert_eq!(n, 2);
     std::fs::remove_dir_all(&dir).unwrap();
