@@ -2,7 +2,8 @@
 # The CUDA backend on a GPU machine that has no Rust toolchain: build here,
 # run there.
 #
-#   scripts/cuda-check.sh build     # here: binaries and a tokenizer-only GGUF into .devbin/
+#   scripts/cuda-check.sh build     # here: binaries, sm_90 kernels (CUDA_ARCH=8.0 …)
+#                                   # and a tokenizer-only GGUF into .devbin/
 #   scripts/cuda-check.sh run       # there: parity tests, then rlx bench on the GPU
 #                                   # (BENCH_ONLY=1: only the benches;
 #                                   # SHAPES="1b 4b": which shapes to bench;
@@ -34,12 +35,20 @@ case "${1:-}" in
     cp "$test_bin" "$BIN/cuda-test"
     cp "$unit_bin" "$BIN/cuda-unit-test"
     strip "$BIN/rlx" "$BIN/make_gguf" "$BIN/cuda-test" "$BIN/cuda-unit-test"
+    # The kernels compiled here for an H100/H200 (sm_90), as rlx keeps them
+    # in ~/.cache/rlx/kernels: the GPU machine neither runs NVRTC nor
+    # translates PTX at each fresh start (a minute or more each).
+    rm -rf "$BIN/kernels"
+    cargo run --release -q -p rlx-runtime --features cuda --example compile_kernels -- \
+      "${CUDA_ARCH:-9.0}" "$BIN/kernels" ||
+      echo "no kernels compiled here (libnvrtc on LD_LIBRARY_PATH?): the GPU machine compiles them"
     [ -f "$BIN/tokenizer.gguf" ] ||
       "$BIN/make_gguf" tokenizer --from "$(bash scripts/fetch-model.sh)" -o "$BIN/tokenizer.gguf"
     du -sh "$BIN"/*
     ;;
   run)
     export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+    [ ! -d "$BIN/kernels" ] || { mkdir -p ~/.cache/rlx/kernels && cp "$BIN"/kernels/* ~/.cache/rlx/kernels/; }
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     M=/tmp/rlx-models
     mkdir -p "$M"
