@@ -48,7 +48,10 @@ case "${1:-}" in
     ;;
   run)
     export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-    [ ! -d "$BIN/kernels" ] || { mkdir -p ~/.cache/rlx/kernels && cp "$BIN"/kernels/* ~/.cache/rlx/kernels/; }
+    # Where rlx and the GPU tests keep compiled kernels.
+    for dir in ~/.cache/rlx/kernels "${TMPDIR:-/tmp}/rlx-test-kernels"; do
+      [ ! -d "$BIN/kernels" ] || { mkdir -p "$dir" && cp "$BIN"/kernels/* "$dir/"; }
+    done
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     M=/tmp/rlx-models
     mkdir -p "$M"

@@ -41,9 +41,16 @@ fn load_at(path: &Path, device: Device, precision: Precision) -> Result<Model, M
         ModelOptions {
             device,
             precision,
+            kernel_cache: Some(kernel_cache()),
             ..ModelOptions::default()
         },
     )
+}
+
+/// Where the GPU's compiled kernels are kept between test processes (each
+/// would otherwise compile kernels.cu, a minute or more).
+fn kernel_cache() -> std::path::PathBuf {
+    std::env::temp_dir().join("rlx-test-kernels")
 }
 
 /// The worst relative L2 between the CPU and the GPU over every check, or
@@ -384,6 +391,7 @@ fn load_split(path: &Path, offload: rlx_gemma::Offload) -> Result<Model, ModelEr
             device: Device::Cuda(0),
             precision: Precision::Exact,
             offload,
+            kernel_cache: Some(kernel_cache()),
             ..ModelOptions::default()
         },
     )

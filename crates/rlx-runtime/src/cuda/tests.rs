@@ -76,6 +76,24 @@ fn store() -> Arc<WeightStore> {
     Arc::new(WeightStore::new(Arc::new(file)))
 }
 
+/// GPU 0, its kernels kept between test processes (each would otherwise
+/// compile kernels.cu, a minute or more).
+fn gpu_device() -> Arc<super::CudaDevice> {
+    super::CudaDevice::with_kernel_cache(0, Some(&test_kernel_cache())).unwrap()
+}
+
+fn test_kernel_cache() -> std::path::PathBuf {
+    std::env::temp_dir().join("rlx-test-kernels")
+}
+
+/// Options that open GPU 0 with [`test_kernel_cache`].
+fn gpu_options(threads: usize) -> BackendOptions {
+    BackendOptions {
+        kernel_cache: Some(test_kernel_cache()),
+        ..BackendOptions::threads(threads)
+    }
+}
+
 fn seq() -> Dim {
     Dim::Sym(Sym::SEQ)
 }
@@ -467,7 +485,7 @@ fn head_norms_run_with_their_rope() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn head_norm_and_rope_in_one_launch_match_the_two_kernels() {
-    let dev = super::CudaDevice::new(0).unwrap();
+    let dev = gpu_device();
     let s = &dev.stream;
     let mut r = Rng(11);
     let (n, heads) = (3usize, 4usize);
@@ -559,9 +577,8 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 
 /// The CPU and GPU 0 backends over the same weights.
 fn cpu_and_gpu(s: &Arc<WeightStore>) -> (Arc<dyn Backend>, Arc<dyn Backend>) {
-    let opts = BackendOptions::threads(2);
-    let cpu = open(Device::Cpu, s, &opts).unwrap();
-    (cpu, open(Device::Cuda(0), s, &opts).unwrap())
+    let cpu = open(Device::Cpu, s, &BackendOptions::threads(2)).unwrap();
+    (cpu, open(Device::Cuda(0), s, &gpu_options(2)).unwrap())
 }
 
 #[test]
@@ -601,7 +618,7 @@ fn a_pool_of_another_device_is_an_error() {
     let s = store();
     let opts = BackendOptions::threads(1);
     let cpu = open(Device::Cpu, &s, &opts).unwrap();
-    let gpu = open(Device::Cuda(0), &s, &opts).unwrap();
+    let gpu = open(Device::Cuda(0), &s, &gpu_options(1)).unwrap();
     let max = Bindings::new().with(Sym::SEQ, 4).with(Sym::ROWS, 4);
     let mut plan = gpu
         .compile(&model_graph(s.as_ref()), &CompileOptions::new(max))
@@ -763,7 +780,7 @@ fn every_type_decodes_as_the_reference() {
     // products) against rlx_gguf::dequantize on random blocks. The product
     // reads them through one-hot activations, so each output is one weight.
     use cudarc::driver::LaunchConfig;
-    let dev = super::CudaDevice::new(0).unwrap();
+    let dev = gpu_device();
     let s = &dev.stream;
     let (rows, k) = (3usize, 512usize);
     let mut r = Rng(11);
@@ -850,7 +867,7 @@ fn decode_products_match_the_reference() {
     // f64 sums over the reference's dequantized weights: `exact` with the
     // f32 activations, `q8` with the activations its blocks decode to.
     use cudarc::driver::LaunchConfig;
-    let dev = super::CudaDevice::new(0).unwrap();
+    let dev = gpu_device();
     let s = &dev.stream;
     let (rows, k) = (7usize, 768usize);
     let mut r = Rng(5);
@@ -1161,7 +1178,7 @@ fn reference_attention(
 #[ignore = "needs a GPU"]
 fn split_attention_matches_the_reference() {
     use cudarc::driver::LaunchConfig;
-    let dev = super::CudaDevice::new(0).unwrap();
+    let dev = gpu_device();
     let s = &dev.stream;
     let f = &dev.kernels.attention[super::attention_index(KvDType::F32, KvDType::F32)];
     let hd = 256usize;
@@ -1279,7 +1296,7 @@ fn a_weight_type_without_kernels_is_refused_by_name() {
         .unwrap();
     let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
     let s = Arc::new(WeightStore::new(Arc::new(file)));
-    let gpu = open(Device::Cuda(0), &s, &BackendOptions::threads(1)).unwrap();
+    let gpu = open(Device::Cuda(0), &s, &gpu_options(1)).unwrap();
     assert!(!gpu.supports_weight(ty));
     let mut g = Graph::new();
     let tokens = g.input("tokens", DType::I32, Shape::new([seq()]));
@@ -1304,7 +1321,7 @@ fn kv_rows_are_stored_as_the_cpu_stores_them() {
     // The kv_write kernel's bytes for every cache type against the CPU
     // storage's (rlx_gguf's conversions and quantizers), rows scattered.
     use cudarc::driver::PushKernelArg;
-    let dev = super::CudaDevice::new(0).unwrap();
+    let dev = gpu_device();
     let s = &dev.stream;
     let (n, kd, vd, rows) = (5usize, 128usize, 64usize, 8usize);
     let mut r = Rng(5);
@@ -1738,7 +1755,7 @@ fn draw_weights(row: &[f32], r: &crate::reduce::RowReduce) -> Vec<f64> {
 #[ignore = "needs a GPU"]
 fn logit_rows_reduce_as_the_reference() {
     use crate::reduce::{reduce_row, Adjust, Draw, Penalties, RowReduce};
-    let dev = super::CudaDevice::new(0).unwrap();
+    let dev = gpu_device();
     let mut r = Rng(11);
     for vocab in [262_144usize, 1000, 33, 5] {
         let rows = 9;
@@ -1863,7 +1880,7 @@ fn race_keys(
 #[ignore = "needs a GPU"]
 fn gpu_draws_follow_the_samplers_distribution() {
     use crate::reduce::{Draw, RowReduce};
-    let dev = super::CudaDevice::new(0).unwrap();
+    let dev = gpu_device();
     let vocab = 16;
     let row: Vec<f32> = (0..vocab)
         .map(|i| ((i * 37) % 11) as f32 * 0.3 - 1.0)
@@ -2037,7 +2054,7 @@ fn tensor_core_products_cut_k_to_fill_the_gpu() {
 fn tensor_core_products_match_bf16_operands() {
     use super::plan::mmq_shares;
     use cudarc::driver::LaunchConfig;
-    let dev = super::CudaDevice::new(0).unwrap();
+    let dev = gpu_device();
     let s = &dev.stream;
     let mut r = Rng(17);
     let bf = |v: f32| half::bf16::from_f32(v).to_f32();
@@ -2149,7 +2166,7 @@ fn tensor_core_products_match_bf16_operands() {
 #[ignore = "needs a GPU"]
 fn profiled_steps_compute_the_same_and_name_every_kernel() {
     let s = store();
-    let gpu = open(Device::Cuda(0), &s, &BackendOptions::threads(2)).unwrap();
+    let gpu = open(Device::Cuda(0), &s, &gpu_options(2)).unwrap();
     let want = scenario(&*gpu, KvDType::F16);
     assert!(gpu.set_profiling(true));
     gpu.take_profile();
