@@ -168,7 +168,7 @@ pub fn compile_kernels_cubin(major: i32, minor: i32) -> Result<Vec<u8>, CudaErro
     let options = [format!("--gpu-architecture=sm_{major}{minor}")];
     // SAFETY: `prog` is a live program (destroyed below, once); the sizes
     // NVRTC reports are those of the buffers it then fills.
-    let out = unsafe {
+    unsafe {
         let compiled = match result::compile_program(prog, &options) {
             Ok(()) => {
                 let mut size = 0usize;
@@ -198,8 +198,7 @@ pub fn compile_kernels_cubin(major: i32, minor: i32) -> Result<Vec<u8>, CudaErro
         };
         let _ = result::destroy_program(prog);
         compiled
-    };
-    out
+    }
 }
 
 /// [`compile_kernels`] through a directory of earlier results: the PTX for
@@ -211,12 +210,8 @@ pub fn compile_kernels_cached(
     minor: i32,
     cache: Option<&std::path::Path>,
 ) -> Result<Ptx, CudaError> {
-    let arch = format!("compute_{major}{minor}");
     let make = || compile_kernels(major, minor).map(|p| p.to_src().into_bytes());
-    let text = match cache {
-        Some(dir) => cached_bytes(dir, &kernels_key(&arch), "ptx", make)?,
-        None => make()?,
-    };
+    let text = kept(cache, &format!("compute_{major}{minor}"), "ptx", make)?;
     String::from_utf8(text)
         .map(Ptx::from_src)
         .map_err(|e| CudaError::Compile(format!("kept PTX is not text: {e}")))
@@ -231,16 +226,25 @@ pub fn compile_module_cached(
     minor: i32,
     cache: Option<&std::path::Path>,
 ) -> Result<Ptx, CudaError> {
-    let arch = format!("sm_{major}{minor}");
     let make = || compile_kernels_cubin(major, minor);
-    let cubin = match cache {
-        Some(dir) => cached_bytes(dir, &kernels_key(&arch), "cubin", make),
-        None => make(),
-    };
-    match cubin {
+    match kept(cache, &format!("sm_{major}{minor}"), "cubin", make) {
         Ok(bin) => Ok(Ptx::from_binary(bin)),
         Err(CudaError::Compile(_)) => compile_kernels_cached(major, minor, cache),
         Err(e) => Err(e),
+    }
+}
+
+/// kernels.cu compiled for `arch` by `make`, through `cache` where there
+/// is one ([`cached_bytes`], files `*.<ext>`).
+fn kept(
+    cache: Option<&std::path::Path>,
+    arch: &str,
+    ext: &str,
+    make: impl FnOnce() -> Result<Vec<u8>, CudaError>,
+) -> Result<Vec<u8>, CudaError> {
+    match cache {
+        Some(dir) => cached_bytes(dir, &kernels_key(arch), ext, make),
+        None => make(),
     }
 }
 

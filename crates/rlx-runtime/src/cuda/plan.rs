@@ -259,6 +259,24 @@ impl WeightRun {
     fn bytes(&self, k: usize) -> u64 {
         (self.rows * k / self.ty.block_elems() * self.ty.block_bytes()) as u64
     }
+
+    /// A product kernel's arguments for this run, as the decode and
+    /// tensor-core products declare them: its weights, then `io` (the
+    /// kernel's activation and output addresses), then `m` activation rows,
+    /// its weight rows, `k`, the output's row length `ldy` and the run's
+    /// first column `off`.
+    fn args(&self, io: &[Arg], m: usize, k: usize, ldy: usize, off: usize) -> Vec<Arg> {
+        let mut args = vec![
+            Arg::Ptr(self.ptrs[0]),
+            Arg::Ptr(self.ptrs[1]),
+            Arg::Ptr(self.ptrs[2]),
+            Arg::I32(self.e0 as i32),
+            Arg::I32(self.e1 as i32),
+        ];
+        args.extend_from_slice(io);
+        args.extend([m, self.rows, k, ldy, off].map(|v| Arg::I32(v as i32)));
+        args
+    }
 }
 
 /// A product's weights (`mm_weights`) as the runs its launches take, in
@@ -1208,6 +1226,7 @@ fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
 }
 
 /// Kernel arguments, all plain values (device addresses as u64).
+#[derive(Clone, Copy)]
 enum Arg {
     Ptr(u64),
     I32(i32),
@@ -2062,22 +2081,13 @@ impl CudaPlan {
                 self.launch_reading(
                     &k.mmv[r.code as usize][variant],
                     grid(r.rows.div_ceil(MMV_WARPS), 1, 32 * MMV_WARPS as u32),
-                    &[
-                        Arg::Ptr(r.ptrs[0]),
-                        Arg::Ptr(r.ptrs[1]),
-                        Arg::Ptr(r.ptrs[2]),
-                        Arg::I32(r.e0 as i32),
-                        Arg::I32(r.e1 as i32),
-                        Arg::Ptr(x),
-                        Arg::Ptr(xq),
-                        Arg::Ptr(xd),
-                        Arg::Ptr(cx.out),
-                        Arg::I32(m as i32),
-                        Arg::I32(r.rows as i32),
-                        Arg::I32(kin as i32),
-                        Arg::I32(total as i32),
-                        Arg::I32(off as i32),
-                    ],
+                    &r.args(
+                        &[Arg::Ptr(x), Arg::Ptr(xq), Arg::Ptr(xd), Arg::Ptr(cx.out)],
+                        m,
+                        kin,
+                        total,
+                        off,
+                    ),
                     r.bytes(kin),
                 )?;
                 off += r.rows;
@@ -2213,21 +2223,16 @@ impl CudaPlan {
                 &k.mmq[r.code as usize][variant],
                 grid(r.rows.div_ceil(MMQ_BLOCK_ROWS), shares, 128),
                 &[
-                    Arg::Ptr(r.ptrs[0]),
-                    Arg::Ptr(r.ptrs[1]),
-                    Arg::Ptr(r.ptrs[2]),
-                    Arg::I32(r.e0 as i32),
-                    Arg::I32(r.e1 as i32),
-                    Arg::Ptr(x),
-                    Arg::Ptr(cx.out),
-                    Arg::Ptr(part),
-                    Arg::I32(m as i32),
-                    Arg::I32(r.rows as i32),
-                    Arg::I32(kin as i32),
-                    Arg::I32(total as i32),
-                    Arg::I32(off as i32),
-                    Arg::I32(per as i32),
-                ],
+                    r.args(
+                        &[Arg::Ptr(x), Arg::Ptr(cx.out), Arg::Ptr(part)],
+                        m,
+                        kin,
+                        total,
+                        off,
+                    ),
+                    vec![Arg::I32(per as i32)],
+                ]
+                .concat(),
                 r.bytes(kin),
             )?;
             if shares > 1 {

@@ -672,7 +672,7 @@ fn kernels_compile_with_nvrtc() {
             assert!(bin.starts_with(b"\x7fELF"), "sm_90: not a cubin");
             let via_cache =
                 super::cached_bytes(&cache, &super::kernels_key("sm_90"), "cubin", || {
-                    super::compile_kernels_cubin(major, minor)
+                    Ok::<_, super::CudaError>(bin.clone())
                 })
                 .unwrap();
             assert!(via_cache.starts_with(b"\x7fELF"));
