@@ -1600,18 +1600,6 @@ __device__ __forceinline__ bool visible(int mask, int w, int qp, int kp) {
     }
 }
 
-// Whether any key at positions lo .. lo + BLOCK - 1 may be visible to a
-// query at qp: lets whole blocks be skipped without reading them.
-__device__ __forceinline__ bool block_visible(int mask, int w, int qp, int lo) {
-    int hi = lo + BLOCK - 1;
-    switch (mask) {
-        case MASK_CAUSAL: return lo <= qp;
-        case MASK_SLIDING: return lo <= qp && qp - hi < w;
-        case MASK_FULL: return true;
-        default: return lo - qp <= w && qp - hi <= w;
-    }
-}
-
 // Where a query's keys are, for `attention_body`: its position, the end of
 // its keys' positions, and a range of 32-row blocks, each a physical block
 // (rows phys·BLOCK ..) holding the keys at positions lo .. lo + BLOCK.
@@ -1658,63 +1646,154 @@ struct DenseKeys {
     __device__ int key_span(int, int) const { return 0; }
 };
 
-// Eight consecutive elements c .. c + 8 of a K/V buffer of type T (only
-// those below `lim` read; the others 0): one 16-byte load for f16/bf16 and
-// two for f32 where the row keeps that alignment (`vec`).
-template <int T>
-__device__ __forceinline__ void kv_load8(const void* base, size_t c, int lim, bool vec,
-                                         float* v) {
-    if (vec && lim >= 8 && (T == T_F16 || T == T_BF16)) {
-        uint4 a = *(const uint4*)((const u16*)base + c);
-        u32 h[4] = {a.x, a.y, a.z, a.w};
-        #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            u16 lo = (u16)(h[e] & 0xFFFF), hi = (u16)(h[e] >> 16);
-            v[2 * e] = T == T_F16 ? h2f(lo) : bf2f(lo);
-            v[2 * e + 1] = T == T_F16 ? h2f(hi) : bf2f(hi);
-        }
-        return;
-    }
-    if (vec && lim >= 8 && T == T_F32) {
-        float4 a = *(const float4*)((const float*)base + c);
-        float4 b = *((const float4*)((const float*)base + c) + 1);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        return;
-    }
-    #pragma unroll
-    for (int e = 0; e < 8; e++) v[e] = e < lim ? kv_load<T>(base, c + e) : 0.0f;
-}
-
-// One block of 4 warps per (query row, group of gq query heads that share
+// One block of AW warps per (query row, group of gq query heads that share
 // a K/V head, split of the query's listed key blocks): each key and value
 // is read once for the gq heads, and a split is a contiguous share of the
 // listed blocks (gridDim.y splits, so that a few queries over a long
 // context still fill the GPU). Query row qi [hq, hd] of q [n, hq, hd] reads
 // the keys `keys` gives it: row i of a block holds the key at position
 // lo + i, in row phys·BLOCK + i of kc [rows, hkv, hd] and vc [rows, hkv,
-// hdv]. Per block of 32 keys: each warp scores 8 of them (their loads
-// issued together, lanes over 8-element pieces of a row), one softmax step
-// per head over the 32 scores, then every thread adds the 32 weighted
-// values to its columns (their loads issued together). The splits share
-// the listed blocks evenly (one block each up to gridDim.y blocks, so a
-// short context uses few); where one split has them all, it writes out
-// [n, hq, hdv] itself (a query that sees no key gets zeros). Otherwise
-// each writes its heads' unnormalized sums, maxima and totals into part
-// (ATTN_PART floats a split), counts itself done in done[blockIdx.x]
-// (zeros between launches), and the last split of the block to finish
-// merges them (attention_merge): no launch of its own, and only the splits
-// that had keys are read. With qs, the output goes out as the next
-// product's 8-bit blocks instead (as quantize_q8 writes them; hdv a
-// multiple of 32). hd, hdv ≤ 512, gq ≤ ATTN_MAXG; keys of type KT and
-// values of type VT (`kv_load`).
+// hdv].
+//
+// The warps work apart, flash-decoding style, so that a short context costs
+// about one round trip to memory rather than one a phase: the keys come in
+// chunks of `AttnShape::KPW` rows, and warp w takes chunks w, w + AW, ...;
+// for each it issues the chunk's key and value loads together (lane l holds
+// elements 8l .. 8l + 8 of each row, and 256 + 8l .. for rows longer than
+// 256), scores every (key, head) pair with one exchange of partial sums over
+// the lanes (`warp_sums`), takes one online-softmax step per head, and adds
+// the weighted values to its own sums. At the end the warps' sums are
+// merged through shared memory in warp order. The splits share the listed
+// blocks evenly (one block each up to gridDim.y blocks, so a short context
+// uses few); where one split has them all, it writes out [n, hq, hdv] itself
+// (a query that sees no key gets zeros). Otherwise each writes its heads'
+// unnormalized sums, maxima and totals into part (ATTN_PART floats a
+// split), counts itself done in done[blockIdx.x] (zeros between launches),
+// and the last split of the block to finish merges them (attention_merge):
+// no launch of its own, and only the splits that had keys are read. With
+// qs, the output goes out as the next product's 8-bit blocks instead (as
+// quantize_q8 writes them; hdv a multiple of 32). hd, hdv ≤ 512, gq ≤
+// ATTN_MAXG and gq · max(hd, hdv) ≤ ATTN_QF (the Rust side's
+// attention_group); keys of type KT and values of type VT (`kv_load`).
 #define AW 4
 #define ATTN_PART (512 + 2)
 #define ATTN_MAXG 4
+// Floats of a block's query heads (and of one warp's sums): gq · hd.
+#define ATTN_QF 1024
 // The most splits of one query's context (the Rust side's ATTN_MAX_SPLITS).
 #define ATTN_MAX_SPLITS 128
-// Keys a warp scores at once.
-#define ATTN_KG 4
+
+// Whether any key at positions lo .. hi may be visible to a query at qp:
+// lets whole chunks be skipped without reading them.
+__device__ __forceinline__ bool range_visible(int mask, int w, int qp, int lo, int hi) {
+    switch (mask) {
+        case MASK_CAUSAL: return lo <= qp;
+        case MASK_SLIDING: return lo <= qp && qp - hi < w;
+        case MASK_FULL: return true;
+        default: return lo - qp <= w && qp - hi <= w;
+    }
+}
+
+// Eight consecutive elements c .. c + 8 of a K/V row of type T as a lane
+// holds them between loading and use: 16-bit types as the loaded 16 bytes
+// (converted when used, so a chunk's loads fit in registers), the others
+// as floats. Only elements below `lim` are read (the others are 0); `vec`
+// where the row keeps 16-byte alignment.
+template <int T, bool RAW = (T == T_F16 || T == T_BF16)>
+struct KvPiece;
+
+template <int T>
+struct KvPiece<T, true> {
+    uint4 raw;
+    __device__ __forceinline__ void load(const void* base, size_t c, int lim, bool vec) {
+        if (vec && lim >= 8) {
+            raw = *(const uint4*)((const u16*)base + c);
+            return;
+        }
+        u32 h[4] = {0, 0, 0, 0};
+        #pragma unroll
+        for (int e = 0; e < 8; e++)
+            if (e < lim) h[e / 2] |= (u32)((const u16*)base)[c + e] << (16 * (e % 2));
+        raw = make_uint4(h[0], h[1], h[2], h[3]);
+    }
+    __device__ __forceinline__ void get(float* v) const {
+        u32 h[4] = {raw.x, raw.y, raw.z, raw.w};
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            u16 lo = (u16)(h[e] & 0xFFFF), hi = (u16)(h[e] >> 16);
+            v[2 * e] = T == T_F16 ? h2f(lo) : bf2f(lo);
+            v[2 * e + 1] = T == T_F16 ? h2f(hi) : bf2f(hi);
+        }
+    }
+};
+
+template <int T>
+struct KvPiece<T, false> {
+    float v8[8];
+    __device__ __forceinline__ void load(const void* base, size_t c, int lim, bool vec) {
+        if (vec && lim >= 8 && T == T_F32) {
+            float4 a = *(const float4*)((const float*)base + c);
+            float4 b = *((const float4*)((const float*)base + c) + 1);
+            v8[0] = a.x, v8[1] = a.y, v8[2] = a.z, v8[3] = a.w;
+            v8[4] = b.x, v8[5] = b.y, v8[6] = b.z, v8[7] = b.w;
+            return;
+        }
+        #pragma unroll
+        for (int e = 0; e < 8; e++) v8[e] = e < lim ? kv_load<T>(base, c + e) : 0.0f;
+    }
+    __device__ __forceinline__ void get(float* v) const {
+        #pragma unroll
+        for (int e = 0; e < 8; e++) v[e] = v8[e];
+    }
+};
+
+// Rows a warp takes at once: eight where keys and values are 16-bit (a
+// lane's share of a chunk is then 16 × 16 bytes of registers), four
+// otherwise. A lane holds partial scores for every (row, head) pair.
+template <int KT, int VT>
+struct AttnShape {
+    static constexpr bool narrow =
+        (KT == T_F16 || KT == T_BF16) && (VT == T_F16 || VT == T_BF16);
+    static constexpr int KPW = narrow ? 8 : 4;
+    static constexpr int NV = KPW * ATTN_MAXG;
+};
+
+// Each of a lane's N values (N a power of two, 2 ≤ N ≤ 32) summed over the
+// warp's 32 lanes, lane l getting the sum of value l % N: each exchange
+// swaps half of the values still held, so the N sums take N − 1 shuffles
+// (and one more per doubling from N to 32) where one sum at a time would
+// take 5 N. The order of the additions is fixed.
+// One exchange of warp_sums: the lanes whose bit N/2 is set keep values
+// N/2 .. N of the N still held, the others values 0 .. N/2, each adding its
+// partner's share; then the next exchange on the half kept. A template per
+// exchange so that every index is a constant and x stays in registers.
+template <int N>
+struct WarpHalve {
+    static __device__ __forceinline__ void run(float* x, int lane) {
+        constexpr int n = N / 2;
+        bool up = lane & n;
+        #pragma unroll
+        for (int i = 0; i < n; i++) {
+            float send = up ? x[i] : x[i + n];
+            float keep = up ? x[i + n] : x[i];
+            x[i] = keep + __shfl_xor_sync(0xffffffff, send, n);
+        }
+        WarpHalve<n>::run(x, lane);
+    }
+};
+template <>
+struct WarpHalve<1> {
+    static __device__ __forceinline__ void run(float*, int) {}
+};
+
+template <int N>
+__device__ __forceinline__ float warp_sums(float* x, int lane) {
+    WarpHalve<N>::run(x, lane);
+    float s = x[0];
+    #pragma unroll
+    for (int o = N; o < 32; o <<= 1) s += __shfl_xor_sync(0xffffffff, s, o);
+    return s;
+}
 
 // Element i of attention's output: to out, or as 8-bit blocks with qs
 // (called by the 32 lanes of a warp for 32 consecutive elements).
@@ -1771,12 +1850,15 @@ __device__ void attention_merge(const float* part, float* out, i8* qs, u16* qd, 
 template <int KT, int VT, class Keys>
 __device__ void attention_body(const float* q, const void* kc, const void* vc, Keys keys,
                                float* out, i8* qs, u16* qd, float* part, int* done, int hq,
-                               int hkv,
-                               int hd, int hdv, int gq, float scale, float softcap, int mask,
-                               int window) {
-    __shared__ __align__(16) float sq[ATTN_MAXG * 512];
-    __shared__ float sp[ATTN_MAXG][BLOCK];
-    __shared__ float sm[ATTN_MAXG], sl[ATTN_MAXG], sa[ATTN_MAXG];
+                               int hkv, int hd, int hdv, int gq, float scale, float softcap,
+                               int mask, int window) {
+    constexpr int KPW = AttnShape<KT, VT>::KPW, NV = AttnShape<KT, VT>::NV;
+    constexpr int CPB = BLOCK / KPW;
+    __shared__ __align__(16) float sq[ATTN_QF];
+    __shared__ __align__(16) float sp[AW][NV];
+    __shared__ __align__(16) float sa[AW][ATTN_MAXG];
+    __shared__ float swm[AW][ATTN_MAXG], swl[AW][ATTN_MAXG];
+    __shared__ float sacc[AW][ATTN_QF];
     int per = hq / gq;
     int qi = blockIdx.x / per, h0 = (blockIdx.x % per) * gq;
     int g = h0 / (hq / hkv);
@@ -1796,160 +1878,190 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
         e_end = min(e_end, e0 + share);
     }
     bool merged = used > 1;
+    // Row pieces a lane holds: one for rows of up to 256 elements, two up
+    // to 512. A warp's sums, slot s: head s / nc, piece s % nc.
+    int nc = max(hd, hdv) > 256 ? 2 : 1;
+    // After the lane sums, lane l holds the score of the chunk's row
+    // (l % NV) / ATTN_MAXG for head l % ATTN_MAXG, and keeps that head's
+    // running maximum and total.
+    int pv = lane % NV, pt = pv / ATTN_MAXG, ph = pv % ATTN_MAXG;
     // The key lists come from the step's metadata, which no kernel writes:
     // they are read before waiting for the kernel before, which wrote q and
     // this step's K/V rows.
     pdl_begin();
     const float* qr = q + ((size_t)qi * hq + h0) * hd;
-    for (int i = threadIdx.x; i < gq * hd; i += blockDim.x) sq[i] = qr[i];
-    if (threadIdx.x < gq) {
-        sm[threadIdx.x] = NEG_INF;
-        sl[threadIdx.x] = 0.0f;
-    }
-    // Columns threadIdx.x + 128 j of each head's output.
-    float acc[ATTN_MAXG][4];
+    // Zeros past the heads: a lane's piece may run past a row's end.
+    for (int i = threadIdx.x; i < ATTN_QF; i += blockDim.x) sq[i] = i < gq * hd ? qr[i] : 0.0f;
+    float m_run = NEG_INF, l_run = 0.0f;
+    float acc[ATTN_MAXG][8];
     #pragma unroll
-    for (int h = 0; h < ATTN_MAXG; h++)
+    for (int s = 0; s < ATTN_MAXG; s++)
         #pragma unroll
-        for (int j = 0; j < 4; j++) acc[h][j] = 0.0f;
-    bool kvec = hd % 8 == 0;
+        for (int e = 0; e < 8; e++) acc[s][e] = 0.0f;
+    bool kvec = hd % 8 == 0, vvec = hdv % 8 == 0;
     __syncthreads();
-    for (int e = e0; e < e_end; e++) {
+    for (int ch = e0 * CPB + warp; ch < e_end * CPB; ch += AW) {
+        int e = ch / CPB, r0 = (ch % CPB) * KPW;
         int phys, lo;
         keys.block(e, &phys, &lo);
         // A query in a span may see any block's keys of its span.
-        if (lo >= end || (qspan == 0 && !block_visible(mask, window, qp, lo))) continue;
+        if (lo + r0 >= end ||
+            (qspan == 0 && !range_visible(mask, window, qp, lo + r0, lo + r0 + KPW - 1)))
+            continue;
+        // Rows past the run's end are read as its last row (weight 0: their
+        // memory may hold anything).
         int rows = min(BLOCK, end - lo);
-        // Scores: warp w takes rows 8w .. 8w + 8, ATTN_KG at a time.
-        #pragma unroll 1
-        for (int k0 = 0; k0 < BLOCK / AW; k0 += ATTN_KG) {
-            float kv[ATTN_KG][2][8];
-            #pragma unroll
-            for (int t = 0; t < ATTN_KG; t++) {
-                int i = warp * (BLOCK / AW) + k0 + t;
-                size_t kr = (((size_t)phys * BLOCK + min(i, rows - 1)) * hkv + g) * hd;
-                #pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    int c = 8 * (lane + 32 * j);
-                    kv_load8<KT>(kc, kr + c, hd - c, kvec, kv[t][j]);
-                }
-            }
-            #pragma unroll
-            for (int t = 0; t < ATTN_KG; t++) {
-                int i = warp * (BLOCK / AW) + k0 + t;
-                int kp = lo + i;
-                bool seen = i < rows && (visible(mask, window, qp, kp) ||
-                                         (qspan != 0 && keys.key_span(e, i) == qspan));
-                #pragma unroll 1
-                for (int h = 0; h < gq; h++) {
-                    float s = 0.0f;
-                    #pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        int c = 8 * (lane + 32 * j);
-                        if (c >= hd) break;
-                        if (kvec) {
-                            const float4* qv = (const float4*)(sq + h * hd + c);
-                            float4 a = qv[0], b = qv[1];
-                            s += a.x * kv[t][j][0] + a.y * kv[t][j][1] + a.z * kv[t][j][2] +
-                                 a.w * kv[t][j][3] + b.x * kv[t][j][4] + b.y * kv[t][j][5] +
-                                 b.z * kv[t][j][6] + b.w * kv[t][j][7];
-                        } else {
-                            #pragma unroll
-                            for (int x = 0; x < 8; x++)
-                                if (c + x < hd) s += sq[h * hd + c + x] * kv[t][j][x];
-                        }
-                    }
-                    s = warp_sum(s) * scale;
-                    if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
-                    if (lane == 0) sp[h][i] = seen ? s : NEG_INF;
-                }
-            }
-        }
-        __syncthreads();
-        // One online-softmax step per head: warp w takes heads w, w + 4.
-        for (int h = warp; h < gq; h += AW) {
-            float s = sp[h][lane];
-            float m_old = sm[h];
-            float m_new = fmaxf(m_old, warp_max(s));
-            float p = m_new == NEG_INF ? 0.0f : expf(s - m_new);
-            float alpha = m_new == NEG_INF ? 1.0f : expf(m_old - m_new);
-            float sum = warp_sum(p);
-            sp[h][lane] = p;
-            if (lane == 0) {
-                sm[h] = m_new;
-                sl[h] = sl[h] * alpha + sum;
-                sa[h] = alpha;
-            }
-        }
-        __syncthreads();
+        KvPiece<KT> kp[KPW];
+        KvPiece<VT> vp[KPW];
         #pragma unroll
-        for (int h = 0; h < ATTN_MAXG; h++) {
-            if (h >= gq) break;
-            float alpha = sa[h];
-            #pragma unroll
-            for (int j = 0; j < 4; j++) acc[h][j] *= alpha;
+        for (int t = 0; t < KPW; t++) {
+            size_t r = ((size_t)phys * BLOCK + min(r0 + t, rows - 1)) * hkv + g;
+            kp[t].load(kc, r * hd + 8 * lane, hd - 8 * lane, kvec);
+            vp[t].load(vc, r * hdv + 8 * lane, hdv - 8 * lane, vvec);
         }
-        // Values: rows past the run's end are never read (their weight is 0,
-        // their memory may hold anything).
-        for (int i0 = 0; i0 < rows; i0 += 8) {
-            float vv[8][4];
-            #pragma unroll
-            for (int t = 0; t < 8; t++) {
-                size_t vr = (((size_t)phys * BLOCK + min(i0 + t, rows - 1)) * hkv + g) * hdv;
+        float x[NV];
+        #pragma unroll
+        for (int i = 0; i < NV; i++) x[i] = 0.0f;
+        for (int j = 0; j < nc; j++) {
+            int c = 8 * (lane + 32 * j);
+            if (j > 0) {
                 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    int c = threadIdx.x + 128 * j;
-                    vv[t][j] = c < hdv ? kv_load<VT>(vc, vr + c) : 0.0f;
+                for (int t = 0; t < KPW; t++) {
+                    size_t r = ((size_t)phys * BLOCK + min(r0 + t, rows - 1)) * hkv + g;
+                    kp[t].load(kc, r * hd + c, hd - c, kvec);
                 }
             }
+            if (c >= hd) continue;
             #pragma unroll
-            for (int t = 0; t < 8; t++) {
-                if (i0 + t >= rows) break;
+            for (int t = 0; t < KPW; t++) {
+                float k8[8];
+                kp[t].get(k8);
                 #pragma unroll
                 for (int h = 0; h < ATTN_MAXG; h++) {
                     if (h >= gq) break;
-                    float p = sp[h][i0 + t];
-                    #pragma unroll
-                    for (int j = 0; j < 4; j++) acc[h][j] += p * vv[t][j];
+                    const float4* qv = (const float4*)(sq + h * hd + c);
+                    if (kvec) {
+                        float4 a = qv[0], b = qv[1];
+                        x[t * ATTN_MAXG + h] += a.x * k8[0] + a.y * k8[1] + a.z * k8[2] +
+                                                a.w * k8[3] + b.x * k8[4] + b.y * k8[5] +
+                                                b.z * k8[6] + b.w * k8[7];
+                    } else {
+                        #pragma unroll
+                        for (int y = 0; y < 8; y++)
+                            x[t * ATTN_MAXG + h] += sq[h * hd + c + y] * k8[y];
+                    }
                 }
             }
         }
-        __syncthreads();
-    }
-    if (!merged) {
+        float sc = warp_sums<NV>(x, lane) * scale;
+        if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
+        int i = r0 + pt;
+        bool seen = ph < gq && i < rows &&
+                    (visible(mask, window, qp, lo + i) ||
+                     (qspan != 0 && keys.key_span(e, i) == qspan));
+        sc = seen ? sc : NEG_INF;
+        // One online-softmax step for the lane's head over the chunk's rows.
+        float mx = sc;
         #pragma unroll
-        for (int h = 0; h < ATTN_MAXG; h++) {
-            if (h >= gq) break;
-            size_t oh = (size_t)qi * hq + h0 + h;
-            float total = sl[h];
+        for (int o = ATTN_MAXG; o < NV; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+        float m_new = fmaxf(m_run, mx);
+        float p = m_new == NEG_INF ? 0.0f : expf(sc - m_new);
+        float alpha = m_new == NEG_INF ? 1.0f : expf(m_run - m_new);
+        float ps = p;
+        #pragma unroll
+        for (int o = ATTN_MAXG; o < NV; o <<= 1) ps += __shfl_xor_sync(0xffffffff, ps, o);
+        l_run = l_run * alpha + ps;
+        m_run = m_new;
+        // Every lane needs every (row, head) weight: through shared memory,
+        // a row's heads as one 16-byte read.
+        if (lane < NV) sp[warp][lane] = p;
+        if (lane < ATTN_MAXG) sa[warp][lane] = alpha;
+        __syncwarp();
+        float4 al = *(const float4*)sa[warp];
+        float a4[4] = {al.x, al.y, al.z, al.w};
+        #pragma unroll
+        for (int s = 0; s < ATTN_MAXG; s++) {
+            float a = nc == 1 ? a4[s] : a4[s / 2];
             #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int c = threadIdx.x + 128 * j;
-                if (c >= hdv) break;
-                attention_store(total > 0.0f ? acc[h][j] / total : 0.0f, oh * hdv + c, out, qs,
-                                qd);
+            for (int y = 0; y < 8; y++) acc[s][y] *= a;
+        }
+        for (int j = 0; j < nc; j++) {
+            int c = 8 * (lane + 32 * j);
+            if (j > 0) {
+                #pragma unroll
+                for (int t = 0; t < KPW; t++) {
+                    size_t r = ((size_t)phys * BLOCK + min(r0 + t, rows - 1)) * hkv + g;
+                    vp[t].load(vc, r * hdv + c, hdv - c, vvec);
+                }
+            }
+            if (c >= hdv) continue;
+            #pragma unroll
+            for (int t = 0; t < KPW; t++) {
+                float v8[8];
+                vp[t].get(v8);
+                float4 w = *(const float4*)(sp[warp] + t * ATTN_MAXG);
+                float w4[4] = {w.x, w.y, w.z, w.w};
+                #pragma unroll
+                for (int s = 0; s < ATTN_MAXG; s++) {
+                    if (nc == 2 && s % 2 != j) continue;
+                    float pw = nc == 1 ? w4[s] : w4[s / 2];
+                    #pragma unroll
+                    for (int y = 0; y < 8; y++) acc[s][y] += pw * v8[y];
+                }
             }
         }
-        return;
+        // The next chunk's weights overwrite these.
+        __syncwarp();
     }
-    // This split's unnormalized sums, maxima and totals, then a count of
-    // the splits done; the last to finish merges them all.
+    // The warps' results merged in warp order: thread x takes columns
+    // x + 128 j of each head.
+    if (lane < ATTN_MAXG) {
+        swm[warp][lane] = m_run;
+        swl[warp][lane] = l_run;
+    }
+    #pragma unroll
+    for (int s = 0; s < ATTN_MAXG; s++) {
+        int h = s / nc, c = 8 * (lane + 32 * (s % nc));
+        if (h >= gq || c >= hdv) continue;
+        #pragma unroll
+        for (int y = 0; y < 8; y++)
+            if (c + y < hdv) sacc[warp][h * hdv + c + y] = acc[s][y];
+    }
+    __syncthreads();
     #pragma unroll
     for (int h = 0; h < ATTN_MAXG; h++) {
         if (h >= gq) break;
+        float big = NEG_INF;
+        #pragma unroll
+        for (int w = 0; w < AW; w++) big = fmaxf(big, swm[w][h]);
+        float ww[AW], total = 0.0f;
+        #pragma unroll
+        for (int w = 0; w < AW; w++) {
+            ww[w] = swm[w][h] > NEG_INF ? expf(swm[w][h] - big) : 0.0f;
+            total += ww[w] * swl[w][h];
+        }
         size_t oh = (size_t)qi * hq + h0 + h;
-        float* prow = part + (oh * gridDim.y + blockIdx.y) * ATTN_PART;
+        float* prow = merged ? part + (oh * gridDim.y + blockIdx.y) * ATTN_PART : nullptr;
         #pragma unroll
         for (int j = 0; j < 4; j++) {
             int c = threadIdx.x + 128 * j;
             if (c >= hdv) break;
-            prow[c] = acc[h][j];
+            float o = 0.0f;
+            #pragma unroll
+            for (int w = 0; w < AW; w++) o += ww[w] * sacc[w][h * hdv + c];
+            if (merged)
+                prow[c] = o;
+            else
+                attention_store(total > 0.0f ? o / total : 0.0f, oh * hdv + c, out, qs, qd);
         }
-        if (threadIdx.x == 0) {
-            prow[512] = sm[h];
-            prow[513] = sl[h];
+        if (merged && threadIdx.x == 0) {
+            prow[512] = big;
+            prow[513] = total;
         }
     }
+    if (!merged) return;
+    // This split's sums are out; a count of the splits done, and the last
+    // to finish merges them all.
     __shared__ bool last;
     __threadfence();
     __syncthreads();

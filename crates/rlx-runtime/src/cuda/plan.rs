@@ -362,10 +362,19 @@ pub(super) fn attention_splits(blocks: usize, heads: usize, sms: usize) -> usize
     }
 }
 
+/// Floats of one attention block's query heads (`ATTN_QF` in kernels.cu):
+/// the group's heads times the longer of the key and value head lengths.
+const ATTN_GROUP_FLOATS: usize = 1024;
+
 /// How many query heads one attention block takes: the most, up to
-/// [`ATTN_MAX_GROUP`], that divides the heads sharing a K/V head (`group`).
-pub(super) fn attention_group(group: usize) -> usize {
-    (1..=ATTN_MAX_GROUP.min(group.max(1)))
+/// [`ATTN_MAX_GROUP`] and [`ATTN_GROUP_FLOATS`] elements of heads of
+/// `head_dim` (the longer of keys and values), that divides the heads
+/// sharing a K/V head (`group`).
+pub(super) fn attention_group(group: usize, head_dim: usize) -> usize {
+    let most = ATTN_MAX_GROUP
+        .min(ATTN_GROUP_FLOATS / head_dim.max(1))
+        .max(1);
+    (1..=most.min(group.max(1)))
         .rev()
         .find(|g| group.is_multiple_of(*g))
         .unwrap_or(1)
@@ -2267,14 +2276,15 @@ impl CudaPlan {
         let ml = self.meta_layout;
         let qd = cx.in_dims(0);
         let (nq, hq) = (qd[0], qd[1]);
-        let hkv = match spec.kv {
-            KvSource::Inputs => cx.in_dims(1)[1],
+        let (hkv, head_dim) = match spec.kv {
+            KvSource::Inputs => (cx.in_dims(1)[1], cx.in_dims(1)[2].max(cx.in_dims(2)[2])),
             KvSource::Cache(slot) => {
                 let kv = kv.ok_or(RunError::NoCache)?;
-                kv.pool.owner(slot)?.1.kv_heads
+                let l = kv.pool.owner(slot)?.1;
+                (l.kv_heads, l.head_dim.max(l.v_head_dim))
             }
         };
-        let gq = attention_group(hq / hkv.max(1));
+        let gq = attention_group(hq / hkv.max(1), head_dim);
         let blocks = nq * hq / gq;
         // The product after it may take its output as 8-bit blocks.
         let (xq, xd) = cx.folded.unwrap_or((0, 0));

@@ -1180,14 +1180,29 @@ fn split_attention_matches_the_reference() {
     use cudarc::driver::LaunchConfig;
     let dev = gpu_device();
     let s = &dev.stream;
-    let f = &dev.kernels.attention[super::attention_index(KvDType::F32, KvDType::F32)];
-    let hd = 256usize;
     let mut r = Rng(3);
-    for (hq, hkv, m) in [(4usize, 1usize, 1270usize), (8, 4, 70), (4, 2, 20)] {
+    // Keys and values of 32 and 16 bits, heads of 128, 256 and 512 (two
+    // pieces a lane), one to four query heads a block.
+    for (ty, hq, hkv, hd, m) in [
+        (KvDType::F32, 4usize, 1usize, 256usize, 1270usize),
+        (KvDType::F32, 8, 4, 256, 70),
+        (KvDType::F32, 4, 2, 256, 20),
+        (KvDType::F16, 4, 1, 256, 1270),
+        (KvDType::F16, 8, 2, 512, 100),
+        (KvDType::BF16, 8, 2, 128, 300),
+        (KvDType::F32, 4, 1, 512, 45),
+    ] {
+        let f = &dev.kernels.attention[super::attention_index(ty, ty)];
         let listed = m.div_ceil(BLOCK_TOKENS);
         let phys: Vec<usize> = (0..listed).map(|e| (e * 7 + 3) % listed).collect();
-        let k: Vec<f32> = (0..m * hkv * hd).map(|_| r.next()).collect();
-        let v: Vec<f32> = (0..m * hkv * hd).map(|_| r.next()).collect();
+        // As the pool holds them.
+        let round = |x: f32| match ty {
+            KvDType::F16 => half::f16::from_f32(x).to_f32(),
+            KvDType::BF16 => half::bf16::from_f32(x).to_f32(),
+            _ => x,
+        };
+        let k: Vec<f32> = (0..m * hkv * hd).map(|_| round(r.next())).collect();
+        let v: Vec<f32> = (0..m * hkv * hd).map(|_| round(r.next())).collect();
         let q: Vec<f32> = (0..hq * hd).map(|_| r.next() * 4.0).collect();
         // The pool: logical block e in physical block phys[e].
         let mut kc = vec![0f32; listed * BLOCK_TOKENS * hkv * hd];
@@ -1197,6 +1212,18 @@ fn split_attention_matches_the_reference() {
             kc[row..][..hkv * hd].copy_from_slice(&k[i * hkv * hd..][..hkv * hd]);
             vc[row..][..hkv * hd].copy_from_slice(&v[i * hkv * hd..][..hkv * hd]);
         }
+        let bits = |x: &[f32]| -> Vec<u16> {
+            match ty {
+                KvDType::F16 => x
+                    .iter()
+                    .map(|&y| half::f16::from_f32(y).to_bits())
+                    .collect(),
+                _ => x
+                    .iter()
+                    .map(|&y| half::bf16::from_f32(y).to_bits())
+                    .collect(),
+            }
+        };
         let table: Vec<i32> = (0..listed)
             .flat_map(|e| [phys[e] as i32, e as i32])
             .collect();
@@ -1204,12 +1231,18 @@ fn split_attention_matches_the_reference() {
         let up_i = |x: &[i32]| s.clone_htod(x).unwrap();
         let (qpos, run_of_row, run_end) = (up_i(&[m as i32 - 1]), up_i(&[0]), up_i(&[m as i32]));
         let (block_start, table) = (up_i(&[0, listed as i32]), up_i(&table));
-        let (qg, kg, vg) = (
-            s.clone_htod(&q).unwrap(),
-            s.clone_htod(&kc).unwrap(),
-            s.clone_htod(&vc).unwrap(),
-        );
-        let gq = super::plan::attention_group(hq / hkv);
+        let qg = s.clone_htod(&q).unwrap();
+        // Keep the f32 or 16-bit buffers alive for the launches.
+        let (k32, v32, k16, v16);
+        let (kp, vp) = if ty == KvDType::F32 {
+            (k32, v32) = (s.clone_htod(&kc).unwrap(), s.clone_htod(&vc).unwrap());
+            (dev.ptr(&k32), dev.ptr(&v32))
+        } else {
+            k16 = s.clone_htod(&bits(&kc)).unwrap();
+            v16 = s.clone_htod(&bits(&vc)).unwrap();
+            (dev.ptr(&k16), dev.ptr(&v16))
+        };
+        let gq = super::plan::attention_group(hq / hkv, hd);
         let blocks = hq / gq;
         for splits in [1usize, 7, 128] {
             let part = s.alloc_zeros::<f32>(hq * splits * 514).unwrap();
@@ -1228,8 +1261,8 @@ fn split_attention_matches_the_reference() {
                 let scale = (1.0 / (hd as f32).sqrt()).to_bits() as u64;
                 [
                     dev.ptr(&qg),
-                    dev.ptr(&kg),
-                    dev.ptr(&vg),
+                    kp,
+                    vp,
                     dev.ptr(&qpos),
                     dev.ptr(&run_of_row),
                     dev.ptr(&run_end),
@@ -1263,7 +1296,7 @@ fn split_attention_matches_the_reference() {
                     .fold(0f32, f32::max);
                 assert!(
                     worst < 1e-5,
-                    "{hq}/{hkv} heads, {m} keys, {splits} splits, launch {round}: worst difference {worst:e}"
+                    "{ty:?}, {hq}/{hkv} heads of {hd}, {m} keys, {splits} splits, launch {round}: worst difference {worst:e}"
                 );
                 assert_eq!(
                     s.clone_dtoh(&done).unwrap(),
@@ -1537,17 +1570,26 @@ fn span_attention_matches_the_cpu() {
 #[test]
 fn attention_blocks_group_heads_and_fit_their_splits() {
     use super::plan::{attention_group, attention_splits};
-    for (group, want) in [
-        (1, 1),
-        (2, 2),
-        (3, 3),
-        (4, 4),
-        (5, 1),
-        (6, 3),
-        (8, 4),
-        (16, 4),
+    for (group, head_dim, want) in [
+        (1, 256, 1),
+        (2, 256, 2),
+        (3, 256, 3),
+        (4, 256, 4),
+        (5, 256, 1),
+        (6, 256, 3),
+        (8, 256, 4),
+        (16, 256, 4),
+        (16, 128, 4),
+        // Heads of 512 take at most two a block.
+        (8, 512, 2),
+        (3, 512, 1),
+        (1, 512, 1),
     ] {
-        assert_eq!(attention_group(group), want, "{group} heads a K/V head");
+        assert_eq!(
+            attention_group(group, head_dim),
+            want,
+            "{group} heads of {head_dim} a K/V head"
+        );
     }
     let sms = 132;
     for (rows, hq, hkv) in [
@@ -1558,7 +1600,7 @@ fn attention_blocks_group_heads_and_fit_their_splits() {
         (64, 8, 4),
         (1, 32, 16),
     ] {
-        let gq = attention_group(hq / hkv);
+        let gq = attention_group(hq / hkv, 256);
         let blocks = rows * hq / gq;
         let splits = attention_splits(blocks, rows * hq, sms);
         assert!((1..=128).contains(&splits), "{rows}×{hq}: {splits}");
@@ -2066,6 +2108,8 @@ fn tensor_core_products_match_bf16_operands() {
             (33, &[130][..], 512),
             (64, &[200, 100][..], 1024),
         ] {
+            // Rows of whole blocks (544 is 768 for the 256-element types).
+            let k = k.next_multiple_of(ty.block_elems());
             let n: usize = parts.iter().sum();
             let x: Vec<f32> = (0..m * k).map(|_| r.next() * 2.0).collect();
             let x16: Vec<u16> = x
