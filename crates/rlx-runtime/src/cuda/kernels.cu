@@ -1217,7 +1217,21 @@ __device__ __forceinline__ float row_inv_rms(const float* v, const float* r, int
     return rsqrtf(part[0] / (float)d + eps);
 }
 
-template <bool Q8>
+// Where a norm writes: f32, 8-bit blocks, or bf16 (a many-row product's
+// operand, rounded as to_bf16 rounds).
+#define NORM_F32 0
+#define NORM_Q8 1
+#define NORM_BF16 2
+
+// The normed element o at i, written as OUT says (y is u16 for bf16).
+template <int OUT>
+__device__ __forceinline__ void norm_store(float o, size_t i, float* y, i8* qs, u16* qd) {
+    if (OUT == NORM_Q8) q8_store(o, qs + i, qd + (i >> 5));
+    else if (OUT == NORM_BF16) ((u16*)y)[i] = (u16)f2bf(o);
+    else y[i] = o;
+}
+
+template <int OUT>
 __device__ void rms_norm_body(const float* __restrict__ x, const float* __restrict__ gamma,
                               float* __restrict__ y, i8* qs, u16* qd, int d, float eps) {
     __shared__ float part[32];
@@ -1230,15 +1244,10 @@ __device__ void rms_norm_body(const float* __restrict__ x, const float* __restri
     for (int c = 0; c < NORM_HELD; c++) {
         int i = threadIdx.x + c * blockDim.x;
         if (i >= d) break;
-        float o = v[c] * inv * g[c];
-        if (Q8) q8_store(o, qs + base + i, qd + ((base + i) >> 5));
-        else y[base + i] = o;
+        norm_store<OUT>(v[c] * inv * g[c], base + i, y, qs, qd);
     }
-    for (int i = threadIdx.x + NORM_HELD * blockDim.x; i < d; i += blockDim.x) {
-        float o = xr[i] * inv * (gamma ? gamma[i] : 1.0f);
-        if (Q8) q8_store(o, qs + base + i, qd + ((base + i) >> 5));
-        else y[base + i] = o;
-    }
+    for (int i = threadIdx.x + NORM_HELD * blockDim.x; i < d; i += blockDim.x)
+        norm_store<OUT>(xr[i] * inv * (gamma ? gamma[i] : 1.0f), base + i, y, qs, qd);
 }
 
 // A residual add between two norms, for a q8 decode product: s = x + n,
@@ -1294,13 +1303,19 @@ extern "C" __global__ void add_norm_q8(const float* __restrict__ x, const float*
 extern "C" __global__ void rms_norm(const float* x, const float* gamma, float* y, int d,
                                     float eps) {
     pdl_begin();
-    rms_norm_body<false>(x, gamma, y, nullptr, nullptr, d, eps);
+    rms_norm_body<NORM_F32>(x, gamma, y, nullptr, nullptr, d, eps);
 }
 
 extern "C" __global__ void rms_norm_q8(const float* x, const float* gamma, i8* qs, u16* qd,
                                        int d, float eps) {
     pdl_begin();
-    rms_norm_body<true>(x, gamma, nullptr, qs, qd, d, eps);
+    rms_norm_body<NORM_Q8>(x, gamma, nullptr, qs, qd, d, eps);
+}
+
+extern "C" __global__ void rms_norm_bf16(const float* x, const float* gamma, u16* y, int d,
+                                         float eps) {
+    pdl_begin();
+    rms_norm_body<NORM_BF16>(x, gamma, (float*)y, nullptr, nullptr, d, eps);
 }
 
 // Elementwise a ∘ b, b broadcast NumPy-style: the output (and a) is
@@ -1344,20 +1359,27 @@ extern "C" __global__ void unary(const float* x, float* y, long long n, int op, 
     }
 }
 
-extern "C" __global__ void geglu(const float* gate, const float* up, float* y, long long n) {
+// gelu(gate) · up over n elements in rows of `width`, each operand's rows
+// `gs` and `us` elements apart (width where contiguous; a batched step
+// reads its gate and up in place in one product's output).
+extern "C" __global__ void geglu(const float* gate, const float* up, float* y, long long n,
+                                 long long width, long long gs, long long us) {
     pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = gelu(gate[i]) * up[i];
+    if (i >= n) return;
+    long long t = i / width, c = i - t * width;
+    y[i] = gelu(gate[t * gs + c]) * up[t * us + c];
 }
 
 // geglu as 8-bit blocks for a q8 decode product (n a multiple of 32; as
 // geglu then quantize_q8 write them). One warp per block.
 extern "C" __global__ void geglu_q8(const float* gate, const float* up, i8* qs, u16* qd,
-                                    long long n) {
+                                    long long n, long long width, long long gs, long long us) {
     pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if ((i >> 5) >= (n >> 5)) return;
-    q8_store(gelu(gate[i]) * up[i], qs + i, qd + (i >> 5));
+    long long t = i / width, c = i - t * width;
+    q8_store(gelu(gate[t * gs + c]) * up[t * us + c], qs + i, qd + (i >> 5));
 }
 
 // Element c of a head after NEOX rotary embedding, where pairs (i, i + half)
@@ -1545,6 +1567,8 @@ struct HeadPart {
     const int* pos;
     const float* inv;
     int n_rot;
+    // Elements from one row's heads to the next's.
+    int stride;
 };
 
 extern "C" __global__ void head_prep(const float* qx, const float* qg, int qn, float qeps,
@@ -1553,21 +1577,21 @@ extern "C" __global__ void head_prep(const float* qx, const float* qg, int qn, f
                                      const int* kpos, const float* kinv, int krot,
                                      const float* vx, const float* vg, int vn, float veps,
                                      void* kc, void* vc, const int* rows, int kt, int vt, int hq,
-                                     int hkv, int hd) {
+                                     int hkv, int hd, int qstride, int kstride, int vstride) {
     pdl_begin();
-    HeadPart qp = {qx, qg, qn, qeps, qpos, qinv, qrot};
-    HeadPart kp = {kx, kg, kn, keps, kpos, kinv, krot};
-    HeadPart vp = {vx, vg, vn, veps, nullptr, nullptr, 0};
+    HeadPart qp = {qx, qg, qn, qeps, qpos, qinv, qrot, qstride};
+    HeadPart kp = {kx, kg, kn, keps, kpos, kinv, krot, kstride};
+    HeadPart vp = {vx, vg, vn, veps, nullptr, nullptr, 0, vstride};
     __shared__ float part[32];
     __shared__ float normed[512], roped[512];
     int per = hq + 2 * hkv;
     int t = blockIdx.x / per, j = blockIdx.x % per;
     bool is_q = j < hq, is_k = !is_q && j < hq + hkv;
     int head = is_q ? j : is_k ? j - hq : j - hq - hkv;
-    const HeadPart& hp = is_q ? qp : is_k ? kp : vp;
+    const HeadPart hp = is_q ? qp : is_k ? kp : vp;
     int heads = is_q ? hq : hkv;
-    norm_head(hp.x + ((size_t)t * heads + head) * hd, hp.gamma, hp.norm, hd, hp.eps, part,
-              normed);
+    norm_head(hp.x + (size_t)t * hp.stride + (size_t)head * hd, hp.gamma, hp.norm, hd, hp.eps,
+              part, normed);
     if (is_q) {
         rope_head(normed, qy + ((size_t)t * hq + head) * hd, hd, hp.pos[t], hp.inv, hp.n_rot);
         return;

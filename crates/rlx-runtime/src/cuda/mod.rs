@@ -338,6 +338,8 @@ struct Kernels {
     /// RMS norm writing 8-bit activation blocks (a `q8` decode product's
     /// input) instead of f32.
     rms_norm_q8: CudaFunction,
+    /// RMS norm writing a many-row product's bf16 operand.
+    rms_norm_bf16: CudaFunction,
     /// A residual add between two norms, writing the sum and the second
     /// norm's 8-bit blocks; GeGLU writing 8-bit blocks.
     add_norm_q8: CudaFunction,
@@ -520,6 +522,7 @@ impl CudaDevice {
             spin: f("spin")?,
             rms_norm: f("rms_norm")?,
             rms_norm_q8: f("rms_norm_q8")?,
+            rms_norm_bf16: f("rms_norm_bf16")?,
             add_norm_q8: f("add_norm_q8")?,
             geglu_q8: f("geglu_q8")?,
             binary: f("binary")?,

@@ -2,7 +2,7 @@
 //! one device buffer, a kernel launch (or a few) per step, and one upload
 //! per step of the step's inputs and K/V layout.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -19,7 +19,7 @@ use crate::batch::Batch;
 use crate::compile::Precision;
 use crate::compile::{
     bind, bind_early, dump_steps, narrow_from, node_err, prepare, schedule, value_copies,
-    CompileOptions, HostTensor, Loc, RunError, StepInput, StepInputs, StepOutputs,
+    CompileOptions, HostTensor, Loc, RunError, Schedule, StepInput, StepInputs, StepOutputs,
 };
 use crate::kv::{KvError, KvPool, StepLayout, BLOCK_TOKENS};
 use crate::reduce::{RowDigest, RowReduce};
@@ -532,12 +532,15 @@ pub struct CudaPlan {
     /// Per-head norms that run with the rope after them in one launch
     /// (see [`find_norm_ropes`]): norm → rope, and the ropes so covered.
     norm_ropes: HashMap<NodeId, NodeId>,
-    roped: std::collections::HashSet<NodeId>,
+    roped: HashSet<NodeId>,
     /// Layers whose attention inputs are made ready in one launch (see
     /// [`find_head_preps`]), by the step that launches it, and every step
     /// so covered.
     head_preps: HashMap<NodeId, HeadPrep>,
-    prepped: std::collections::HashSet<NodeId>,
+    prepped: HashSet<NodeId>,
+    /// Narrows read in place rows apart (see [`lay_out`]): the row stride
+    /// of the value each reads.
+    strided: HashMap<NodeId, usize>,
     /// The mixture-of-experts steps' scratch, if the graph has any.
     moe: Option<MoeScratch>,
     /// Page-locked host memory that outputs are copied into (a copy into
@@ -642,7 +645,7 @@ fn may_write(locs: &[Loc], out: NodeId, input: NodeId, in_place: bool) -> bool {
 /// outputs, and the steps that launch kernels (views aside), in order.
 struct StepUses {
     users: Vec<Vec<NodeId>>,
-    outputs: std::collections::HashSet<NodeId>,
+    outputs: HashSet<NodeId>,
     order: Vec<NodeId>,
 }
 
@@ -918,6 +921,103 @@ pub(super) fn narrow_view(g: &Graph, max: &Bindings, id: NodeId) -> Option<(Node
     Some((n.inputs[0], from * inner))
 }
 
+/// A narrow of the last axis of a `[rows, width]` value whose rows vary
+/// (a batched step's q/k/v or gate/up split of one product) that every
+/// reader could take in place, rows `width` apart: `GeGlu`, or the norms,
+/// ropes and K/V writes a [`HeadPrep`] runs. Its source, first column and
+/// `width`.
+fn strided_narrow(
+    g: &Graph,
+    max: &Bindings,
+    users: &[Vec<NodeId>],
+    outputs: &HashSet<NodeId>,
+    id: NodeId,
+) -> Option<(NodeId, usize, usize)> {
+    let n = g.node(id);
+    let Op::Narrow { axis, start, len } = n.op else {
+        return None;
+    };
+    let dims = g.node(n.inputs[0]).shape.resolve(max)?;
+    let &[_, width] = dims.as_slice() else {
+        return None;
+    };
+    if axis != 1 || outputs.contains(&id) {
+        return None;
+    }
+    let readable = readers(g, users, id).iter().all(|&r| {
+        !outputs.contains(&r)
+            && matches!(
+                g.node(r).op,
+                Op::GeGlu | Op::RmsNorm(_) | Op::Rope(_) | Op::KvWrite { .. }
+            )
+    });
+    let from = narrow_from(start, width, len).ok()?;
+    readable.then_some((n.inputs[0], from, width))
+}
+
+/// The steps that read `id`, looking through reshapes (which are views).
+fn readers(g: &Graph, users: &[Vec<NodeId>], id: NodeId) -> Vec<NodeId> {
+    let mut found = Vec::new();
+    for &u in &users[id.index()] {
+        if matches!(g.node(u).op, Op::Reshape { .. }) {
+            found.extend(readers(g, users, u));
+        } else {
+            found.push(u);
+        }
+    }
+    found
+}
+
+/// A plan's steps laid out in the arena, the head preparations found in
+/// them, and the narrows read in place with their source's row stride.
+pub(super) struct Layout {
+    pub sched: Schedule,
+    pub head_preps: HashMap<NodeId, HeadPrep>,
+    /// Strided narrow → the row stride (elements) of the value it reads.
+    pub strided: HashMap<NodeId, usize>,
+}
+
+/// Lays out `g`'s steps for the symbol maxima `max`. One-row narrows are
+/// views ([`narrow_view`]); a batched step's q/k/v and gate/up splits are
+/// read in place with a row stride where every reader takes one (`GeGlu`
+/// and the [`HeadPrep`]s): laid out with those, then again without any
+/// whose readers did not all end up in a head preparation, until they do.
+pub(super) fn lay_out(g: &Graph, max: &Bindings) -> Result<Layout, RunError> {
+    let mut users = vec![Vec::new(); g.len()];
+    for id in g.ids() {
+        for &i in &g.node(id).inputs {
+            users[i.index()].push(id);
+        }
+    }
+    let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, id)| *id).collect();
+    let mut strided: HashMap<NodeId, (NodeId, usize, usize)> = g
+        .ids()
+        .filter(|&id| narrow_view(g, max, id).is_none())
+        .filter_map(|id| Some((id, strided_narrow(g, max, &users, &outputs, id)?)))
+        .collect();
+    loop {
+        let view = |id: NodeId| {
+            narrow_view(g, max, id).or_else(|| strided.get(&id).map(|&(src, from, _)| (src, from)))
+        };
+        let sched = schedule(g, max, &view)?;
+        let head_preps = find_head_preps(g, &sched.steps, &sched.locs, max);
+        let prepped: HashSet<NodeId> = head_preps.values().flat_map(|p| p.steps()).collect();
+        let before = strided.len();
+        strided.retain(|&id, _| {
+            readers(g, &users, id)
+                .iter()
+                .all(|r| matches!(g.node(*r).op, Op::GeGlu) || prepped.contains(r))
+        });
+        if strided.len() == before {
+            return Ok(Layout {
+                sched,
+                head_preps,
+                strided: strided.into_iter().map(|(id, (_, _, w))| (id, w)).collect(),
+            });
+        }
+    }
+}
+
 /// Compiles `graph` for the GPU of `weights`, which holds `store`'s weights.
 pub fn compile_cuda(
     graph: &Graph,
@@ -926,7 +1026,6 @@ pub fn compile_cuda(
     opts: &CompileOptions,
 ) -> Result<CudaPlan, CudaError> {
     let g = prepare(graph, store, opts)?;
-    let view = |id: NodeId| narrow_view(&g, &opts.max, id);
     for id in g.ids() {
         if let (Op::Weight { id: w, name }, DType::Ggml(ty)) = (&g.node(id).op, g.node(id).dtype) {
             if type_code(ty).is_some() || g.node(id).shape.rank() == 1 {
@@ -934,11 +1033,13 @@ pub fn compile_cuda(
             }
         }
     }
-    let sched = schedule(&g, &opts.max, &view)?;
+    let Layout {
+        sched,
+        head_preps,
+        strided,
+    } = lay_out(&g, &opts.max)?;
     let (prologues, folded) = find_prologues(&g, &sched.steps, &sched.locs);
-    let head_preps = find_head_preps(&g, &sched.steps, &sched.locs, &opts.max);
-    let prepped: std::collections::HashSet<NodeId> =
-        head_preps.values().flat_map(|p| p.steps()).collect();
+    let prepped: HashSet<NodeId> = head_preps.values().flat_map(|p| p.steps()).collect();
     let mut norm_ropes = find_norm_ropes(&g, &sched.steps, &sched.locs, &opts.max);
     norm_ropes.retain(|norm, _| !prepped.contains(norm));
     let device = Arc::clone(weights.device());
@@ -1169,6 +1270,7 @@ pub fn compile_cuda(
         norm_ropes,
         head_preps,
         prepped,
+        strided,
         host: None,
         reduce_in: None,
         reduce_parts: None,
@@ -1425,6 +1527,20 @@ impl CudaPlan {
     }
 
     /// Device address of a value (f32, or an i32 input).
+    /// The row stride (elements) at which `id` is read where it is a
+    /// strided narrow or a view of one; None where its rows are contiguous.
+    pub(super) fn row_stride(&self, mut id: NodeId) -> Option<usize> {
+        loop {
+            if let Some(&w) = self.strided.get(&id) {
+                return Some(w);
+            }
+            match self.locs[id.index()] {
+                Loc::Alias { src, .. } => id = src,
+                _ => return None,
+            }
+        }
+    }
+
     fn addr(&self, id: NodeId) -> u64 {
         match self.locs[id.index()] {
             Loc::Arena { offset, .. } => self.device.ptr(&self.arena) + 4 * offset as u64,
@@ -2049,11 +2165,23 @@ impl CudaPlan {
             && q8.is_some()
             && norm.is_some()
             && weights_of.iter().all(|w| !is_float(w.3));
+        // Many rows of whole units over bf16 operands (the tensor cores or
+        // cuBLAS): the activations are read as bf16 only, so a norm writes
+        // them so.
+        let gemm = self.gemm.as_ref().filter(|_| m > 1);
+        let x16 = match gemm {
+            Some(GemmScratch { x16: Some(b), .. }) if !small && kin.is_multiple_of(32) => {
+                Some(self.device.ptr(b))
+            }
+            _ => None,
+        };
         let mut x = cx.inp(0);
+        let mut normed16 = false;
         if let Some(spec) = norm.filter(|_| pre.is_none()) {
             let gamma = if spec.has_gamma { cx.inp(1) } else { 0 };
-            let (kernel, y, yd) = match q8 {
-                Some((xq, xd)) if fused => (&k.rms_norm_q8, xq, xd),
+            let (kernel, y, yd) = match (q8, x16) {
+                (Some((xq, xd)), _) if fused => (&k.rms_norm_q8, xq, xd),
+                (_, Some(y16)) => (&k.rms_norm_bf16, y16, 0),
                 _ => (&k.rms_norm, self.device.ptr(&self.norm_buf), 0),
             };
             let mut args = vec![Arg::Ptr(x), Arg::Ptr(gamma), Arg::Ptr(y)];
@@ -2062,7 +2190,8 @@ impl CudaPlan {
             }
             args.extend([Arg::I32(kin as i32), Arg::F32(spec.eps)]);
             self.launch(kernel, norm_rows(m, kin), &args)?;
-            if !fused {
+            normed16 = !fused && x16.is_some();
+            if !fused && !normed16 {
                 x = y;
             }
         }
@@ -2107,15 +2236,16 @@ impl CudaPlan {
         // up to MMQ_ROWS rows on the tensor cores straight from the
         // weights' blocks, more through cuBLAS on weight rows dequantized
         // a chunk at a time.
-        let gemm = self.gemm.as_ref().filter(|_| m > 1);
         let mut gx = x;
         if let Some(GemmScratch { x16: Some(x16), .. }) = gemm {
             gx = self.device.ptr(x16);
-            self.launch(
-                &k.to_bf16,
-                linear(m * kin),
-                &[Arg::Ptr(x), Arg::Ptr(gx), Arg::I64((m * kin) as i64)],
-            )?;
+            if !normed16 {
+                self.launch(
+                    &k.to_bf16,
+                    linear(m * kin),
+                    &[Arg::Ptr(x), Arg::Ptr(gx), Arg::I64((m * kin) as i64)],
+                )?;
+            }
         }
         if let Some(part) = gemm
             .and_then(|gs| gs.part.as_ref())
@@ -2443,6 +2573,12 @@ impl CudaPlan {
         args.extend(part(p.k_norm, g.node(p.k_rope).inputs[0]));
         args.extend(rope(p.k_rope));
         args.extend(part(p.v_norm, g.node(p.write).inputs[1]));
+        // Each part's row stride: a batched step reads its rows in place
+        // in the product's output, rows of q, k and v apart.
+        let stride = |norm: Option<NodeId>, x: NodeId, heads: usize| {
+            let x = norm.map_or(x, |n| g.node(n).inputs[0]);
+            Arg::I32(self.row_stride(x).unwrap_or(heads * hd) as i32)
+        };
         args.extend([
             Arg::Ptr(l.k),
             Arg::Ptr(l.v),
@@ -2452,6 +2588,9 @@ impl CudaPlan {
             Arg::I32(hq as i32),
             Arg::I32(hkv as i32),
             Arg::I32(hd as i32),
+            stride(p.q_norm, g.node(p.q_rope).inputs[0], hq),
+            stride(p.k_norm, g.node(p.k_rope).inputs[0], hkv),
+            stride(p.v_norm, g.node(p.write).inputs[1], hkv),
         ]);
         self.launch(
             &self.device.kernels.head_prep,

@@ -939,6 +939,27 @@ fn decode_products_match_the_reference() {
                 (m * k / 32) as u64,
             ],
         );
+        // The norm that writes a many-row product's bf16 operand: what the
+        // norm writes, rounded by to_bf16.
+        let (n16, f16b) = (
+            s.alloc_zeros::<u16>(m * k).unwrap(),
+            s.alloc_zeros::<u16>(m * k).unwrap(),
+        );
+        launch(
+            &dev.kernels.to_bf16,
+            super::plan::linear(m * k),
+            &[dev.ptr(&normed), dev.ptr(&n16), (m * k) as u64],
+        );
+        launch(
+            &dev.kernels.rms_norm_bf16,
+            rows_cfg,
+            &[dev.ptr(&xg), dev.ptr(&gamma), dev.ptr(&f16b), kk, eps],
+        );
+        if s.clone_dtoh(&n16).unwrap() != s.clone_dtoh(&f16b).unwrap() {
+            failures.push(format!(
+                "m {m}: rms_norm_bf16 differs from rms_norm then to_bf16"
+            ));
+        }
         let (fq, fd) = (
             s.alloc_zeros::<i8>(m * k).unwrap(),
             s.alloc_zeros::<u16>(m * k / 32).unwrap(),
@@ -968,12 +989,12 @@ fn decode_products_match_the_reference() {
             .clone_htod(&(0..m * k).map(|_| r.next()).collect::<Vec<f32>>())
             .unwrap();
         let gl = s.alloc_zeros::<f32>(m * k).unwrap();
-        let n64 = (m * k) as u64;
+        let (n64, k64) = ((m * k) as u64, k as u64);
         let lin = super::plan::linear(m * k);
         launch(
             &dev.kernels.geglu,
             lin,
-            &[dev.ptr(&xg), dev.ptr(&up), dev.ptr(&gl), n64],
+            &[dev.ptr(&xg), dev.ptr(&up), dev.ptr(&gl), n64, k64, k64, k64],
         );
         launch(
             &dev.kernels.quantize_q8,
@@ -983,7 +1004,16 @@ fn decode_products_match_the_reference() {
         launch(
             &dev.kernels.geglu_q8,
             lin,
-            &[dev.ptr(&xg), dev.ptr(&up), dev.ptr(&fq), dev.ptr(&fd), n64],
+            &[
+                dev.ptr(&xg),
+                dev.ptr(&up),
+                dev.ptr(&fq),
+                dev.ptr(&fd),
+                n64,
+                k64,
+                k64,
+                k64,
+            ],
         );
         if s.clone_dtoh(&nq).unwrap() != s.clone_dtoh(&fq).unwrap()
             || s.clone_dtoh(&nd).unwrap() != s.clone_dtoh(&fd).unwrap()
@@ -1619,21 +1649,62 @@ fn attention_blocks_group_heads_and_fit_their_splits() {
     }
 }
 
+/// A batched step reads the q/k/v and gate/up splits of its products in
+/// place, rows apart, as one row's step does: no split is copied, each
+/// layer that writes K/V makes its attention inputs ready in one launch,
+/// and every split read so is read by a head preparation or a GeGLU with
+/// the product's row width as stride. Needs no GPU.
+#[test]
+fn batched_steps_read_their_splits_in_place() {
+    let s = store();
+    let max = Bindings::new().with(Sym::SEQ, 8).with(Sym::ROWS, 8);
+    let g = super::super::compile::prepare(&model_graph(&s), &s, &CompileOptions::new(max.clone()))
+        .unwrap();
+    let layout = super::plan::lay_out(&g, &max).unwrap();
+    assert_eq!(layout.head_preps.len(), LAYERS - 1);
+    let launched_narrows = layout
+        .sched
+        .steps
+        .iter()
+        .filter(|id| matches!(g.node(**id).op, rlx_ir::Op::Narrow { .. }))
+        .filter(|id| {
+            !matches!(
+                layout.sched.locs[id.index()],
+                crate::compile::Loc::Alias { .. }
+            )
+        })
+        .count();
+    assert_eq!(launched_narrows, 0);
+    // q, k and v where a layer writes K/V, gate and up in every layer.
+    assert!(
+        layout.strided.len() >= 2 * LAYERS + 3 * (LAYERS - 1),
+        "{:?}",
+        layout.strided
+    );
+    for (&id, &stride) in &layout.strided {
+        let src = g.node(id).inputs[0];
+        let width = g.node(src).shape.resolve(&max).unwrap()[1];
+        assert_eq!(stride, width);
+        assert!(width > g.node(id).shape.resolve(&max).unwrap()[1]);
+    }
+}
+
 /// A decode step's q/k norms and ropes and the K/V write after them run as
 /// one launch in each layer that writes K/V (a layer reading another's K/V
 /// keeps its own q norm and rope), and each attention writes its product's
 /// 8-bit blocks. Needs no GPU.
 #[test]
 fn attention_inputs_are_made_ready_in_one_launch() {
-    use super::plan::find_head_preps;
     let s = store();
     let max = Bindings::new().with(Sym::SEQ, 1).with(Sym::ROWS, 1);
     let g = super::super::compile::prepare(&model_graph(&s), &s, &CompileOptions::new(max.clone()))
         .unwrap();
     // Decode reads the q/k/v splits of the product in place, as the plan does.
-    let view = |id| super::plan::narrow_view(&g, &max, id);
-    let sched = super::super::compile::schedule(&g, &max, &view).unwrap();
-    let preps = find_head_preps(&g, &sched.steps, &sched.locs, &max);
+    let super::plan::Layout {
+        sched,
+        head_preps: preps,
+        ..
+    } = super::plan::lay_out(&g, &max).unwrap();
     assert_eq!(preps.len(), LAYERS - 1, "{preps:?}");
     let mut k_normed: Vec<bool> = preps.values().map(|p| p.k_norm.is_some()).collect();
     k_normed.sort();

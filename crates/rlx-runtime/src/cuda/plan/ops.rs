@@ -382,17 +382,26 @@ impl Cx<'_> {
         let k = self.kernels();
         let numel = self.numel();
         let (a, b) = (Arg::Ptr(self.inp(0)), Arg::Ptr(self.inp(1)));
+        // Rows of gate and up as they are read (in place in a batched
+        // step's product output, rows of both apart).
+        let width = self.dims.last().copied().unwrap_or(1).max(1);
+        let stride =
+            |i: usize| Arg::I64(self.plan.row_stride(self.n.inputs[i]).unwrap_or(width) as i64);
+        let shape = [
+            Arg::I64(numel as i64),
+            Arg::I64(width as i64),
+            stride(0),
+            stride(1),
+        ];
         match self.folded {
-            Some((xq, xd)) => self.launch(
-                &k.geglu_q8,
-                linear(numel),
-                &[a, b, Arg::Ptr(xq), Arg::Ptr(xd), Arg::I64(numel as i64)],
-            ),
-            None => self.launch(
-                &k.geglu,
-                linear(numel),
-                &[a, b, Arg::Ptr(self.out), Arg::I64(numel as i64)],
-            ),
+            Some((xq, xd)) => {
+                let args = [a, b, Arg::Ptr(xq), Arg::Ptr(xd)];
+                self.launch(&k.geglu_q8, linear(numel), &[&args[..], &shape].concat())
+            }
+            None => {
+                let args = [a, b, Arg::Ptr(self.out)];
+                self.launch(&k.geglu, linear(numel), &[&args[..], &shape].concat())
+            }
         }
     }
 }
