@@ -1256,11 +1256,13 @@ __device__ void rms_norm_body(const float* __restrict__ x, const float* __restri
 // input) — bit for bit what rms_norm, the add and rms_norm_q8 write, one
 // block per row of d (a multiple of 32), blocks of whole warps. s may be
 // where a or x was: each thread reads its elements before writing them.
-extern "C" __global__ void add_norm_q8(const float* __restrict__ x, const float* a,
-                                       const float* __restrict__ g1, float eps1, int norm1,
-                                       float* s, const float* __restrict__ g2, float eps2,
-                                       i8* qs, u16* qd, int d) {
-    pdl_begin();
+// (OUT NORM_BF16: the second norm's output as a many-row product's bf16
+// operand instead, y16, rounded as to_bf16 rounds.)
+template <int OUT>
+__device__ void add_norm_body(const float* __restrict__ x, const float* a,
+                              const float* __restrict__ g1, float eps1, int norm1, float* s,
+                              const float* __restrict__ g2, float eps2, i8* qs, u16* qd,
+                              u16* y16, int d) {
     __shared__ float part[32];
     size_t base = (size_t)blockIdx.x * d;
     const float *ar = a + base, *xr = x + base;
@@ -1294,10 +1296,26 @@ extern "C" __global__ void add_norm_q8(const float* __restrict__ x, const float*
     for (int c = 0; c < NORM_HELD; c++) {
         int i = threadIdx.x + c * blockDim.x;
         if (i >= d) break;
-        q8_store(v[c] * inv2 * g[c], qs + base + i, qd + ((base + i) >> 5));
+        norm_store<OUT>(v[c] * inv2 * g[c], base + i, (float*)y16, qs, qd);
     }
     for (int i = threadIdx.x + NORM_HELD * blockDim.x; i < d; i += blockDim.x)
-        q8_store(sr[i] * inv2 * (g2 ? g2[i] : 1.0f), qs + base + i, qd + ((base + i) >> 5));
+        norm_store<OUT>(sr[i] * inv2 * (g2 ? g2[i] : 1.0f), base + i, (float*)y16, qs, qd);
+}
+
+extern "C" __global__ void add_norm_q8(const float* __restrict__ x, const float* a,
+                                       const float* __restrict__ g1, float eps1, int norm1,
+                                       float* s, const float* __restrict__ g2, float eps2,
+                                       i8* qs, u16* qd, int d) {
+    pdl_begin();
+    add_norm_body<NORM_Q8>(x, a, g1, eps1, norm1, s, g2, eps2, qs, qd, nullptr, d);
+}
+
+extern "C" __global__ void add_norm_bf16(const float* __restrict__ x, const float* a,
+                                         const float* __restrict__ g1, float eps1, int norm1,
+                                         float* s, const float* __restrict__ g2, float eps2,
+                                         u16* y16, int d) {
+    pdl_begin();
+    add_norm_body<NORM_BF16>(x, a, g1, eps1, norm1, s, g2, eps2, nullptr, nullptr, y16, d);
 }
 
 extern "C" __global__ void rms_norm(const float* x, const float* gamma, float* y, int d,
@@ -1380,6 +1398,16 @@ extern "C" __global__ void geglu_q8(const float* gate, const float* up, i8* qs, 
     if ((i >> 5) >= (n >> 5)) return;
     long long t = i / width, c = i - t * width;
     q8_store(gelu(gate[t * gs + c]) * up[t * us + c], qs + i, qd + (i >> 5));
+}
+
+// geglu as a many-row product's bf16 operand (as geglu then to_bf16 write it).
+extern "C" __global__ void geglu_bf16(const float* gate, const float* up, u16* y, long long n,
+                                      long long width, long long gs, long long us) {
+    pdl_begin();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    long long t = i / width, c = i - t * width;
+    y[i] = (u16)f2bf(gelu(gate[t * gs + c]) * up[t * us + c]);
 }
 
 // Element c of a head after NEOX rotary embedding, where pairs (i, i + half)
@@ -1696,7 +1724,8 @@ struct DenseKeys {
 // and the last split of the block to finish merges them (attention_merge):
 // no launch of its own, and only the splits that had keys are read. With
 // qs, the output goes out as the next product's 8-bit blocks instead (as
-// quantize_q8 writes them; hdv a multiple of 32). hd, hdv ≤ 512, gq ≤
+// quantize_q8 writes them; hdv a multiple of 32), with ob as its bf16
+// operand (as to_bf16 writes it). hd, hdv ≤ 512, gq ≤
 // ATTN_MAXG and gq · max(hd, hdv) ≤ ATTN_QF (the Rust side's
 // attention_group); keys of type KT and values of type VT (`kv_load`).
 #define AW 4
@@ -1819,11 +1848,15 @@ __device__ __forceinline__ float warp_sums(float* x, int lane) {
     return s;
 }
 
-// Element i of attention's output: to out, or as 8-bit blocks with qs
-// (called by the 32 lanes of a warp for 32 consecutive elements).
-__device__ __forceinline__ void attention_store(float o, size_t i, float* out, i8* qs, u16* qd) {
+// Element i of attention's output: to out, as 8-bit blocks with qs
+// (called by the 32 lanes of a warp for 32 consecutive elements), or as
+// bf16 with ob (the next product's operand, as to_bf16 rounds it).
+__device__ __forceinline__ void attention_store(float o, size_t i, float* out, i8* qs, u16* qd,
+                                                u16* ob) {
     if (qs)
         q8_store(o, qs + i, qd + (i >> 5));
+    else if (ob)
+        ob[i] = (u16)f2bf(o);
     else
         out[i] = o;
 }
@@ -1833,8 +1866,8 @@ __device__ __forceinline__ void attention_store(float o, size_t i, float* out, i
 // split's sum scaled from its own maximum to the largest, over the scaled
 // totals, summed in split order (zeros where no split saw a key). The other
 // splits wrote part from other multiprocessors, so it is read from L2.
-__device__ void attention_merge(const float* part, float* out, i8* qs, u16* qd, size_t oh0,
-                                int gq, int used, int hdv) {
+__device__ void attention_merge(const float* part, float* out, i8* qs, u16* qd, u16* ob,
+                                size_t oh0, int gq, int used, int hdv) {
     __shared__ float sw[ATTN_MAXG][ATTN_MAX_SPLITS];
     __shared__ float stotal[ATTN_MAXG];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1866,14 +1899,16 @@ __device__ void attention_merge(const float* part, float* out, i8* qs, u16* qd, 
             if (c >= hdv) break;
             float o = 0.0f;
             for (int s = 0; s < used; s++) o += sw[h][s] * __ldcg(p + s * ATTN_PART + c);
-            attention_store(total > 0.0f ? o / total : 0.0f, (oh0 + h) * hdv + c, out, qs, qd);
+            attention_store(total > 0.0f ? o / total : 0.0f, (oh0 + h) * hdv + c, out, qs, qd,
+                            ob);
         }
     }
 }
 
 template <int KT, int VT, class Keys>
 __device__ void attention_body(const float* q, const void* kc, const void* vc, Keys keys,
-                               float* out, i8* qs, u16* qd, float* part, int* done, int hq,
+                               float* out, i8* qs, u16* qd, u16* ob, float* part, int* done,
+                               int hq,
                                int hkv, int hd, int hdv, int gq, float scale, float softcap,
                                int mask, int window) {
     constexpr int KPW = AttnShape<KT, VT>::KPW, NV = AttnShape<KT, VT>::NV;
@@ -2076,7 +2111,7 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
             if (merged)
                 prow[c] = o;
             else
-                attention_store(total > 0.0f ? o / total : 0.0f, oh * hdv + c, out, qs, qd);
+                attention_store(total > 0.0f ? o / total : 0.0f, oh * hdv + c, out, qs, qd, ob);
         }
         if (merged && threadIdx.x == 0) {
             prow[512] = big;
@@ -2097,7 +2132,7 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
     __syncthreads();
     if (!last) return;
     __threadfence();
-    attention_merge(part, out, qs, qd, (size_t)qi * hq + h0, gq, used, hdv);
+    attention_merge(part, out, qs, qd, ob, (size_t)qi * hq + h0, gq, used, hdv);
 }
 
 // attention_<k>_<v>: the paged pool, one kernel per pair of key and value
@@ -2106,11 +2141,11 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
     extern "C" __global__ void attention_##KS##_##VS(                                            \
         const float* q, const void* kc, const void* vc, const int* qpos, const int* run_of_row, \
         const int* run_end, const int* block_start, const int* table, const int* qspan,         \
-        const int* tspan, float* out, i8* qs, u16* qd, float* part, int* done, int hq, int hkv, \
-        int hd, int hdv, int gq, float scale, float softcap, int mask, int window) {            \
+        const int* tspan, float* out, i8* qs, u16* qd, u16* ob, float* part, int* done, int hq, \
+        int hkv, int hd, int hdv, int gq, float scale, float softcap, int mask, int window) {   \
         PagedKeys keys = {qpos, run_of_row, run_end, block_start, table, qspan, tspan};        \
-        attention_body<KT, VT>(q, kc, vc, keys, out, qs, qd, part, done, hq, hkv, hd, hdv, gq,  \
-                               scale, softcap, mask, window);                                   \
+        attention_body<KT, VT>(q, kc, vc, keys, out, qs, qd, ob, part, done, hq, hkv, hd, hdv,  \
+                               gq, scale, softcap, mask, window);                               \
     }
 #define ATTN_K(KS, KT)                  \
     ATTN_KV(KS, KT, f32, T_F32)         \
@@ -2126,12 +2161,12 @@ ATTN_K(q4_0, T_Q4_0)
 
 // K/V from inputs: k [m, hkv, hd] and v [m, hkv, hdv] of this step, f32.
 extern "C" __global__ void attention_inputs(const float* q, const float* k, const float* v,
-                                            int m, int n, float* out, i8* qs, u16* qd, int hq,
-                                            int hkv, int hd, int hdv, int gq, float scale,
-                                            float softcap, int mask, int window) {
+                                            int m, int n, float* out, i8* qs, u16* qd,
+                                            u16* ob, int hq, int hkv, int hd, int hdv, int gq,
+                                            float scale, float softcap, int mask, int window) {
     DenseKeys keys = {m, n};
-    attention_body<T_F32, T_F32>(q, k, v, keys, out, qs, qd, nullptr, nullptr, hq, hkv, hd, hdv,
-                                 gq, scale, softcap, mask, window);
+    attention_body<T_F32, T_F32>(q, k, v, keys, out, qs, qd, ob, nullptr, nullptr, hq, hkv, hd,
+                                 hdv, gq, scale, softcap, mask, window);
 }
 
 // Sum of v over the block (all threads get it), in f64 as the CPU sums

@@ -343,6 +343,9 @@ struct Kernels {
     /// A residual add between two norms, writing the sum and the second
     /// norm's 8-bit blocks; GeGLU writing 8-bit blocks.
     add_norm_q8: CudaFunction,
+    /// The same writing a many-row product's bf16 operand; GeGLU likewise.
+    add_norm_bf16: CudaFunction,
+    geglu_bf16: CudaFunction,
     geglu_q8: CudaFunction,
     binary: CudaFunction,
     unary: CudaFunction,
@@ -524,6 +527,8 @@ impl CudaDevice {
             rms_norm_q8: f("rms_norm_q8")?,
             rms_norm_bf16: f("rms_norm_bf16")?,
             add_norm_q8: f("add_norm_q8")?,
+            add_norm_bf16: f("add_norm_bf16")?,
+            geglu_bf16: f("geglu_bf16")?,
             geglu_q8: f("geglu_q8")?,
             binary: f("binary")?,
             unary: f("unary")?,

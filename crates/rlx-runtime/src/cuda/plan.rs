@@ -1293,8 +1293,17 @@ struct Cx<'a> {
     b: &'a Bindings,
     dims: &'a [usize],
     out: u64,
-    /// The 8-bit blocks a prologue writes in place of the output, if any.
-    folded: Option<(u64, u64)>,
+    /// What a prologue writes in place of the output, if any.
+    folded: Option<Operand>,
+}
+
+/// What a node folded into a product's prologue (see [`find_prologues`])
+/// writes for that product: 8-bit blocks (codes, scales) for the decode
+/// kernels, or the bf16 operand of a many-row product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Operand {
+    Q8 { qs: u64, qd: u64 },
+    Bf16(u64),
 }
 
 impl Cx<'_> {
@@ -1411,18 +1420,15 @@ impl CudaPlan {
             .collect()
     }
 
-    /// Where product `mm` reads its 8-bit input blocks from this step if a
-    /// [`Prologue`] writes them: it has one, and the step takes the 8-bit
-    /// decode path (few rows, block-type weights only, `q8`). The producer
-    /// and the product both ask, so they agree.
-    fn prologue_blocks(&self, mm: NodeId, b: &Bindings) -> Result<Option<(u64, u64)>, CudaError> {
-        let Some(buf) = self
-            .act_q
-            .as_ref()
-            .filter(|_| self.prologues.contains_key(&mm))
-        else {
+    /// What product `mm` reads as its input this step if a [`Prologue`]
+    /// writes it: 8-bit blocks where the step takes the 8-bit decode path
+    /// (few rows, block-type weights only, `q8`), the bf16 operand where it
+    /// takes the tensor cores or cuBLAS over bf16 (many rows of whole
+    /// units). The producer and the product both ask, so they agree.
+    fn prologue_operand(&self, mm: NodeId, b: &Bindings) -> Result<Option<Operand>, CudaError> {
+        if !self.prologues.contains_key(&mm) {
             return Ok(None);
-        };
+        }
         let xd = self
             .graph_ir
             .node(self.graph_ir.node(mm).inputs[0])
@@ -1432,21 +1438,35 @@ impl CudaPlan {
         let kin = *xd.last().expect("rank");
         let m = xd.iter().product::<usize>() / kin.max(1);
         let w = self.mm_weights(mm)?;
-        let ok = m <= MMV_ROWS
-            && !self.takes_mmq(m, kin, &w)
-            && kin.is_multiple_of(32)
-            && w.iter().all(|w| !is_float(w.3) && w.1 % 16 == 0);
-        Ok(ok.then(|| {
-            let base = self.device.ptr(buf);
-            (base, base + act_q_bytes(m, kin).0 as u64)
-        }))
+        let mmq = self.takes_mmq(m, kin, &w);
+        if let Some(buf) = self.act_q.as_ref() {
+            let ok = m <= MMV_ROWS
+                && !mmq
+                && kin.is_multiple_of(32)
+                && w.iter().all(|w| !is_float(w.3) && w.1 % 16 == 0);
+            if ok {
+                let base = self.device.ptr(buf);
+                return Ok(Some(Operand::Q8 {
+                    qs: base,
+                    qd: base + act_q_bytes(m, kin).0 as u64,
+                }));
+            }
+        }
+        Ok(match &self.gemm {
+            Some(GemmScratch { x16: Some(x16), .. })
+                if m > 1 && (m > MMV_ROWS || mmq) && kin.is_multiple_of(32) =>
+            {
+                Some(Operand::Bf16(self.device.ptr(x16)))
+            }
+            _ => None,
+        })
     }
 
-    /// The 8-bit blocks a folded node (see [`find_prologues`]) writes for
-    /// its product this step, if the product takes them.
-    fn folded_blocks(&self, id: NodeId, b: &Bindings) -> Result<Option<(u64, u64)>, CudaError> {
+    /// What a folded node (see [`find_prologues`]) writes for its product
+    /// this step, if the product takes it.
+    fn folded_operand(&self, id: NodeId, b: &Bindings) -> Result<Option<Operand>, CudaError> {
         match self.folded.get(&id) {
-            Some(&mm) => self.prologue_blocks(mm, b),
+            Some(&mm) => self.prologue_operand(mm, b),
             None => Ok(None),
         }
     }
@@ -2087,7 +2107,7 @@ impl CudaPlan {
         let out = self.addr(id);
         // Where this node is folded into a product's prologue this step: the
         // 8-bit blocks it writes instead of its own output.
-        let folded = self.folded_blocks(id, b)?;
+        let folded = self.folded_operand(id, b)?;
         let cx = Cx {
             plan: self,
             g,
@@ -2103,7 +2123,7 @@ impl CudaPlan {
             Op::Input { .. } | Op::Weight { .. } | Op::Reshape { .. } => {}
             Op::Gather => cx.gather()?,
             Op::MatMul { norm } => self.matmul(&cx, norm)?,
-            Op::Add if folded.is_some() => cx.add_norm_q8()?,
+            Op::Add if folded.is_some() => cx.add_norm()?,
             Op::Add | Op::Mul => cx.binary()?,
             Op::Scale { .. } | Op::AddConst { .. } | Op::Gelu | Op::Softcap { .. } => cx.unary()?,
             Op::GeGlu => cx.geglu()?,
@@ -2145,14 +2165,20 @@ impl CudaPlan {
         // `Prologue`), in the norm kernel where the node has a norm
         // and no float weights (those read the f32 activations),
         // else on their own.
-        let pre = self.prologue_blocks(cx.id, cx.b)?;
-        let small = pre.is_some()
-            || (m <= MMV_ROWS
+        let pre = self.prologue_operand(cx.id, cx.b)?;
+        let (pre_q8, pre16) = match pre {
+            Some(Operand::Q8 { qs, qd }) => (Some((qs, qd)), None),
+            Some(Operand::Bf16(p)) => (None, Some(p)),
+            None => (None, None),
+        };
+        let small = pre_q8.is_some()
+            || (pre16.is_none()
+                && m <= MMV_ROWS
                 && !self.takes_mmq(m, kin, &weights_of)
                 && kin.is_multiple_of(32)
                 && cx.inp(0).is_multiple_of(16)
                 && weights_of.iter().all(|w| w.1 % 16 == 0));
-        let q8 = pre.or_else(|| {
+        let q8 = pre_q8.or_else(|| {
             self.act_q
                 .as_ref()
                 .filter(|_| small && weights_of.iter().any(|w| !is_float(w.3)))
@@ -2239,7 +2265,7 @@ impl CudaPlan {
         let mut gx = x;
         if let Some(GemmScratch { x16: Some(x16), .. }) = gemm {
             gx = self.device.ptr(x16);
-            if !normed16 {
+            if !normed16 && pre16.is_none() {
                 self.launch(
                     &k.to_bf16,
                     linear(m * kin),
@@ -2417,7 +2443,11 @@ impl CudaPlan {
         let gq = attention_group(hq / hkv.max(1), head_dim);
         let blocks = nq * hq / gq;
         // The product after it may take its output as 8-bit blocks.
-        let (xq, xd) = cx.folded.unwrap_or((0, 0));
+        let (xq, xd, x16) = match cx.folded {
+            Some(Operand::Q8 { qs, qd }) => (qs, qd, 0),
+            Some(Operand::Bf16(p)) => (0, 0, p),
+            None => (0, 0, 0),
+        };
         // Over the pool, a few queries split their context.
         let (splits, part, done) = match (&spec.kv, &self.attn_splits) {
             (KvSource::Cache(_), Some(a)) => (
@@ -2452,6 +2482,7 @@ impl CudaPlan {
                     Arg::Ptr(cx.out),
                     Arg::Ptr(xq),
                     Arg::Ptr(xd),
+                    Arg::Ptr(x16),
                     Arg::I32(hq as i32),
                     Arg::I32(kd[1] as i32),
                     Arg::I32(kd[2] as i32),
@@ -2488,6 +2519,7 @@ impl CudaPlan {
                     Arg::Ptr(cx.out),
                     Arg::Ptr(xq),
                     Arg::Ptr(xd),
+                    Arg::Ptr(x16),
                     Arg::Ptr(part),
                     Arg::Ptr(done),
                     Arg::I32(hq as i32),

@@ -1022,6 +1022,28 @@ fn decode_products_match_the_reference() {
                 "m {m}: geglu_q8 differs from geglu then quantize_q8"
             ));
         }
+        // GeGLU writing a many-row product's bf16 operand.
+        launch(
+            &dev.kernels.to_bf16,
+            lin,
+            &[dev.ptr(&gl), dev.ptr(&n16), n64],
+        );
+        launch(
+            &dev.kernels.geglu_bf16,
+            lin,
+            &[
+                dev.ptr(&xg),
+                dev.ptr(&up),
+                dev.ptr(&f16b),
+                n64,
+                k64,
+                k64,
+                k64,
+            ],
+        );
+        if s.clone_dtoh(&n16).unwrap() != s.clone_dtoh(&f16b).unwrap() {
+            failures.push(format!("m {m}: geglu_bf16 differs from geglu then to_bf16"));
+        }
         let rows_cfg = super::plan::norm_rows(m, k);
         let gamma2 = s
             .clone_htod(&(0..k).map(|_| r.next()).collect::<Vec<f32>>())
@@ -1083,6 +1105,36 @@ fn decode_products_match_the_reference() {
             {
                 failures.push(format!(
                     "m {m} norm1 {norm1}: add_norm_q8 differs from norm, add, norm"
+                ));
+            }
+            // The same writing a many-row product's bf16 operand.
+            launch(
+                &dev.kernels.rms_norm_bf16,
+                rows_cfg,
+                &[dev.ptr(&sg), dev.ptr(&gamma2), dev.ptr(&n16), kk, eps],
+            );
+            let fs16 = s.alloc_zeros::<f32>(m * k).unwrap();
+            launch(
+                &dev.kernels.add_norm_bf16,
+                rows_cfg,
+                &[
+                    dev.ptr(&xg),
+                    dev.ptr(&up),
+                    dev.ptr(&gamma),
+                    eps,
+                    u64::from(norm1),
+                    dev.ptr(&fs16),
+                    dev.ptr(&gamma2),
+                    eps,
+                    dev.ptr(&f16b),
+                    kk,
+                ],
+            );
+            if s.clone_dtoh(&fs16).unwrap() != s.clone_dtoh(&fs).unwrap()
+                || s.clone_dtoh(&n16).unwrap() != s.clone_dtoh(&f16b).unwrap()
+            {
+                failures.push(format!(
+                    "m {m} norm1 {norm1}: add_norm_bf16 differs from norm, add, norm"
                 ));
             }
         }
@@ -1201,8 +1253,8 @@ fn reference_attention(
 /// as many as the context has blocks, where fewer) matches the reference:
 /// the splits' partial results are merged by the last split to finish, the
 /// count of finished splits is back at zero for the next launch (each
-/// launch runs twice), and with 8-bit output the blocks are what
-/// quantize_q8 makes of the f32 output. The pool's blocks are listed out of
+/// launch runs twice), and with 8-bit or bf16 output the blocks are what
+/// quantize_q8 and to_bf16 make of the f32 output. The pool's blocks are listed out of
 /// physical order, the last one part full.
 #[test]
 #[ignore = "needs a GPU"]
@@ -1287,7 +1339,7 @@ fn split_attention_matches_the_reference() {
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let args = |out: u64, qs: u64, qd: u64| {
+            let args = |out: u64, qs: u64, qd: u64, ob: u64| {
                 let scale = (1.0 / (hd as f32).sqrt()).to_bits() as u64;
                 [
                     dev.ptr(&qg),
@@ -1303,6 +1355,7 @@ fn split_attention_matches_the_reference() {
                     out,
                     qs,
                     qd,
+                    ob,
                     dev.ptr(&part),
                     dev.ptr(&done),
                     hq as u64,
@@ -1317,7 +1370,7 @@ fn split_attention_matches_the_reference() {
                 ]
             };
             for round in 0..2 {
-                launch_raw(s, f, cfg, &args(dev.ptr(&out), 0, 0));
+                launch_raw(s, f, cfg, &args(dev.ptr(&out), 0, 0, 0));
                 let got = s.clone_dtoh(&out).unwrap();
                 let worst = got
                     .iter()
@@ -1334,7 +1387,7 @@ fn split_attention_matches_the_reference() {
                     "{splits} splits: counts reset"
                 );
             }
-            launch_raw(s, f, cfg, &args(0, dev.ptr(&qs), dev.ptr(&qd)));
+            launch_raw(s, f, cfg, &args(0, dev.ptr(&qs), dev.ptr(&qd), 0));
             let (q2, d2) = (
                 s.alloc_zeros::<i8>(hq * hd).unwrap(),
                 s.alloc_zeros::<u16>(hq * hd / 32).unwrap(),
@@ -1344,6 +1397,15 @@ fn split_attention_matches_the_reference() {
             launch_raw(s, &dev.kernels.quantize_q8, super::plan::linear(n), &qargs);
             assert_eq!(s.clone_dtoh(&qs).unwrap(), s.clone_dtoh(&q2).unwrap());
             assert_eq!(s.clone_dtoh(&qd).unwrap(), s.clone_dtoh(&d2).unwrap());
+            // And as a many-row product's bf16 operand.
+            let (o16, w16) = (
+                s.alloc_zeros::<u16>(n).unwrap(),
+                s.alloc_zeros::<u16>(n).unwrap(),
+            );
+            launch_raw(s, f, cfg, &args(0, 0, 0, dev.ptr(&o16)));
+            let bargs = [dev.ptr(&out), dev.ptr(&w16), n as u64];
+            launch_raw(s, &dev.kernels.to_bf16, super::plan::linear(n), &bargs);
+            assert_eq!(s.clone_dtoh(&o16).unwrap(), s.clone_dtoh(&w16).unwrap());
         }
     }
 }

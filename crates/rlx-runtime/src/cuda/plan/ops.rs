@@ -65,10 +65,16 @@ impl Cx<'_> {
         Ok(())
     }
 
-    pub(super) fn add_norm_q8(&self) -> Result<(), CudaError> {
+    /// A residual add between two norms folded into the product after it
+    /// (`Prologue::AddNorm`): the sum, and the second norm as the
+    /// product's input (8-bit blocks or bf16).
+    pub(super) fn add_norm(&self) -> Result<(), CudaError> {
         let k = self.kernels();
         let numel = self.numel();
-        let (xq, xd) = self.folded.expect("checked");
+        let (kernel, operand) = match self.folded.expect("checked") {
+            Operand::Q8 { qs, qd } => (&k.add_norm_q8, vec![Arg::Ptr(qs), Arg::Ptr(qd)]),
+            Operand::Bf16(p) => (&k.add_norm_bf16, vec![Arg::Ptr(p)]),
+        };
         let mm = self.plan.folded[&self.id];
         let Some(Prologue::AddNorm { norm, .. }) = self.plan.prologues.get(&mm).copied() else {
             unreachable!("an add folds only into an AddNorm")
@@ -104,23 +110,18 @@ impl Cx<'_> {
             None => (self.inp(1), self.inp(0), 0, 0.0),
         };
         let d = *self.dims.last().expect("rank");
-        self.launch(
-            &k.add_norm_q8,
-            norm_rows(numel / d, d),
-            &[
-                Arg::Ptr(x),
-                Arg::Ptr(a),
-                Arg::Ptr(gamma1),
-                Arg::F32(eps1),
-                Arg::I32(i32::from(norm.is_some())),
-                Arg::Ptr(self.out),
-                Arg::Ptr(gamma2),
-                Arg::F32(spec2.eps),
-                Arg::Ptr(xq),
-                Arg::Ptr(xd),
-                Arg::I32(d as i32),
-            ],
-        )?;
+        let head = [
+            Arg::Ptr(x),
+            Arg::Ptr(a),
+            Arg::Ptr(gamma1),
+            Arg::F32(eps1),
+            Arg::I32(i32::from(norm.is_some())),
+            Arg::Ptr(self.out),
+            Arg::Ptr(gamma2),
+            Arg::F32(spec2.eps),
+        ];
+        let args = [&head[..], &operand, &[Arg::I32(d as i32)]].concat();
+        self.launch(kernel, norm_rows(numel / d, d), &args)?;
         Ok(())
     }
 
@@ -394,9 +395,13 @@ impl Cx<'_> {
             stride(1),
         ];
         match self.folded {
-            Some((xq, xd)) => {
-                let args = [a, b, Arg::Ptr(xq), Arg::Ptr(xd)];
+            Some(Operand::Q8 { qs, qd }) => {
+                let args = [a, b, Arg::Ptr(qs), Arg::Ptr(qd)];
                 self.launch(&k.geglu_q8, linear(numel), &[&args[..], &shape].concat())
+            }
+            Some(Operand::Bf16(p)) => {
+                let args = [a, b, Arg::Ptr(p)];
+                self.launch(&k.geglu_bf16, linear(numel), &[&args[..], &shape].concat())
             }
             None => {
                 let args = [a, b, Arg::Ptr(self.out)];
