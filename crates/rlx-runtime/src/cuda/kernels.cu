@@ -1905,6 +1905,21 @@ __device__ void attention_merge(const float* part, float* out, i8* qs, u16* qd, 
     }
 }
 
+// Elements c .. c + 8 of a chunk's KPW rows into p: rows phys·BLOCK + r0
+// .. of a K/V buffer of `width`-element rows (head g of hkv), rows past the
+// run's end (at `rows`) read as its last (their weight is 0; their memory
+// may hold anything).
+template <int KPW, class Piece>
+__device__ __forceinline__ void load_chunk(Piece* p, const void* base, int phys, int r0,
+                                           int rows, int hkv, int g, int width, int c,
+                                           bool vec) {
+    #pragma unroll
+    for (int t = 0; t < KPW; t++) {
+        size_t r = ((size_t)phys * BLOCK + min(r0 + t, rows - 1)) * hkv + g;
+        p[t].load(base, r * width + c, width - c, vec);
+    }
+}
+
 template <int KT, int VT, class Keys>
 __device__ void attention_body(const float* q, const void* kc, const void* vc, Keys keys,
                                float* out, i8* qs, u16* qd, u16* ob, float* part, int* done,
@@ -1967,29 +1982,17 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
         if (lo + r0 >= end ||
             (qspan == 0 && !range_visible(mask, window, qp, lo + r0, lo + r0 + KPW - 1)))
             continue;
-        // Rows past the run's end are read as its last row (weight 0: their
-        // memory may hold anything).
         int rows = min(BLOCK, end - lo);
         KvPiece<KT> kp[KPW];
         KvPiece<VT> vp[KPW];
-        #pragma unroll
-        for (int t = 0; t < KPW; t++) {
-            size_t r = ((size_t)phys * BLOCK + min(r0 + t, rows - 1)) * hkv + g;
-            kp[t].load(kc, r * hd + 8 * lane, hd - 8 * lane, kvec);
-            vp[t].load(vc, r * hdv + 8 * lane, hdv - 8 * lane, vvec);
-        }
+        load_chunk<KPW>(kp, kc, phys, r0, rows, hkv, g, hd, 8 * lane, kvec);
+        load_chunk<KPW>(vp, vc, phys, r0, rows, hkv, g, hdv, 8 * lane, vvec);
         float x[NV];
         #pragma unroll
         for (int i = 0; i < NV; i++) x[i] = 0.0f;
         for (int j = 0; j < nc; j++) {
             int c = 8 * (lane + 32 * j);
-            if (j > 0) {
-                #pragma unroll
-                for (int t = 0; t < KPW; t++) {
-                    size_t r = ((size_t)phys * BLOCK + min(r0 + t, rows - 1)) * hkv + g;
-                    kp[t].load(kc, r * hd + c, hd - c, kvec);
-                }
-            }
+            if (j > 0) load_chunk<KPW>(kp, kc, phys, r0, rows, hkv, g, hd, c, kvec);
             if (c >= hd) continue;
             #pragma unroll
             for (int t = 0; t < KPW; t++) {
@@ -2046,13 +2049,7 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
         }
         for (int j = 0; j < nc; j++) {
             int c = 8 * (lane + 32 * j);
-            if (j > 0) {
-                #pragma unroll
-                for (int t = 0; t < KPW; t++) {
-                    size_t r = ((size_t)phys * BLOCK + min(r0 + t, rows - 1)) * hkv + g;
-                    vp[t].load(vc, r * hdv + c, hdv - c, vvec);
-                }
-            }
+            if (j > 0) load_chunk<KPW>(vp, vc, phys, r0, rows, hkv, g, hdv, c, vvec);
             if (c >= hdv) continue;
             #pragma unroll
             for (int t = 0; t < KPW; t++) {
