@@ -944,7 +944,7 @@ fn strided_narrow(
     if axis != 1 || outputs.contains(&id) {
         return None;
     }
-    let readable = readers(g, users, id).iter().all(|&r| {
+    let readable = readers(g, users, outputs, id).iter().all(|&r| {
         !outputs.contains(&r)
             && matches!(
                 g.node(r).op,
@@ -955,12 +955,13 @@ fn strided_narrow(
     readable.then_some((n.inputs[0], from, width))
 }
 
-/// The steps that read `id`, looking through reshapes (which are views).
-fn readers(g: &Graph, users: &[Vec<NodeId>], id: NodeId) -> Vec<NodeId> {
+/// The steps that read `id`, looking through reshapes (which are views)
+/// unless the graph gives one out (then it is a reader itself).
+fn readers(g: &Graph, users: &[Vec<NodeId>], outputs: &HashSet<NodeId>, id: NodeId) -> Vec<NodeId> {
     let mut found = Vec::new();
     for &u in &users[id.index()] {
-        if matches!(g.node(u).op, Op::Reshape { .. }) {
-            found.extend(readers(g, users, u));
+        if matches!(g.node(u).op, Op::Reshape { .. }) && !outputs.contains(&u) {
+            found.extend(readers(g, users, outputs, u));
         } else {
             found.push(u);
         }
@@ -1004,7 +1005,7 @@ pub(super) fn lay_out(g: &Graph, max: &Bindings) -> Result<Layout, RunError> {
         let prepped: HashSet<NodeId> = head_preps.values().flat_map(|p| p.steps()).collect();
         let before = strided.len();
         strided.retain(|&id, _| {
-            readers(g, &users, id)
+            readers(g, &users, &outputs, id)
                 .iter()
                 .all(|r| matches!(g.node(*r).op, Op::GeGlu) || prepped.contains(r))
         });
