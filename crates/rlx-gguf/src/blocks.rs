@@ -84,6 +84,16 @@ pub fn q3_k_scales(s: &[u8]) -> [i8; 16] {
     })
 }
 
+/// IQ4_XS's 6-bit scale of sub-block `j` (of 8) less 32, from block `b`:
+/// the low four bits from nibble `j` of bytes 4..8, the high two from bits
+/// `2j`, `2j + 1` of the u16 at 2.
+#[inline]
+pub fn iq4_xs_scale(b: &[u8], j: usize) -> i32 {
+    let low = i32::from((b[4 + j / 2] >> (4 * (j % 2))) & 0xF);
+    let high = i32::from((u16_at(b, 2) >> (2 * j)) & 3);
+    (low | (high << 4)) - 32
+}
+
 /// The 2-bit field of element `e` (of 256) in Q2_K/Q3_K `qs` (64 bytes): two
 /// halves of 128 elements, each four 2-bit shifts of 32 bytes.
 #[inline]

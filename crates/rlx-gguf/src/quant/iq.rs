@@ -11,7 +11,7 @@ use super::iq_grids::{
     KVALUES_FP4, KVALUES_IQ4NL,
 };
 
-use crate::blocks::{e8m0_half, f16_at, u16_at, u32_at};
+use crate::blocks::{e8m0_half, f16_at, iq4_xs_scale, u16_at, u32_at};
 
 const IQ1S_DELTA: f32 = 0.125;
 const IQ1M_DELTA: f32 = 0.125;
@@ -233,16 +233,12 @@ pub(crate) fn dequant_block_iq4_xs(b: &[u8], y: &mut [f32]) {
     debug_assert_eq!(b.len(), 136);
     debug_assert_eq!(y.len(), 256);
     let d = f16_at(b, 0);
-    let scales_h = u16_at(b, 2);
-    let scales_l = &b[4..8];
     for (ib, (q, y)) in b[8..]
         .chunks_exact(16)
         .zip(y.chunks_exact_mut(32))
         .enumerate()
     {
-        let ls = i32::from((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf)
-            | (i32::from((scales_h >> (2 * ib)) & 3) << 4);
-        let dl = d * (ls - 32) as f32;
+        let dl = d * iq4_xs_scale(b, ib) as f32;
         let (lo, hi) = y.split_at_mut(16);
         for ((&q, lo), hi) in q.iter().zip(lo).zip(hi) {
             *lo = dl * f32::from(KVALUES_IQ4NL[usize::from(q & 0xf)]);

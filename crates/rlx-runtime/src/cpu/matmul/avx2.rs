@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 use super::formats::{KQuant, Legacy, Scale, Q2K, Q3K, Q6K};
 use crate::cpu::simd::Bytes32;
-use rlx_gguf::blocks::scales_mins_k4;
+use rlx_gguf::blocks::{iq4_xs_scale, scales_mins_k4};
 
 use super::scalar::{
     e8m0_half, f32_at, k_block, q3_k_scales, KVALUES_IQ4NL, Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES,
@@ -354,8 +354,6 @@ pub(super) fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
         .zip(a.chunks_exact(Q8_K_BYTES))
     {
         let (da, q8, _) = q8_k(ab);
-        let scales_h = u32::from(u16::from_le_bytes([wb[2], wb[3]]));
-        let scales_l = &wb[4..8];
         let mut sumi = _mm256_setzero_si256();
         for (j, (qs, q8)) in wb[8..136]
             .chunks_exact(16)
@@ -364,8 +362,7 @@ pub(super) fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
         {
             let qx = lookup_nibbles(arr(qs), values);
             let p16 = mul_add_i8(qx, load256(arr(q8)));
-            let low = u32::from((scales_l[j / 2] >> (4 * (j % 2))) & 0xF);
-            let ls = (low | (((scales_h >> (2 * j)) & 3) << 4)) as i16 - 32;
+            let ls = iq4_xs_scale(wb, j) as i16;
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(ls)));
         }
         sum += k_block(da, f16_at(wb, 0), hsum_epi32(sumi), None);

@@ -19,7 +19,7 @@
 //! has them. Blocks are read through bounds-checked slices and array
 //! references.
 
-use rlx_gguf::blocks::{e8m0_half, q3_k_scales, scale_min_k4, KVALUES_IQ4NL};
+use rlx_gguf::blocks::{e8m0_half, iq4_xs_scale, q3_k_scales, scale_min_k4, KVALUES_IQ4NL};
 use rlx_gguf::GgmlType;
 
 use super::formats::{
@@ -94,15 +94,12 @@ pub(super) unsafe fn iq4_xs<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
         let values = C::table(&KVALUES_IQ4NL);
         for (b, y) in blocks(GgmlType::IQ4_XS.block_bytes(), 256, src, dst) {
             let d = C::f16(b, 0);
-            let scales_h = u32::from(u16::from_le_bytes([b[2], b[3]]));
             for (j, (qs, y)) in b[8..136]
                 .chunks_exact(16)
                 .zip(y.chunks_exact_mut(32))
                 .enumerate()
             {
-                let low = u32::from((b[4 + j / 2] >> (4 * (j % 2))) & 0xF);
-                let ls = (low | (((scales_h >> (2 * j)) & 3) << 4)) as i32 - 32;
-                let dl = d * ls as f32;
+                let dl = d * iq4_xs_scale(b, j) as f32;
                 let q = C::lookup(values, C::nibbles(arr(qs)));
                 C::store_mul_i8(q, dl, dl, arr_mut(y));
             }

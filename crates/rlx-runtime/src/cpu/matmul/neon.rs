@@ -21,6 +21,7 @@ use crate::cpu::arm::sdot;
 use crate::cpu::simd::neon::U8x32;
 use crate::cpu::simd::table::f16_table;
 use crate::cpu::simd::Bytes32;
+use rlx_gguf::blocks::iq4_xs_scale;
 
 super::f32_tile::f32_tile!(
     /// Prefill (`m ≥ 2`) f32 dots on 4 lanes (`f32_tile.rs`).
@@ -366,12 +367,7 @@ unsafe fn iq4_xs_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     unsafe {
         let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
         let d = f16_table()[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
-        let scales_h = u32::from(u16::from_le_bytes([wb[2], wb[3]]));
-        let scale = |j: usize| {
-            let low = u32::from((wb[4 + j / 2] >> (4 * (j % 2))) & 0xF);
-            let high = (scales_h >> (2 * j)) & 3;
-            (low | (high << 4)) as i32 - 32
-        };
+        let scale = |j: usize| iq4_xs_scale(wb, j);
         let pair = |p: usize| {
             // SAFETY: 128 bytes of codes from 8 in a 136-byte block.
             let (l0, h0) = nibbles(wb.as_ptr().add(8 + 32 * p));

@@ -6,7 +6,7 @@
 //! `sum += (d_w · d_a) · Σ` (minus the `dmin` term for the K-quants with mins,
 //! plus `m_w · s_a` for Q4_1/Q5_1). The SIMD kernels form the same integers.
 
-use rlx_gguf::blocks::{crumb, i16_at, u32_at};
+use rlx_gguf::blocks::{crumb, i16_at, iq4_xs_scale, u32_at};
 pub(super) use rlx_gguf::blocks::{
     e8m0_half, f16_at, f32_at, q3_k_scales, scale_min_k4, KVALUES_FP4, KVALUES_IQ4NL,
 };
@@ -318,8 +318,6 @@ pub(super) fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
         .zip(a.chunks_exact(Q8_K_BYTES))
     {
         let (da, qa, _) = q8_k(ab);
-        let scales_h = u32::from(u16::from_le_bytes([wb[2], wb[3]]));
-        let scales_l = &wb[4..8];
         let qs = &wb[8..136];
         let mut v = [0i8; 256];
         for (sub, q) in v.chunks_exact_mut(32).zip(qs.chunks_exact(16)) {
@@ -328,11 +326,7 @@ pub(super) fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
                 sub[j + 16] = KVALUES_IQ4NL[usize::from(b >> 4)];
             }
         }
-        let scales: [i32; 8] = std::array::from_fn(|j| {
-            let low = u32::from((scales_l[j / 2] >> (4 * (j % 2))) & 0xF);
-            let high = (scales_h >> (2 * j)) & 3;
-            (low | (high << 4)) as i32 - 32
-        });
+        let scales: [i32; 8] = std::array::from_fn(|j| iq4_xs_scale(wb, j));
         sum += k_block(da, f16_at(wb, 0), scaled_idot(&v, qa, &scales, 32), None);
     }
     sum
