@@ -8,6 +8,8 @@
 
 use half::f16;
 
+use crate::blocks::{q3_k_scales, scale_min_k4};
+
 /// Super-block size of the K-quants.
 const QK_K: usize = 256;
 
@@ -459,20 +461,6 @@ fn make_qkx2_quants(
     (scale, -min)
 }
 
-/// Unpacks the 6-bit scale and min of sub-block `j` from the 12-byte
-/// K-quant scale array.
-#[inline]
-fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
-    }
-}
-
 /// The part shared by Q4_K and Q5_K: fits eight 32-element sub-blocks,
 /// writes `d`, `dmin` and the 12 scale bytes into `head` (16 bytes), and
 /// returns the final quants in `[0, nmax]`.
@@ -540,7 +528,7 @@ fn quant_k_scale_min(x: &[f32], head: &mut [u8], nmax: i32, rmin: f32, nstep: i3
     let d_all = get_f16(head, 0);
     let dmin_all = get_f16(head, 2);
     for j in 0..8 {
-        let (s, m) = get_scale_min_k4(j, &head[4..16]);
+        let (s, m) = scale_min_k4(j, &head[4..16]);
         let d = d_all * f32::from(s);
         if d == 0.0 {
             continue;
@@ -771,11 +759,9 @@ pub(crate) fn quant_block_q3_k(x: &[f32], b: &mut [u8]) {
     }
 
     let d_all = get_f16(b, 108);
-    for j in 0..16 {
-        let sc = &b[96..108];
-        let lo = if j < 8 { sc[j] & 0xf } else { sc[j - 8] >> 4 };
-        let s = i32::from(lo | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
-        let d = d_all * s as f32;
+    let scales = q3_k_scales(&b[96..108]);
+    for (j, &s) in scales.iter().enumerate() {
+        let d = d_all * f32::from(s);
         if d == 0.0 {
             continue;
         }
@@ -967,7 +953,7 @@ mod tests {
         let d = f16_at(&b, 0);
         let dmin = f16_at(&b, 2);
         for (e, &v) in x.iter().enumerate() {
-            let (s, m) = get_scale_min_k4(e / 32, &b[4..16]);
+            let (s, m) = scale_min_k4(e / 32, &b[4..16]);
             let (c, r) = (e / 64, e % 64);
             let q = (b[16 + 32 * c + r % 32] >> (4 * (r / 32))) & 0xf;
             let y = d * f32::from(s) * f32::from(q) - dmin * f32::from(m);
