@@ -94,6 +94,18 @@ pub fn iq4_xs_scale(b: &[u8], j: usize) -> i32 {
     (low | (high << 4)) - 32
 }
 
+/// The 4-bit part of element `e` (of 256) of Q4_K/Q5_K `qs` (128 bytes):
+/// each 32-byte run holds 64 elements, low nibbles first.
+#[inline]
+pub fn nibble256(qs: &[u8], e: usize) -> u8 {
+    let byte = qs[32 * (e / 64) + e % 32];
+    if (e / 32).is_multiple_of(2) {
+        byte & 0xF
+    } else {
+        byte >> 4
+    }
+}
+
 /// The 2-bit field of element `e` (of 256) in Q2_K/Q3_K `qs` (64 bytes): two
 /// halves of 128 elements, each four 2-bit shifts of 32 bytes.
 #[inline]

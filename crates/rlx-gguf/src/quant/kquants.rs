@@ -4,7 +4,7 @@
 //! bit-identical, not merely close.
 
 use super::{f16_at, f32_at};
-use crate::blocks::{crumb, q3_k_scales, scale_min_k4};
+use crate::blocks::{crumb, nibble256, q3_k_scales, scale_min_k4};
 
 pub(crate) fn dequant_q2_k(b: &[u8], y: &mut [f32]) {
     let scales = &b[0..16];
@@ -29,17 +29,6 @@ pub(crate) fn dequant_q3_k(b: &[u8], y: &mut [f32]) {
         let high_set = (hmask[e % 32] >> (e / 32)) & 1 != 0;
         let q = crumb(qs, e) as i8 - if high_set { 0 } else { 4 };
         *v = dl * q as f32;
-    }
-}
-
-/// The 4-bit part of element `e` of Q4_K/Q5_K `qs` (128 bytes).
-#[inline]
-fn nibble256(qs: &[u8], e: usize) -> u8 {
-    let byte = qs[32 * (e / 64) + e % 32];
-    if (e / 32).is_multiple_of(2) {
-        byte & 0xF
-    } else {
-        byte >> 4
     }
 }
 

@@ -6,7 +6,7 @@
 //! `sum += (d_w · d_a) · Σ` (minus the `dmin` term for the K-quants with mins,
 //! plus `m_w · s_a` for Q4_1/Q5_1). The SIMD kernels form the same integers.
 
-use rlx_gguf::blocks::{crumb, i16_at, iq4_xs_scale, u32_at};
+use rlx_gguf::blocks::{crumb, i16_at, iq4_xs_scale, nibble256, u32_at};
 pub(super) use rlx_gguf::blocks::{
     e8m0_half, f16_at, f32_at, q3_k_scales, scale_min_k4, KVALUES_FP4, KVALUES_IQ4NL,
 };
@@ -163,18 +163,6 @@ pub(super) fn vec_dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
         sum += (e8m0_half(wb[0]) * da) * idot(&v, qa) as f32;
     }
     sum
-}
-
-/// The 4-bit part of element `e` of Q4_K/Q5_K `qs`: each 32-byte run holds 64
-/// elements, low nibbles first.
-#[inline]
-fn nibble256(qs: &[u8], e: usize) -> u8 {
-    let byte = qs[32 * (e / 64) + e % 32];
-    if (e / 32).is_multiple_of(2) {
-        byte & 0xF
-    } else {
-        byte >> 4
-    }
 }
 
 /// `Σ_j scales[j] · Σ_{e in sub-block j} v[e]·a[e]` with sub-blocks of `len`.
