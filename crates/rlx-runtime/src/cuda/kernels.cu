@@ -155,6 +155,21 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, float* sc, floa
     }
 }
 
+// Q3_K's 6-bit scale of 16-element sub-block j, less 32, from the block's
+// twelve scale bytes s.
+__device__ __forceinline__ int q3_k_scale(const u8* s, int j) {
+    int low = j < 8 ? (s[j] & 0xF) : (s[j - 8] >> 4);
+    int high = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+    return (low | (high << 4)) - 32;
+}
+
+// IQ4_XS's 6-bit scale of 32-element sub-block ib, less 32: the low four
+// bits from nibble ib of the four bytes at sl, the high two from bits 2 ib,
+// 2 ib + 1 of sh (the block's u16 at 2).
+__device__ __forceinline__ int iq4_xs_scale(const u8* sl, u32 sh, int ib) {
+    return (((sl[ib >> 1] >> (4 * (ib & 1))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)) - 32;
+}
+
 // Scale and offset of sub-block j (32 elements) of the Q4_K/Q5_K super-block
 // at b: element = d1 · q − m1.
 __device__ __forceinline__ void k4_sub(const u8* b, int j, float* d1, float* m1) {
@@ -298,11 +313,7 @@ __device__ __forceinline__ float elem(const u8* __restrict__ row, int u, int l) 
             float d = h2f(ld16(b + 80)), dmin = h2f(ld16(b + 82));
             return d * (float)(sc & 0xF) * (float)crumb(b + 16, e) - dmin * (float)(sc >> 4);
         }
-        int j = e >> 4;
-        const u8* s = b + 96;
-        int low = j < 8 ? (s[j] & 0xF) : (s[j - 8] >> 4);
-        int high = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
-        int sc = (low | (high << 4)) - 32;
+        int sc = q3_k_scale(b + 96, e >> 4);
         int q = crumb(b + 32, e) - (((b[e & 31] >> (e >> 5)) & 1) ? 0 : 4);
         return h2f(ld16(b + 108)) * (float)sc * (float)q;
     } else if (T == T_IQ4_NL || T == T_MXFP4) {
@@ -314,10 +325,10 @@ __device__ __forceinline__ float elem(const u8* __restrict__ row, int u, int l) 
     } else if (T == T_IQ4_XS) {
         const u8* b = row + 136 * (u >> 3);
         int ib = u & 7;
-        int ls = ((b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 0xF) | (((ld16(b + 2) >> (2 * ib)) & 3) << 4);
+        int sc = iq4_xs_scale(b + 4, ld16(b + 2), ib);
         const u8* qs = b + 8 + 16 * ib;
         int q = l < 16 ? (qs[l] & 0xF) : (qs[l - 16] >> 4);
-        return h2f(ld16(b)) * (float)(ls - 32) * (float)KVALUES_IQ4NL[q];
+        return h2f(ld16(b)) * (float)sc * (float)KVALUES_IQ4NL[q];
     } else {  // Q6_K
         int j = u & 7;
         const u8* b = row + 210 * (u >> 3);
@@ -577,14 +588,8 @@ __device__ __forceinline__ void wunit(const u8* __restrict__ row, int u, WUnit& 
             for (int i = 0; i < 8; i++) w.q[i] = (int)((*(const u32*)(qs + 4 * i) >> sh) & 0x03030303);
         } else {
             float d = h2f(*(const u16*)(b + 108));
-            const u8* s = b + 96;
             #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int k16 = 2 * j + h;
-                int low = k16 < 8 ? (s[k16] & 0xF) : (s[k16 - 8] >> 4);
-                int high = (s[8 + (k16 & 3)] >> (2 * (k16 >> 2))) & 3;
-                w.s[h] = d * (float)((low | (high << 4)) - 32);
-            }
+            for (int h = 0; h < 2; h++) w.s[h] = d * (float)q3_k_scale(b + 96, 2 * j + h);
             // A code is its two bits less 4 where the high mask bit is clear.
             join_codes<0x03030303, 0x01010101, 2, 0x04040404>(qs, sh, b, j, w.q);
         }
@@ -602,9 +607,7 @@ __device__ __forceinline__ void wunit(const u8* __restrict__ row, int u, WUnit& 
         } else {
             const u8* b = row + 136 * (u >> 3);
             int ib = u & 7;
-            int ls = ((b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 0xF) |
-                     (((*(const u16*)(b + 2) >> (2 * ib)) & 3) << 4);
-            w.s[0] = h2f(*(const u16*)b) * (float)(ls - 32);
+            w.s[0] = h2f(*(const u16*)b) * (float)iq4_xs_scale(b + 4, *(const u16*)(b + 2), ib);
             qs = b + 8 + 16 * ib;
         }
         #pragma unroll
