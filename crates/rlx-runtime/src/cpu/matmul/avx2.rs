@@ -171,24 +171,6 @@ pub(super) fn vec_dot_legacy<F: Legacy>(w: &[u8], a: &[u8]) -> f32 {
     }
 }
 
-/// 16 packed bytes mapped through a 16-entry i8 table, in legacy block order.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn lookup_nibbles(qs: &[u8; 16], table: __m128i) -> __m256i {
-    let bits = load128(qs);
-    let m4 = _mm_set1_epi8(0xF);
-    let lo = _mm_shuffle_epi8(table, _mm_and_si128(bits, m4));
-    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4));
-    _mm256_set_m128i(hi, lo)
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn table(values: &[i8; 16]) -> __m128i {
-    // SAFETY: this function has the features the method needs.
-    unsafe { <__m256i as Bytes32>::table(values) }
-}
-
 // ---- Integer dot products against Q8_K activations ----
 
 /// The Q8_K block's `(d, qs, bsums)`: 256 quants and 16 i16 run sums.
@@ -347,7 +329,8 @@ pub(super) fn vec_dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
-    let values = table(&KVALUES_IQ4NL);
+    // SAFETY: this function has the features the method needs.
+    let values = unsafe { <__m256i as Bytes32>::table(&KVALUES_IQ4NL) };
     let mut sum = 0f32;
     for (wb, ab) in w
         .chunks_exact(GgmlType::IQ4_XS.block_bytes())
@@ -360,7 +343,12 @@ pub(super) fn vec_dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
             .zip(q8.chunks_exact(32))
             .enumerate()
         {
-            let qx = lookup_nibbles(arr(qs), values);
+            // The sub-block's codes as IQ4_NL's: low nibbles, then high,
+            // through the codebook.
+            // SAFETY: this function has the features the methods need.
+            let qx = unsafe {
+                <__m256i as Bytes32>::lookup(values, <__m256i as Bytes32>::nibbles(arr(qs)))
+            };
             let p16 = mul_add_i8(qx, load256(arr(q8)));
             let ls = iq4_xs_scale(wb, j) as i16;
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(ls)));

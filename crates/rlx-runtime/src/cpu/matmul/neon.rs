@@ -75,35 +75,6 @@ pub(super) unsafe fn unpack<F: Legacy>(b: &[u8]) -> (int8x16_t, int8x16_t) {
     unsafe { F::codes::<U8x32>(b, U8x32::table(F::TABLE)).signed() }
 }
 
-/// The 32 nibbles of 16 bytes at `q`: low ones are elements 0..16, high
-/// ones 16..32.
-#[inline(always)]
-pub(super) unsafe fn nibbles(q: *const u8) -> (uint8x16_t, uint8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        // SAFETY: the caller's block has 16 bytes at `q`.
-        let q = vld1q_u8(q);
-        (vandq_u8(q, vdupq_n_u8(0x0f)), vshrq_n_u8::<4>(q))
-    }
-}
-
-/// A 16-entry code table's values, looked up by nibble.
-#[inline(always)]
-pub(super) unsafe fn code_values(
-    values: &[i8; 16],
-    lo: uint8x16_t,
-    hi: uint8x16_t,
-) -> (int8x16_t, int8x16_t) {
-    // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
-    // CPU), so every load and store stays inside the slices it names.
-    unsafe {
-        // SAFETY: a 16-entry table.
-        let table = vld1q_s8(values.as_ptr());
-        (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi))
-    }
-}
-
 /// Σ a·b over 16 signed bytes, added to `acc`'s 32-bit lanes.
 type Dot = unsafe fn(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t;
 
@@ -368,12 +339,15 @@ unsafe fn iq4_xs_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
         let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
         let d = f16_table()[usize::from(u16::from_le_bytes([wb[0], wb[1]]))];
         let scale = |j: usize| iq4_xs_scale(wb, j);
+        let table = U8x32::table(&KVALUES_IQ4NL);
+        // Sub-block j's codes as IQ4_NL's: low nibbles, then high, through
+        // the codebook.
+        let sub = |j: usize| {
+            let qs: &[u8; 16] = wb[8 + 16 * j..][..16].try_into().expect("16 bytes");
+            U8x32::lookup(table, U8x32::nibbles(qs)).signed()
+        };
         let pair = |p: usize| {
-            // SAFETY: 128 bytes of codes from 8 in a 136-byte block.
-            let (l0, h0) = nibbles(wb.as_ptr().add(8 + 32 * p));
-            let (l1, h1) = nibbles(wb.as_ptr().add(8 + 32 * p + 16));
-            let (a, b) = code_values(&KVALUES_IQ4NL, l0, h0);
-            let (c, e) = code_values(&KVALUES_IQ4NL, l1, h1);
+            let ((a, b), (c, e)) = (sub(2 * p), sub(2 * p + 1));
             [a, b, c, e]
         };
         k_block(da, d, sub32_sum(ab, dot, scale, pair), None)
