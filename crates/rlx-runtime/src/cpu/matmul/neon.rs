@@ -21,7 +21,7 @@ use crate::cpu::arm::sdot;
 use crate::cpu::simd::neon::U8x32;
 use crate::cpu::simd::table::f16_table;
 use crate::cpu::simd::Bytes32;
-use rlx_gguf::blocks::iq4_xs_scale;
+use rlx_gguf::blocks::{iq4_xs_scale, q3_k_scales};
 
 super::f32_tile::f32_tile!(
     /// Prefill (`m ≥ 2`) f32 dots on 4 lanes (`f32_tile.rs`).
@@ -462,24 +462,11 @@ unsafe fn q3_k_block(wb: &[u8], ab: &[u8], dot: Dot) -> f32 {
     // SAFETY: the caller upholds this function's `# Safety` contract (NEON is part of every AArch64
     // CPU), so every load and store stays inside the slices it names.
     unsafe {
-        // Where each scale's high bits (bits 2·(j / 4) of byte 104 + j % 4)
-        // go: to bits 4 and 5.
-        const HIGH_SHIFTS: [i8; 16] = [4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0, -2, -2, -2, -2];
         let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
         let d = f16_table()[usize::from(u16::from_le_bytes([wb[108], wb[109]]))];
-        let p = wb.as_ptr();
-        // SAFETY: a 110-byte block: the scales' low nibbles 8 bytes from 96.
-        let low = vld1_u8(p.add(96));
-        // Scale j: the low nibble of byte j (j < 8) or high of j - 8, and high
-        // bits from the 4 bytes at 104, less 32.
-        let low = vcombine_u8(vand_u8(low, vdup_n_u8(0x0f)), vshr_n_u8::<4>(low));
-        let high = vreinterpretq_u8_u32(vdupq_n_u32(u32::from_le_bytes([
-            wb[104], wb[105], wb[106], wb[107],
-        ])));
-        // SAFETY: a 16-entry table.
-        let shifts = vld1q_s8(HIGH_SHIFTS.as_ptr());
-        let high = vandq_u8(vshlq_u8(high, shifts), vdupq_n_u8(0x30));
-        let scales = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(low, high)), vdupq_n_s8(32));
+        let scales = q3_k_scales(&wb[96..108]);
+        // SAFETY: 16 scales.
+        let scales = vld1q_s8(scales.as_ptr());
         // Codes stored + 4.
         let v = k_units::<Q3K>(wb).map(|v| vsubq_s8(v, vdupq_n_s8(4)));
         let sumi = sub16_sum(ab, dot, widen(scales), |j| v[j]);
