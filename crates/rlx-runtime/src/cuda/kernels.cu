@@ -1380,16 +1380,21 @@ extern "C" __global__ void unary(const float* x, float* y, long long n, int op, 
     }
 }
 
-// gelu(gate) · up over n elements in rows of `width`, each operand's rows
-// `gs` and `us` elements apart (width where contiguous; a batched step
-// reads its gate and up in place in one product's output).
+// Element i of gelu(gate) · up in rows of `width`, each operand's rows `gs`
+// and `us` elements apart (width where contiguous; a batched step reads its
+// gate and up in place in one product's output).
+__device__ __forceinline__ float geglu_at(const float* gate, const float* up, long long i,
+                                          long long width, long long gs, long long us) {
+    long long t = i / width, c = i - t * width;
+    return gelu(gate[t * gs + c]) * up[t * us + c];
+}
+
+// gelu(gate) · up over n elements (geglu_at).
 extern "C" __global__ void geglu(const float* gate, const float* up, float* y, long long n,
                                  long long width, long long gs, long long us) {
     pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    long long t = i / width, c = i - t * width;
-    y[i] = gelu(gate[t * gs + c]) * up[t * us + c];
+    if (i < n) y[i] = geglu_at(gate, up, i, width, gs, us);
 }
 
 // geglu as 8-bit blocks for a q8 decode product (n a multiple of 32; as
@@ -1399,8 +1404,7 @@ extern "C" __global__ void geglu_q8(const float* gate, const float* up, i8* qs, 
     pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if ((i >> 5) >= (n >> 5)) return;
-    long long t = i / width, c = i - t * width;
-    q8_store(gelu(gate[t * gs + c]) * up[t * us + c], qs + i, qd + (i >> 5));
+    q8_store(geglu_at(gate, up, i, width, gs, us), qs + i, qd + (i >> 5));
 }
 
 // geglu as a many-row product's bf16 operand (as geglu then to_bf16 write it).
@@ -1408,9 +1412,7 @@ extern "C" __global__ void geglu_bf16(const float* gate, const float* up, u16* y
                                       long long width, long long gs, long long us) {
     pdl_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    long long t = i / width, c = i - t * width;
-    y[i] = (u16)f2bf(gelu(gate[t * gs + c]) * up[t * us + c]);
+    if (i < n) y[i] = (u16)f2bf(geglu_at(gate, up, i, width, gs, us));
 }
 
 // Element c of a head after NEOX rotary embedding, where pairs (i, i + half)

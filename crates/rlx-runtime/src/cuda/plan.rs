@@ -649,17 +649,27 @@ struct StepUses {
     order: Vec<NodeId>,
 }
 
+/// Each node's users, by node index.
+fn users_of(g: &Graph) -> Vec<Vec<NodeId>> {
+    let mut users = vec![Vec::new(); g.len()];
+    for id in g.ids() {
+        for &i in &g.node(id).inputs {
+            users[i.index()].push(id);
+        }
+    }
+    users
+}
+
+/// The nodes the graph gives out.
+fn outputs_of(g: &Graph) -> HashSet<NodeId> {
+    g.outputs().iter().map(|(_, id)| *id).collect()
+}
+
 impl StepUses {
     fn new(g: &Graph, steps: &[NodeId], locs: &[Loc]) -> StepUses {
-        let mut users = vec![Vec::new(); g.len()];
-        for id in g.ids() {
-            for &i in &g.node(id).inputs {
-                users[i.index()].push(id);
-            }
-        }
         StepUses {
-            users,
-            outputs: g.outputs().iter().map(|(_, id)| *id).collect(),
+            users: users_of(g),
+            outputs: outputs_of(g),
             order: steps
                 .iter()
                 .copied()
@@ -984,13 +994,7 @@ pub(super) struct Layout {
 /// and the [`HeadPrep`]s): laid out with those, then again without any
 /// whose readers did not all end up in a head preparation, until they do.
 pub(super) fn lay_out(g: &Graph, max: &Bindings) -> Result<Layout, RunError> {
-    let mut users = vec![Vec::new(); g.len()];
-    for id in g.ids() {
-        for &i in &g.node(id).inputs {
-            users[i.index()].push(id);
-        }
-    }
-    let outputs: HashSet<NodeId> = g.outputs().iter().map(|(_, id)| *id).collect();
+    let (users, outputs) = (users_of(g), outputs_of(g));
     let mut strided: HashMap<NodeId, (NodeId, usize, usize)> = g
         .ids()
         .filter(|&id| narrow_view(g, max, id).is_none())
@@ -1305,6 +1309,25 @@ struct Cx<'a> {
 pub(super) enum Operand {
     Q8 { qs: u64, qd: u64 },
     Bf16(u64),
+}
+
+impl Operand {
+    /// The kernel of a producer's pair that writes this operand.
+    fn pick<'a>(self, q8: &'a CudaFunction, bf16: &'a CudaFunction) -> &'a CudaFunction {
+        match self {
+            Operand::Q8 { .. } => q8,
+            Operand::Bf16(_) => bf16,
+        }
+    }
+
+    /// Where it goes, as the producer kernels take it: codes and scales,
+    /// or the bf16 rows.
+    fn args(self) -> Vec<Arg> {
+        match self {
+            Operand::Q8 { qs, qd } => vec![Arg::Ptr(qs), Arg::Ptr(qd)],
+            Operand::Bf16(p) => vec![Arg::Ptr(p)],
+        }
+    }
 }
 
 impl Cx<'_> {

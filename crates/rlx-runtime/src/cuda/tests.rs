@@ -1075,23 +1075,26 @@ fn decode_products_match_the_reference() {
                     eps,
                 ],
             );
-            let fs = s.alloc_zeros::<f32>(m * k).unwrap();
-            launch(
-                &dev.kernels.add_norm_q8,
-                rows_cfg,
-                &[
+            // The fused kernel writing the sum to `sum` and the second norm
+            // to `operand` (8-bit blocks or bf16).
+            let add_norm = |f: &cudarc::driver::CudaFunction, sum: u64, operand: &[u64]| {
+                let head = [
                     dev.ptr(&xg),
                     dev.ptr(&up),
                     dev.ptr(&gamma),
                     eps,
                     u64::from(norm1),
-                    dev.ptr(&fs),
+                    sum,
                     dev.ptr(&gamma2),
                     eps,
-                    dev.ptr(&fq),
-                    dev.ptr(&fd),
-                    kk,
-                ],
+                ];
+                launch(f, rows_cfg, &[&head[..], operand, &[kk]].concat());
+            };
+            let fs = s.alloc_zeros::<f32>(m * k).unwrap();
+            add_norm(
+                &dev.kernels.add_norm_q8,
+                dev.ptr(&fs),
+                &[dev.ptr(&fq), dev.ptr(&fd)],
             );
             let same_sum = s
                 .clone_dtoh(&fs)
@@ -1114,21 +1117,10 @@ fn decode_products_match_the_reference() {
                 &[dev.ptr(&sg), dev.ptr(&gamma2), dev.ptr(&n16), kk, eps],
             );
             let fs16 = s.alloc_zeros::<f32>(m * k).unwrap();
-            launch(
+            add_norm(
                 &dev.kernels.add_norm_bf16,
-                rows_cfg,
-                &[
-                    dev.ptr(&xg),
-                    dev.ptr(&up),
-                    dev.ptr(&gamma),
-                    eps,
-                    u64::from(norm1),
-                    dev.ptr(&fs16),
-                    dev.ptr(&gamma2),
-                    eps,
-                    dev.ptr(&f16b),
-                    kk,
-                ],
+                dev.ptr(&fs16),
+                &[dev.ptr(&f16b)],
             );
             if s.clone_dtoh(&fs16).unwrap() != s.clone_dtoh(&fs).unwrap()
                 || s.clone_dtoh(&n16).unwrap() != s.clone_dtoh(&f16b).unwrap()

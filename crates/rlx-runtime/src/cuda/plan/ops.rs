@@ -71,10 +71,8 @@ impl Cx<'_> {
     pub(super) fn add_norm(&self) -> Result<(), CudaError> {
         let k = self.kernels();
         let numel = self.numel();
-        let (kernel, operand) = match self.folded.expect("checked") {
-            Operand::Q8 { qs, qd } => (&k.add_norm_q8, vec![Arg::Ptr(qs), Arg::Ptr(qd)]),
-            Operand::Bf16(p) => (&k.add_norm_bf16, vec![Arg::Ptr(p)]),
-        };
+        let operand = self.folded.expect("checked");
+        let kernel = operand.pick(&k.add_norm_q8, &k.add_norm_bf16);
         let mm = self.plan.folded[&self.id];
         let Some(Prologue::AddNorm { norm, .. }) = self.plan.prologues.get(&mm).copied() else {
             unreachable!("an add folds only into an AddNorm")
@@ -120,7 +118,7 @@ impl Cx<'_> {
             Arg::Ptr(gamma2),
             Arg::F32(spec2.eps),
         ];
-        let args = [&head[..], &operand, &[Arg::I32(d as i32)]].concat();
+        let args = [&head[..], &operand.args(), &[Arg::I32(d as i32)]].concat();
         self.launch(kernel, norm_rows(numel / d, d), &args)?;
         Ok(())
     }
@@ -394,19 +392,10 @@ impl Cx<'_> {
             stride(0),
             stride(1),
         ];
-        match self.folded {
-            Some(Operand::Q8 { qs, qd }) => {
-                let args = [a, b, Arg::Ptr(qs), Arg::Ptr(qd)];
-                self.launch(&k.geglu_q8, linear(numel), &[&args[..], &shape].concat())
-            }
-            Some(Operand::Bf16(p)) => {
-                let args = [a, b, Arg::Ptr(p)];
-                self.launch(&k.geglu_bf16, linear(numel), &[&args[..], &shape].concat())
-            }
-            None => {
-                let args = [a, b, Arg::Ptr(self.out)];
-                self.launch(&k.geglu, linear(numel), &[&args[..], &shape].concat())
-            }
-        }
+        let (kernel, out) = match self.folded {
+            Some(o) => (o.pick(&k.geglu_q8, &k.geglu_bf16), o.args()),
+            None => (&k.geglu, vec![Arg::Ptr(self.out)]),
+        };
+        self.launch(kernel, linear(numel), &[&[a, b][..], &out, &shape].concat())
     }
 }
