@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SRC = os.path.join(ROOT, "crates/rlx-runtime/src/cuda/kernels.cu")
+SRC = os.environ.get("KSRC", os.path.join(ROOT, "crates/rlx-runtime/src/cuda/kernels.cu"))
 
 
 def compile_cubin(nvrtc, arch):
