@@ -77,11 +77,17 @@ pub fn scales_mins_k4(s: &[u8; 12]) -> (u64, u64) {
 /// The 16 signed 6-bit sub-block scales of a Q3_K block (its 12 scale bytes).
 #[inline]
 pub fn q3_k_scales(s: &[u8]) -> [i8; 16] {
-    std::array::from_fn(|j| {
-        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
-        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-        ((low | (high << 4)) as i8) - 32
-    })
+    std::array::from_fn(|j| q3_k_scale(s, j))
+}
+
+/// Sub-block `j`'s scale of [`q3_k_scales`]: the low four bits from nibble
+/// `j` of the first 8 bytes, the high two from bits `2(j / 4)` of byte
+/// `8 + j % 4`.
+#[inline]
+pub fn q3_k_scale(s: &[u8], j: usize) -> i8 {
+    let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
+    let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+    ((low | (high << 4)) as i8) - 32
 }
 
 /// IQ4_XS's 6-bit scale of sub-block `j` (of 8) less 32, from block `b`:

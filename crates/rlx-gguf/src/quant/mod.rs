@@ -15,7 +15,7 @@ mod quantize;
 pub(crate) use crate::blocks::{f16_at, f32_at, i16_at, u32_at};
 use crate::GgmlType;
 
-pub use codes::{affine_codes, affine_max_code, affine_sub_block};
+pub use codes::{affine_max_code, affine_sub_block};
 
 /// Why a (de)quantization call was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

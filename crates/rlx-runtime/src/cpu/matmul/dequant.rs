@@ -1,7 +1,8 @@
-//! The exact path's dequantizers, one source for every instruction set:
-//! each format unpacks a unit's 32 codes in a [`Bytes32`] (the legacy
-//! formats through `formats.rs`, which the dots share) and applies its
-//! scales there, and [`entries!`] compiles the set per instruction set.
+//! The exact path's dequantizers and the GEMM's affine codes, one source
+//! for every instruction set: each format unpacks a unit's 32 codes in a
+//! [`Bytes32`] (through `formats.rs`, which the dots share) and applies its
+//! scales there (`formats.rs`'s `factors`), or stores the codes and the
+//! factors as they are; [`entries!`] compiles the set per instruction set.
 //!
 //! Bit-identical to `rlx_gguf::dequantize`: the reference's float
 //! operations in its order (one multiply for `q · d`; a multiply then an
@@ -19,11 +20,11 @@
 //! has them. Blocks are read through bounds-checked slices and array
 //! references.
 
-use rlx_gguf::blocks::{e8m0_half, iq4_xs_scale, q3_k_scales, scale_min_k4, KVALUES_IQ4NL};
+use rlx_gguf::blocks::{iq4_xs_scale, KVALUES_IQ4NL};
 use rlx_gguf::GgmlType;
 
 use super::formats::{
-    Iq4Nl, KQuant, Legacy, Mxfp4, Scale, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    Iq4Nl, KQuant, Legacy, Mxfp4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
 };
 use crate::cpu::simd::Bytes32;
 
@@ -44,12 +45,12 @@ fn arr_mut<T, const N: usize>(s: &mut [T]) -> &mut [T; N] {
 /// The blocks of `src` (`bytes` each) with the `elems` elements of `dst`
 /// each decodes to.
 #[inline(always)]
-fn blocks<'a>(
+fn blocks<'a, T>(
     bytes: usize,
     elems: usize,
     src: &'a [u8],
-    dst: &'a mut [f32],
-) -> impl Iterator<Item = (&'a [u8], &'a mut [f32])> {
+    dst: &'a mut [T],
+) -> impl Iterator<Item = (&'a [u8], &'a mut [T])> {
     src.chunks_exact(bytes).zip(dst.chunks_exact_mut(elems))
 }
 
@@ -72,14 +73,10 @@ pub(super) unsafe fn legacy<C: Bytes32, F: Legacy>(src: &[u8], dst: &mut [f32]) 
     unsafe {
         let table = C::table(F::TABLE);
         for (b, y) in blocks(F::BYTES, 32, src, dst) {
-            let d = match F::SCALE {
-                Scale::F16 => C::f16(b, 0),
-                Scale::E8m0 => e8m0_half(b[0]),
-            };
+            let (d, o) = F::factors::<C>(b);
             let q = F::codes::<C>(b, table);
             if F::MIN {
-                let dm = (d, C::f16(b, 2));
-                C::store_mul_add_u8(q, dm, dm, arr_mut(y));
+                C::store_mul_add_u8(q, (d, -o), (d, -o), arr_mut(y));
             } else {
                 C::store_mul_i8(q, d, d, arr_mut(y));
             }
@@ -137,10 +134,9 @@ macro_rules! for_units {
 pub(super) unsafe fn q2_k<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
     unsafe {
-        for_units!(Q2K, C, src, dst, |b, dm = (C::f16(b, 80), C::f16(b, 82)), u, q, y| {
-            let (d, dmin) = dm;
-            let dm = |s: usize| (d * f32::from(b[s] & 0xF), -(dmin * f32::from(b[s] >> 4)));
-            C::store_mul_add_u8(q, dm(2 * u), dm(2 * u + 1), y);
+        for_units!(Q2K, C, src, dst, |b, _s = (), u, q, y| {
+            let ((d0, o0), (d1, o1)) = (Q2K::factors::<C>(b, 2 * u), Q2K::factors::<C>(b, 2 * u + 1));
+            C::store_mul_add_u8(q, (d0, -o0), (d1, -o1), y);
         })
     }
 }
@@ -151,9 +147,8 @@ pub(super) unsafe fn q3_k<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
     unsafe {
         let four = C::splat(4);
-        for_units!(Q3K, C, src, dst, |b, ds = (C::f16(b, 108), q3_k_scales(&b[96..108])), u, q, y| {
-            let (d, sc) = (ds.0, &ds.1);
-            let (d0, d1) = (d * f32::from(sc[2 * u]), d * f32::from(sc[2 * u + 1]));
+        for_units!(Q3K, C, src, dst, |b, _s = (), u, q, y| {
+            let (d0, d1) = (Q3K::factors::<C>(b, 2 * u).0, Q3K::factors::<C>(b, 2 * u + 1).0);
             C::store_mul_i8(C::sub(q, four), d0, d1, y);
         })
     }
@@ -164,10 +159,9 @@ pub(super) unsafe fn q3_k<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
 unsafe fn k4<C: Bytes32, F: KQuant>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
     unsafe {
-        for_units!(F, C, src, dst, |b, dm = (C::f16(b, 0), C::f16(b, 2)), u, q, y| {
-            let (sc, mn) = scale_min_k4(u, &b[4..16]);
-            let dm = (dm.0 * f32::from(sc), -(dm.1 * f32::from(mn)));
-            C::store_mul_add_u8(q, dm, dm, y);
+        for_units!(F, C, src, dst, |b, _s = (), u, q, y| {
+            let (d, o) = F::factors::<C>(b, u);
+            C::store_mul_add_u8(q, (d, -o), (d, -o), y);
         })
     }
 }
@@ -191,10 +185,54 @@ pub(super) unsafe fn q6_k<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
     unsafe {
         let thirty_two = C::splat(32);
-        for_units!(Q6K, C, src, dst, |b, d = C::f16(b, 208), u, q, y| {
-            let sc = |s: usize| d * f32::from(b[192 + s] as i8);
-            C::store_mul_i8(C::sub(q, thirty_two), sc(2 * u), sc(2 * u + 1), y);
+        for_units!(Q6K, C, src, dst, |b, _s = (), u, q, y| {
+            let (d0, d1) = (Q6K::factors::<C>(b, 2 * u).0, Q6K::factors::<C>(b, 2 * u + 1).0);
+            C::store_mul_i8(C::sub(q, thirty_two), d0, d1, y);
         })
+    }
+}
+
+/// Legacy blocks as the GEMM's panels take them: each element's unsigned
+/// code ([`Legacy::unsigned`]) in `codes`, and each block's scale and
+/// offset (`value = scale·code − offset`).
+#[inline(always)]
+pub(super) unsafe fn affine_legacy<C: Bytes32, F: Legacy>(
+    src: &[u8],
+    codes: &mut [u8],
+    scale: &mut [f32],
+    offset: &mut [f32],
+) {
+    // SAFETY: the module's `# Safety`.
+    unsafe {
+        let table = C::table(F::TABLE);
+        let factors = scale.iter_mut().zip(offset.iter_mut());
+        for ((b, c), (s, o)) in blocks(F::BYTES, 32, src, codes).zip(factors) {
+            C::store(F::unsigned::<C>(b, table), arr_mut(c));
+            (*s, *o) = F::factors::<C>(b);
+        }
+    }
+}
+
+/// K-quant blocks as [`affine_legacy`] gives legacy ones: codes as stored,
+/// and each sub-block's ([`KQuant::SUB`]) scale and offset.
+#[inline(always)]
+pub(super) unsafe fn affine_k<C: Bytes32, F: KQuant>(
+    src: &[u8],
+    codes: &mut [u8],
+    scale: &mut [f32],
+    offset: &mut [f32],
+) {
+    // SAFETY: the module's `# Safety`.
+    unsafe {
+        for_units!(F, C, src, codes, |_b, _s = (), _u, q, y| {
+            C::store(q, y);
+        });
+        let per = 256 / F::SUB;
+        for (i, b) in src.chunks_exact(F::BYTES).enumerate() {
+            for j in 0..per {
+                (scale[i * per + j], offset[i * per + j]) = F::factors::<C>(b, j);
+            }
+        }
     }
 }
 
@@ -209,6 +247,28 @@ macro_rules! entries {
             legacy [Iq4Nl] dequant_iq4_nl, legacy [Mxfp4] dequant_mxfp4,
             iq4_xs [] dequant_iq4_xs, q2_k [] dequant_q2_k, q3_k [] dequant_q3_k,
             q4_k [] dequant_q4_k, q5_k [] dequant_q5_k, q6_k [] dequant_q6_k);
+        entries!(@affine_each $features $c;
+            affine_legacy [Q8_0] affine_q8_0, affine_legacy [Q4_0] affine_q4_0,
+            affine_legacy [Q4_1] affine_q4_1, affine_legacy [Q5_0] affine_q5_0,
+            affine_legacy [Q5_1] affine_q5_1, affine_legacy [Iq4Nl] affine_iq4_nl,
+            affine_k [Q2K] affine_q2_k, affine_k [Q3K] affine_q3_k, affine_k [Q4K] affine_q4_k,
+            affine_k [Q5K] affine_q5_k, affine_k [Q6K] affine_q6_k);
+    };
+    (@affine_each $features:tt $c:ty; $($f:ident [$fmt:ident] $entry:ident),*) => {
+        $(entries!(@affine_one $features $c; $f [$fmt] $entry);)*
+    };
+    (@affine_one [$(#[$features:meta])*] $c:ty; $f:ident [$fmt:ident] $entry:ident) => {
+        $(#[$features])*
+        pub(in super::super) unsafe fn $entry(
+            src: &[u8],
+            codes: &mut [u8],
+            scale: &mut [f32],
+            offset: &mut [f32],
+        ) {
+            // SAFETY: this entry point is compiled for the features of its
+            // `Bytes32` (the module's `# Safety`).
+            unsafe { super::$f::<$c, super::$fmt>(src, codes, scale, offset) }
+        }
     };
     (@each $features:tt $c:ty; $($f:ident [$($fmt:ident)?] $entry:ident),*) => {
         $(entries!(@one $features $c; $f [$($fmt)?] $entry);)*

@@ -14,7 +14,7 @@
 //! `# Safety`). Blocks are read through bounds-checked slices and array
 //! references.
 
-use rlx_gguf::blocks::{u32_at, KVALUES_FP4, KVALUES_IQ4NL};
+use rlx_gguf::blocks::{e8m0_half, q3_k_scale, scale_min_k4, u32_at, KVALUES_FP4, KVALUES_IQ4NL};
 use rlx_gguf::GgmlType;
 
 use crate::cpu::simd::Bytes32;
@@ -55,6 +55,25 @@ pub(super) trait Legacy {
                 u
             } else {
                 C::sub(u, C::splat(Self::OFFSET))
+            }
+        }
+    }
+
+    /// The block's scale `d` and offset `o` of its [`Legacy::unsigned`]
+    /// codes, `value = d·code − o`: `o` = `OFFSET·d`, or the negated
+    /// minimum for a format with one (`d·q + m`).
+    #[inline(always)]
+    unsafe fn factors<C: Bytes32>(b: &[u8]) -> (f32, f32) {
+        // SAFETY: the module's `# Safety`.
+        unsafe {
+            let d = match Self::SCALE {
+                Scale::F16 => C::f16(b, 0),
+                Scale::E8m0 => e8m0_half(b[0]),
+            };
+            if Self::MIN {
+                (d, -C::f16(b, 2))
+            } else {
+                (d, f32::from(Self::OFFSET) * d)
             }
         }
     }
@@ -209,6 +228,12 @@ pub(super) trait KQuant {
     /// Bytes a block.
     const BYTES: usize = Self::TY.block_bytes();
 
+    /// Elements a sub-block with its own scale (and offset) has: 16 or 32.
+    const SUB: usize;
+
+    /// Sub-block `s`'s scale `d` and offset `o` of the stored (unsigned)
+    /// codes, `value = d·code − o`, each the reference's product.
+    unsafe fn factors<C: Bytes32>(b: &[u8], s: usize) -> (f32, f32);
     /// The bits a block's units share, loaded once a block (Q3_K's and
     /// Q5_K's high bits; nothing for the others).
     unsafe fn high<C: Bytes32>(b: &[u8]) -> C;
@@ -270,6 +295,15 @@ unsafe fn with_bits<C: Bytes32>(low: [C; 4], high: C, first: usize, value: C) ->
 /// Two bits a value: 64 bytes from 16, each 32 holding a quad.
 impl KQuant for Q2K {
     const TY: GgmlType = GgmlType::Q2_K;
+    const SUB: usize = 16;
+
+    /// 4-bit scales and minimums in the 16 bytes at 0.
+    #[inline(always)]
+    unsafe fn factors<C: Bytes32>(b: &[u8], s: usize) -> (f32, f32) {
+        // SAFETY: the module's `# Safety`.
+        let (d, dmin) = unsafe { (C::f16(b, 80), C::f16(b, 82)) };
+        (d * f32::from(b[s] & 0xF), dmin * f32::from(b[s] >> 4))
+    }
 
     #[inline(always)]
     unsafe fn high<C: Bytes32>(_: &[u8]) -> C {
@@ -288,6 +322,15 @@ impl KQuant for Q2K {
 /// at 0: bit `u` of byte `e` for element `e` of unit `u`.
 impl KQuant for Q3K {
     const TY: GgmlType = GgmlType::Q3_K;
+    const SUB: usize = 16;
+
+    /// 6-bit signed scales in the 12 bytes at 96; codes are the value + 4.
+    #[inline(always)]
+    unsafe fn factors<C: Bytes32>(b: &[u8], s: usize) -> (f32, f32) {
+        // SAFETY: the module's `# Safety`.
+        let d = unsafe { C::f16(b, 108) } * f32::from(q3_k_scale(&b[96..108], s));
+        (d, 4.0 * d)
+    }
 
     #[inline(always)]
     unsafe fn high<C: Bytes32>(b: &[u8]) -> C {
@@ -302,10 +345,27 @@ impl KQuant for Q3K {
     }
 }
 
+/// Q4_K's and Q5_K's unit `u`: `d·sc` and `dmin·mn` with the 6-bit scale
+/// and minimum of the 12 bytes at 4.
+#[inline(always)]
+unsafe fn k4_factors<C: Bytes32>(b: &[u8], u: usize) -> (f32, f32) {
+    let (sc, mn) = scale_min_k4(u, &b[4..16]);
+    // SAFETY: the module's `# Safety`.
+    let (d, dmin) = unsafe { (C::f16(b, 0), C::f16(b, 2)) };
+    (d * f32::from(sc), dmin * f32::from(mn))
+}
+
 /// Nibbles: 128 bytes from 16, each 32 the low then the high nibbles of
 /// two units.
 impl KQuant for Q4K {
     const TY: GgmlType = GgmlType::Q4_K;
+    const SUB: usize = 32;
+
+    #[inline(always)]
+    unsafe fn factors<C: Bytes32>(b: &[u8], s: usize) -> (f32, f32) {
+        // SAFETY: the module's `# Safety`.
+        unsafe { k4_factors::<C>(b, s) }
+    }
 
     #[inline(always)]
     unsafe fn high<C: Bytes32>(_: &[u8]) -> C {
@@ -324,6 +384,13 @@ impl KQuant for Q4K {
 /// bytes at 16: bit `u` of byte `e` for element `e` of unit `u`.
 impl KQuant for Q5K {
     const TY: GgmlType = GgmlType::Q5_K;
+    const SUB: usize = 32;
+
+    #[inline(always)]
+    unsafe fn factors<C: Bytes32>(b: &[u8], s: usize) -> (f32, f32) {
+        // SAFETY: the module's `# Safety`.
+        unsafe { k4_factors::<C>(b, s) }
+    }
 
     #[inline(always)]
     unsafe fn high<C: Bytes32>(b: &[u8]) -> C {
@@ -344,6 +411,15 @@ impl KQuant for Q5K {
 /// bytes).
 impl KQuant for Q6K {
     const TY: GgmlType = GgmlType::Q6_K;
+    const SUB: usize = 16;
+
+    /// 8-bit signed scales at 192; codes are the value + 32.
+    #[inline(always)]
+    unsafe fn factors<C: Bytes32>(b: &[u8], s: usize) -> (f32, f32) {
+        // SAFETY: the module's `# Safety`.
+        let d = unsafe { C::f16(b, 208) } * f32::from(b[192 + s] as i8);
+        (d, 32.0 * d)
+    }
 
     #[inline(always)]
     unsafe fn high<C: Bytes32>(_: &[u8]) -> C {

@@ -10,8 +10,9 @@
 //!   side, and per sub-block
 //!   each row's scale `d` and `d·Σq`.
 //! * Each task walks 16-row groups of weight rows. A group is decoded once
-//!   per call into a panel (`rlx_gguf::quant::affine_codes`: u8 codes, and per
-//!   sub-block a scale and an offset per row) that stays in cache while every
+//!   per call into a panel (u8 codes, and per sub-block a scale and an offset
+//!   per row, `kernels::affine`: the block formats' own decoders) that stays
+//!   in cache while every
 //!   activation tile passes over it. The packed GGUF weights are not copied
 //!   anywhere else.
 //!
@@ -28,11 +29,11 @@
 
 use std::sync::Mutex;
 
-use rlx_gguf::quant::{affine_codes, affine_max_code, affine_sub_block};
+use rlx_gguf::quant::{affine_max_code, affine_sub_block};
 
 use super::super::features::{has_avx512_vnni, has_neon_dotprod, has_neon_i8mm, Isa};
 use super::super::pool::{split_range, ThreadPool};
-use super::kernels::{QuantDot, RowKernel};
+use super::kernels::{affine, AffineFn, QuantDot, RowKernel};
 use super::{MatmulOptions, Precision, Segment, SharedOutput};
 
 /// Weight rows per panel: one per lane of a zmm register.
@@ -133,6 +134,7 @@ pub(super) fn applies(opts: &MatmulOptions, s: &Segment, m: usize) -> bool {
     );
     m >= if panels { MIN_ROWS_PANELS } else { MIN_ROWS }
         && opts.precision == Precision::Quantized
+        && affine(s.w.ty, opts.isa).is_some()
         && shape(opts.isa)
             .is_some_and(|sh| affine_max_code(s.w.ty).is_some_and(|c| c <= sh.max_code))
 }
@@ -235,6 +237,7 @@ pub(super) fn pack_acts(
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     pool: &ThreadPool,
+    isa: Isa,
     m: usize,
     k: usize,
     n_cols: usize,
@@ -264,6 +267,10 @@ pub(super) fn run(
         })
         .collect();
     let out = SharedOutput::with_bounds(y, m, n_cols, bounds);
+    let decoders: Vec<AffineFn> = segments
+        .iter()
+        .map(|s| affine(s.w.ty, isa).expect("applies() checked the type"))
+        .collect();
     pool.for_each(n_tasks, &|t| {
         let (cols, mut rows) = out.claim(t);
         let mut bufs = {
@@ -290,7 +297,8 @@ pub(super) fn run(
             for (j, &(si, r0)) in mine[i..i + n].iter().enumerate() {
                 let s = &segments[si];
                 let lanes = LANES.min(s.w.rows - r0);
-                pack_panel(s, r0, lanes, k, sub, acts.shape.word, &mut bufs[j]);
+                let word = acts.shape.word;
+                pack_panel(s, decoders[si], r0, lanes, k, sub, word, &mut bufs[j]);
                 places[j] = (s.col0 + r0 - cols.start, lanes);
             }
             let panels: Vec<&[u8]> = bufs[..n].iter().map(|b| &b.panel[..]).collect();
@@ -301,10 +309,13 @@ pub(super) fn run(
     });
 }
 
-/// Decodes weight rows `r0..r0 + lanes` of `s` into `buf.panel`; lanes past
-/// `lanes` get zero codes and factors.
+/// Decodes weight rows `r0..r0 + lanes` of `s` with `decode` (its type's
+/// [`affine`]) into `buf.panel`; lanes past `lanes` get zero codes and
+/// factors.
+#[allow(clippy::too_many_arguments)]
 fn pack_panel(
     s: &Segment,
+    decode: AffineFn,
     r0: usize,
     lanes: usize,
     k: usize,
@@ -325,7 +336,10 @@ fn pack_panel(
         if l < lanes {
             let r = r0 + l;
             let w = &s.w.data[r * s.row_bytes..(r + 1) * s.row_bytes];
-            affine_codes(s.w.ty, w, c, sc, of).expect("matmul checked the weight shape");
+            // SAFETY: `affine` handed out `decode` for this CPU's features;
+            // the row is whole blocks (matmul checked the weight's shape)
+            // and `c`, `sc`, `of` hold its elements and sub-blocks.
+            unsafe { decode(w, c, sc, of) };
         } else {
             c.fill(0);
             sc.fill(0.0);
@@ -534,6 +548,7 @@ mod tests {
                     let mut y = vec![f32::NAN; m * rows];
                     run(
                         &pool,
+                        Isa::Neon,
                         m,
                         k,
                         rows,

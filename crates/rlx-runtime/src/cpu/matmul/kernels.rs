@@ -374,6 +374,53 @@ fn simd_dequant(_ty: GgmlType, _isa: Isa) -> Option<DequantFn> {
     None
 }
 
+/// Decodes whole blocks of a weight row into u8 codes and per-sub-block
+/// scales and offsets (`value = scale·code − offset`), as the GEMM's
+/// panels take them.
+pub(super) type AffineFn =
+    unsafe fn(src: &[u8], codes: &mut [u8], scale: &mut [f32], offset: &mut [f32]);
+
+/// The affine-code decoder of `ty` at `isa` (AVX2, also used at
+/// [`Isa::Avx512`]; NEON), for the types with an affine form
+/// (`rlx_gguf::quant::affine_sub_block`).
+pub(super) fn affine(ty: GgmlType, isa: Isa) -> Option<AffineFn> {
+    #[cfg(target_arch = "x86_64")]
+    use super::dequant::avx2 as d;
+    #[cfg(target_arch = "aarch64")]
+    use super::dequant::neon as d;
+    use GgmlType as T;
+    let supported = if cfg!(target_arch = "x86_64") {
+        isa >= Isa::Avx2
+    } else {
+        cfg!(target_arch = "aarch64") && isa == Isa::Neon
+    };
+    if !supported {
+        return None;
+    }
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        Some(match ty {
+            T::Q8_0 => d::affine_q8_0,
+            T::Q4_0 => d::affine_q4_0,
+            T::Q4_1 => d::affine_q4_1,
+            T::Q5_0 => d::affine_q5_0,
+            T::Q5_1 => d::affine_q5_1,
+            T::IQ4_NL => d::affine_iq4_nl,
+            T::Q2_K => d::affine_q2_k,
+            T::Q3_K => d::affine_q3_k,
+            T::Q4_K => d::affine_q4_k,
+            T::Q5_K => d::affine_q5_k,
+            T::Q6_K => d::affine_q6_k,
+            _ => return None,
+        })
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = ty;
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::super::features::Isa;
@@ -455,5 +502,70 @@ mod tests {
         }
         // Where the CPU has SIMD, every listed type was run through it.
         assert!(Isa::supported().len() == 1 || tested >= 15);
+    }
+
+    /// The GEMM's affine decoders (every type with an affine form, every
+    /// SIMD set this CPU runs): codes within the type's bound for any block
+    /// bytes, and `scale·code − offset` the reference's value up to the
+    /// rounding of that product.
+    #[test]
+    fn affine_codes_give_the_reference_values() {
+        use rlx_gguf::quant::{affine_max_code, affine_sub_block};
+        let mut tested = 0;
+        for isa in Isa::supported() {
+            for ty in [
+                GgmlType::Q8_0,
+                GgmlType::Q4_0,
+                GgmlType::Q4_1,
+                GgmlType::Q5_0,
+                GgmlType::Q5_1,
+                GgmlType::IQ4_NL,
+                GgmlType::Q2_K,
+                GgmlType::Q3_K,
+                GgmlType::Q4_K,
+                GgmlType::Q5_K,
+                GgmlType::Q6_K,
+            ] {
+                let Some(decode) = super::affine(ty, isa) else {
+                    assert!(isa == Isa::Scalar, "{ty} has no {isa} affine decoder");
+                    continue;
+                };
+                let n = 5;
+                let elems = n * ty.block_elems();
+                let sub = affine_sub_block(ty).unwrap();
+                let max = affine_max_code(ty).unwrap();
+                let (mut codes, mut scale, mut offset) = (
+                    vec![0u8; elems],
+                    vec![0f32; elems / sub],
+                    vec![0f32; elems / sub],
+                );
+                // Any bytes at all: codes stay within the bound.
+                let raw: Vec<u8> = (0..n * ty.block_bytes())
+                    .map(|i| (i * 151 + 7) as u8)
+                    .collect();
+                // SAFETY: `Isa::supported` lists only what the CPU has; the
+                // buffers hold the blocks' elements and sub-blocks.
+                unsafe { decode(&raw, &mut codes, &mut scale, &mut offset) };
+                assert!(
+                    codes.iter().all(|&c| c <= max),
+                    "{ty} {isa}: a code above {max}"
+                );
+                let src = blocks(ty, n, ty.id().into());
+                // SAFETY: as above.
+                unsafe { decode(&src, &mut codes, &mut scale, &mut offset) };
+                let want = rlx_gguf::dequantize_to_vec(ty, &src).unwrap();
+                for (e, w) in want.iter().enumerate() {
+                    let s = e / sub;
+                    let got = scale[s] * f32::from(codes[e]) - offset[s];
+                    let tol = 1e-6 * (scale[s].abs() * 255.0 + offset[s].abs()).max(1e-30);
+                    assert!(
+                        (got - w).abs() <= tol,
+                        "{ty} {isa} element {e}: {got} vs {w}"
+                    );
+                }
+                tested += 1;
+            }
+        }
+        assert!(Isa::supported().len() == 1 || tested >= 11);
     }
 }

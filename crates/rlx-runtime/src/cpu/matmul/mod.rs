@@ -257,6 +257,7 @@ pub fn matmul(
         gemm::pack_acts(pool, q8, m, k, shape, &mut scratch.gemm_acts);
         gemm::run(
             pool,
+            opts.isa,
             m,
             k,
             n_cols,

@@ -25,6 +25,13 @@ impl Bytes32 for __m256i {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn store(v: Self, out: &mut [u8; 32]) {
+        // SAFETY: the array holds the 32 bytes the unaligned store writes.
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), v) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn nibbles(b: &[u8; 16]) -> Self {
         // SAFETY: the array holds the 16 bytes the unaligned load reads.
         let t = unsafe { _mm_loadu_si128(b.as_ptr().cast()) };

@@ -37,6 +37,7 @@ impl Bytes32 for Bytes32Vl {
 
     as_avx2! {
         load(b: &[u8; 32]) -> Self { Self(Avx2::load(b)) }
+        store(v: Self, out: &mut [u8; 32]) { Avx2::store(v.0, out) }
         nibbles(b: &[u8; 16]) -> Self { Self(Avx2::nibbles(b)) }
         splat(x: u8) -> Self { Self(Avx2::splat(x)) }
         and(a: Self, b: Self) -> Self { Self(Avx2::and(a.0, b.0)) }

@@ -29,6 +29,7 @@ pub(crate) trait Bytes32: Copy {
     type Table: Copy;
 
     unsafe fn load(b: &[u8; 32]) -> Self;
+    unsafe fn store(v: Self, out: &mut [u8; 32]);
     /// The low nibbles of `b` in bytes 0..16, the high ones in 16..32: the
     /// element order of the legacy 4-bit blocks.
     unsafe fn nibbles(b: &[u8; 16]) -> Self;

@@ -78,6 +78,15 @@ impl Bytes32 for U8x32 {
     }
 
     #[inline(always)]
+    unsafe fn store(v: Self, out: &mut [u8; 32]) {
+        // SAFETY: the array holds the 32 bytes the two stores write.
+        unsafe {
+            vst1q_u8(out.as_mut_ptr(), v.0);
+            vst1q_u8(out.as_mut_ptr().add(16), v.1);
+        }
+    }
+
+    #[inline(always)]
     unsafe fn nibbles(b: &[u8; 16]) -> Self {
         // SAFETY: the array holds the 16 bytes the load reads.
         unsafe {
