@@ -26,7 +26,7 @@ use rlx_gguf::GgmlType;
 use super::formats::{
     Iq4Nl, KQuant, Legacy, Mxfp4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
 };
-use crate::cpu::simd::Bytes32;
+use crate::cpu::simd::{self, Bytes32};
 
 /// The first `N` elements of `s` as an array (panics if `s` is shorter).
 #[inline(always)]
@@ -57,13 +57,13 @@ fn blocks<'a, T>(
 #[inline(always)]
 pub(super) unsafe fn f16<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
-    unsafe { C::widen_f16(src, dst) }
+    unsafe { simd::widen::<C::F32, false>(src, dst) }
 }
 
 #[inline(always)]
 pub(super) unsafe fn bf16<C: Bytes32>(src: &[u8], dst: &mut [f32]) {
     // SAFETY: the module's `# Safety`.
-    unsafe { C::widen_bf16(src, dst) }
+    unsafe { simd::widen::<C::F32, true>(src, dst) }
 }
 
 /// A legacy block: `d·q`, or `d·q + m` for a format with a minimum.

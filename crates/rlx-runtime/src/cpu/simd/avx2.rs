@@ -15,6 +15,7 @@ use super::{Bytes32, Lanes};
 
 impl Bytes32 for __m256i {
     type Table = __m128i;
+    type F32 = __m256;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -161,53 +162,6 @@ impl Bytes32 for __m256i {
             }
         }
     }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn widen_f16(src: &[u8], dst: &mut [f32]) {
-        let src = &src[..2 * dst.len()];
-        let s = src.chunks_exact(16);
-        let tail = s.remainder();
-        let mut d = dst.chunks_exact_mut(8);
-        for (sc, dc) in s.zip(&mut d) {
-            // SAFETY: 16 bytes in, 8 floats out, as the chunks hold.
-            unsafe {
-                let h = _mm_loadu_si128(sc.as_ptr().cast());
-                _mm256_storeu_ps(dc.as_mut_ptr(), _mm256_cvtph_ps(h));
-            }
-        }
-        for (o, c) in d.into_remainder().iter_mut().zip(tail.chunks_exact(2)) {
-            // SAFETY: the features this method runs with.
-            *o = unsafe { Self::f16(c, 0) };
-        }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn widen_bf16(src: &[u8], dst: &mut [f32]) {
-        let src = &src[..2 * dst.len()];
-        let s = src.chunks_exact(16);
-        let tail = s.remainder();
-        let mut d = dst.chunks_exact_mut(8);
-        for (sc, dc) in s.zip(&mut d) {
-            // SAFETY: 16 bytes in, 8 floats out, as the chunks hold.
-            unsafe {
-                let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(sc.as_ptr().cast()));
-                let nan = _mm256_cmpgt_epi32(
-                    _mm256_and_si256(v, _mm256_set1_epi32(0x7FFF)),
-                    _mm256_set1_epi32(0x7F80),
-                );
-                let v = _mm256_or_si256(v, _mm256_and_si256(nan, _mm256_set1_epi32(0x40)));
-                _mm256_storeu_ps(
-                    dc.as_mut_ptr(),
-                    _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
-                );
-            }
-        }
-        for (o, c) in d.into_remainder().iter_mut().zip(tail.chunks_exact(2)) {
-            *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
-        }
-    }
 }
 
 impl Lanes for __m256 {
@@ -257,10 +211,14 @@ impl Lanes for __m256 {
     unsafe fn load_bf16(p: *const u16) -> Self {
         // SAFETY: the `Lanes` contract: this runs inside an entry point compiled for AVX2 (the
         // module's `# Safety`), with pointers valid for the lanes read or written.
-        unsafe {
-            let h = _mm_loadu_si128(p.cast());
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-        }
+        let v = unsafe { _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast())) };
+        // NaNs made quiet (their top mantissa bit set), as `half` widens them.
+        let nan = _mm256_cmpgt_epi32(
+            _mm256_and_si256(v, _mm256_set1_epi32(0x7FFF)),
+            _mm256_set1_epi32(0x7F80),
+        );
+        let v = _mm256_or_si256(v, _mm256_and_si256(nan, _mm256_set1_epi32(0x40)));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
     }
 
     #[inline]

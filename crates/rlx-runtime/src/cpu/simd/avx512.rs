@@ -34,6 +34,7 @@ type Avx2 = __m256i;
 
 impl Bytes32 for Bytes32Vl {
     type Table = __m128i;
+    type F32 = __m512;
 
     as_avx2! {
         load(b: &[u8; 32]) -> Self { Self(Avx2::load(b)) }
@@ -54,8 +55,6 @@ impl Bytes32 for Bytes32Vl {
         store_mul_add_u8(v: Self, first: (f32, f32), second: (f32, f32), out: &mut [f32; 32]) {
             Avx2::store_mul_add_u8(v.0, first, second, out)
         }
-        widen_f16(src: &[u8], dst: &mut [f32]) { Avx2::widen_f16(src, dst) }
-        widen_bf16(src: &[u8], dst: &mut [f32]) { Avx2::widen_bf16(src, dst) }
     }
 
     /// One move from a mask register (`vpmovm2b`) instead of AVX2's
@@ -120,10 +119,14 @@ impl Lanes for __m512 {
     unsafe fn load_bf16(p: *const u16) -> Self {
         // SAFETY: the `Lanes` contract: this runs inside an entry point compiled for AVX-512 (the
         // module's `# Safety`), with pointers valid for the lanes read or written.
-        unsafe {
-            let h = _mm256_loadu_si256(p.cast());
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
-        }
+        let v = unsafe { _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())) };
+        // NaNs made quiet (their top mantissa bit set), as `half` widens them.
+        let nan = _mm512_cmpgt_epu32_mask(
+            _mm512_and_si512(v, _mm512_set1_epi32(0x7FFF)),
+            _mm512_set1_epi32(0x7F80),
+        );
+        let v = _mm512_mask_or_epi32(v, nan, v, _mm512_set1_epi32(0x40));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v))
     }
 
     #[inline]

@@ -27,6 +27,8 @@ pub(crate) mod table;
 pub(crate) trait Bytes32: Copy {
     /// A 16-entry byte table for [`Bytes32::lookup`].
     type Table: Copy;
+    /// The f32 vector of the same instruction set.
+    type F32: Lanes;
 
     unsafe fn load(b: &[u8; 32]) -> Self;
     unsafe fn store(v: Self, out: &mut [u8; 32]);
@@ -59,11 +61,6 @@ pub(crate) trait Bytes32: Copy {
     /// `first` for the first 16 bytes, `second` for the rest: a multiply,
     /// then an add (never fused).
     unsafe fn store_mul_add_u8(v: Self, first: (f32, f32), second: (f32, f32), out: &mut [f32; 32]);
-    /// `dst.len()` f16 values from `src`, widened.
-    unsafe fn widen_f16(src: &[u8], dst: &mut [f32]);
-    /// `dst.len()` bf16 values from `src`, widened, NaNs made quiet as
-    /// `half` does.
-    unsafe fn widen_bf16(src: &[u8], dst: &mut [f32]);
 }
 
 /// One instruction set's f32 vector and the operations the f32 kernels
@@ -83,7 +80,7 @@ pub(crate) trait Lanes: Copy {
     unsafe fn store(p: *mut f32, v: Self);
     /// N f16 values, widened.
     unsafe fn load_f16(p: *const u16) -> Self;
-    /// N bf16 values, widened.
+    /// N bf16 values, widened, NaNs made quiet as `half` does.
     unsafe fn load_bf16(p: *const u16) -> Self;
     /// Lanes `0 .. n` (`n ≤ N`).
     unsafe fn prefix(n: usize) -> Self::Prefix;
@@ -125,4 +122,39 @@ pub(crate) trait Lanes: Copy {
     /// Lane `i` of the result is the sum of the lanes of `v[i]`, for `N`
     /// vectors.
     unsafe fn reduce(v: &[Self]) -> Self;
+}
+
+/// `dst.len()` f16 (or, `BF16`, bf16) values from the little-endian bytes
+/// of `src`, widened as `half` widens them: `V::N` at a time, the rest one
+/// by one.
+///
+/// # Safety
+/// Runs only inlined into an entry point compiled for `V`'s features (the
+/// module's `# Safety`).
+#[inline(always)]
+pub(crate) unsafe fn widen<V: Lanes, const BF16: bool>(src: &[u8], dst: &mut [f32]) {
+    let n = (src.len() / 2).min(dst.len());
+    let mut i = 0;
+    while i + V::N <= n {
+        // SAFETY: elements i .. i + N lie in both slices (n bounds them);
+        // the loads take unaligned addresses.
+        unsafe {
+            let p = src.as_ptr().add(2 * i).cast::<u16>();
+            let v = if BF16 {
+                V::load_bf16(p)
+            } else {
+                V::load_f16(p)
+            };
+            V::store(dst.as_mut_ptr().add(i), v);
+        }
+        i += V::N;
+    }
+    for (d, b) in dst[i..n].iter_mut().zip(src[2 * i..2 * n].chunks_exact(2)) {
+        let bits = u16::from_le_bytes([b[0], b[1]]);
+        *d = if BF16 {
+            half::bf16::from_bits(bits).to_f32()
+        } else {
+            half::f16::from_bits(bits).to_f32()
+        };
+    }
 }

@@ -70,6 +70,7 @@ unsafe fn widen_u8(q: uint8x16_t) -> [float32x4_t; 4] {
 
 impl Bytes32 for U8x32 {
     type Table = int8x16_t;
+    type F32 = float32x4_t;
 
     #[inline(always)]
     unsafe fn load(b: &[u8; 32]) -> Self {
@@ -210,45 +211,6 @@ impl Bytes32 for U8x32 {
             }
         }
     }
-
-    #[inline(always)]
-    unsafe fn widen_f16(src: &[u8], dst: &mut [f32]) {
-        let src = &src[..2 * dst.len()];
-        let s = src.chunks_exact(8);
-        let tail = s.remainder();
-        let mut d = dst.chunks_exact_mut(4);
-        for (sc, dc) in s.zip(&mut d) {
-            // SAFETY: 8 bytes in, 4 floats out, as the chunks hold.
-            unsafe {
-                let h = vld1_u16(sc.as_ptr().cast());
-                vst1q_f32(dc.as_mut_ptr(), f16x4_to_f32(h));
-            }
-        }
-        for (o, c) in d.into_remainder().iter_mut().zip(tail.chunks_exact(2)) {
-            // SAFETY: NEON (the module's `# Safety`).
-            *o = unsafe { Self::f16(c, 0) };
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn widen_bf16(src: &[u8], dst: &mut [f32]) {
-        let src = &src[..2 * dst.len()];
-        let s = src.chunks_exact(8);
-        let tail = s.remainder();
-        let mut d = dst.chunks_exact_mut(4);
-        for (sc, dc) in s.zip(&mut d) {
-            // SAFETY: 8 bytes in, 4 floats out, as the chunks hold.
-            unsafe {
-                let v = vmovl_u16(vld1_u16(sc.as_ptr().cast()));
-                let nan = vcgtq_u32(vandq_u32(v, vdupq_n_u32(0x7FFF)), vdupq_n_u32(0x7F80));
-                let v = vorrq_u32(v, vandq_u32(nan, vdupq_n_u32(0x40)));
-                vst1q_f32(dc.as_mut_ptr(), vreinterpretq_f32_u32(vshlq_n_u32::<16>(v)));
-            }
-        }
-        for (o, c) in d.into_remainder().iter_mut().zip(tail.chunks_exact(2)) {
-            *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
-        }
-    }
 }
 
 impl Lanes for float32x4_t {
@@ -296,7 +258,13 @@ impl Lanes for float32x4_t {
     unsafe fn load_bf16(p: *const u16) -> Self {
         // SAFETY: the `Lanes` contract (the module's `# Safety`): NEON is part of every AArch64
         // CPU, and pointers are valid for the lanes read or written.
-        unsafe { vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p))) }
+        unsafe {
+            let v = vmovl_u16(vld1_u16(p));
+            // NaNs made quiet (their top mantissa bit set), as `half` widens them.
+            let nan = vcgtq_u32(vandq_u32(v, vdupq_n_u32(0x7FFF)), vdupq_n_u32(0x7F80));
+            let v = vorrq_u32(v, vandq_u32(nan, vdupq_n_u32(0x40)));
+            vreinterpretq_f32_u32(vshlq_n_u32::<16>(v))
+        }
     }
 
     #[inline]

@@ -147,7 +147,7 @@ macro_rules! tiles {
                 // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into
                 // a `tiles!` entry point compiled for the features of `V`, whose slice checks keep
                 // every pointer inside its slice.
-                unsafe { simd::widen::<$v, false>(src, dst) }
+                unsafe { crate::cpu::simd::widen::<$v, false>(simd::bytes_of(src), dst) }
             }
 
             #[target_feature(enable = $features)]
@@ -155,7 +155,7 @@ macro_rules! tiles {
                 // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into
                 // a `tiles!` entry point compiled for the features of `V`, whose slice checks keep
                 // every pointer inside its slice.
-                unsafe { simd::widen::<$v, true>(src, dst) }
+                unsafe { crate::cpu::simd::widen::<$v, true>(simd::bytes_of(src), dst) }
             }
         }
     };
@@ -493,31 +493,10 @@ unsafe fn pv_tile<V: Lanes, const R: usize, const NV: usize, E: Elem>(
     }
 }
 
-/// f16 (or with `BF16`, bf16) bits to f32: whole vectors, then the tail.
-#[inline(always)]
-pub(super) unsafe fn widen<V: Lanes, const BF16: bool>(src: &[u16], dst: &mut [f32]) {
-    // SAFETY: this function's contract (the module's `# Safety`): it runs inlined into a `tiles!`
-    // entry point compiled for the features of `V`, whose slice checks keep every pointer inside
-    // its slice.
-    unsafe {
-        let n = src.len().min(dst.len());
-        let mut i = 0;
-        while i + V::N <= n {
-            let p = src.as_ptr().add(i);
-            let v = if BF16 {
-                V::load_bf16(p)
-            } else {
-                V::load_f16(p)
-            };
-            V::store(dst.as_mut_ptr().add(i), v);
-            i += V::N;
-        }
-        for (d, &b) in dst[i..n].iter_mut().zip(&src[i..n]) {
-            *d = if BF16 {
-                half::bf16::from_bits(b).to_f32()
-            } else {
-                half::f16::from_bits(b).to_f32()
-            };
-        }
-    }
+/// `src`'s bytes: the f16/bf16 bits of K/V rows as the shared widening
+/// reads them (little-endian, as every target rlx builds for is).
+pub(super) fn bytes_of(src: &[u16]) -> &[u8] {
+    // SAFETY: any u16 is two initialized bytes, and u8 needs no alignment;
+    // the view borrows `src` for its lifetime.
+    unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), 2 * src.len()) }
 }

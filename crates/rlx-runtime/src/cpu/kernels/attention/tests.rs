@@ -444,3 +444,30 @@ fn block_cover_agrees_with_every_pair() {
         }
     }
 }
+
+/// Every instruction set's K/V widening gives `half`'s bits for every f16
+/// and bf16 value, NaNs (made quiet) included, at every length's tail.
+#[test]
+fn widening_gives_halfs_bits_for_every_value() {
+    let all: Vec<u16> = (0..=u16::MAX).collect();
+    for isa in Isa::supported() {
+        let tiles = Tiles::new(isa);
+        for len in [all.len(), all.len() - 3] {
+            let src = &all[..len];
+            let (mut f16, mut bf16) = (vec![0f32; len], vec![0f32; len]);
+            // SAFETY: `Tiles::new` hands out kernels for this CPU only.
+            unsafe {
+                (tiles.widen_f16)(src, &mut f16);
+                (tiles.widen_bf16)(src, &mut bf16);
+            }
+            for (i, &b) in src.iter().enumerate() {
+                let (want16, wantb) = (
+                    half::f16::from_bits(b).to_f32().to_bits(),
+                    half::bf16::from_bits(b).to_f32().to_bits(),
+                );
+                assert_eq!(f16[i].to_bits(), want16, "{isa} f16 {b:#06x}");
+                assert_eq!(bf16[i].to_bits(), wantb, "{isa} bf16 {b:#06x}");
+            }
+        }
+    }
+}
