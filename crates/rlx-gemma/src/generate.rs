@@ -15,7 +15,7 @@ use rlx_runtime::{LogitRows, RowDigest, RowReduce};
 
 use crate::sampling::{Sampler, SamplingError};
 use crate::sequences::Session;
-use crate::speculative::{DraftControl, DraftOptions, NgramIndex, NgramOptions};
+use crate::speculative::{greedy_token, DraftControl, DraftOptions, NgramIndex, NgramOptions};
 use crate::stop::StopFilter;
 
 /// Why generation ended.
@@ -674,18 +674,6 @@ struct Speculator<'d, 'm> {
     control: DraftControl,
 }
 
-/// The first of the largest logits (NaN counts as smallest): a draft
-/// model's greedy choice.
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] || logits[best].is_nan() && !l.is_nan() {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 enum Source<'d, 'm> {
     /// The index over the prompt and the tokens so far, and how many
     /// generated tokens it holds.
@@ -752,7 +740,7 @@ impl<'d, 'm> Speculator<'d, 'm> {
                 if k > 0 {
                     let mut logits = d.feed_prompt(&want)?;
                     loop {
-                        out.push(argmax(&logits));
+                        out.push(greedy_token(&logits));
                         if out.len() == k {
                             break;
                         }

@@ -305,6 +305,18 @@ pub enum Verdict {
     Replace(u32),
 }
 
+/// The first of the largest logits (NaN counts as smallest): a draft
+/// model's greedy choice.
+pub fn greedy_token(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] || logits[best].is_nan() && !l.is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 /// The speculative-sampling rule for one drafted token `token`, proposed
 /// with probabilities `q` (the draft's distribution; `None` for a
 /// deterministic proposal such as prompt lookup, a point mass on `token`),

@@ -6,10 +6,12 @@
 //! their sequence for a while: a new prompt that starts the same way forks
 //! it and runs only the rest (a conversation re-sent with one more turn, a
 //! shared system prompt), its blocks shared until one side writes. With
-//! prompt lookup on (`EngineOptions::speculation`), a generating request
-//! whose last tokens occurred before carries the tokens that followed them
-//! as a draft in its place in the step, and keeps those its own samples
-//! confirm: the drafts of many sequences are verified in one step.
+//! speculation on (`EngineOptions::speculation`), a generating request
+//! carries a draft in its place in the step — the tokens that followed its
+//! last tokens where they occurred before (prompt lookup), or a draft
+//! model's greedy continuation (every request's drafted together, a token
+//! a draft step) — and keeps those its own samples confirm: the drafts of
+//! many sequences are verified in one step.
 
 use rlx_runtime::KvPool;
 use std::collections::VecDeque;
@@ -25,7 +27,7 @@ use rlx_gemma::generate::{
     Piece, Row, Speculation,
 };
 use rlx_gemma::sampling::{Sampler, SamplerConfig};
-use rlx_gemma::speculative::{DraftControl, NgramIndex};
+use rlx_gemma::speculative::{greedy_token, DraftControl, NgramIndex};
 use rlx_gemma::{
     Feed, LogitRows, Model, ModelError, SeqId, Sequences, SequencesOptions, StepLogits, Want,
 };
@@ -139,9 +141,10 @@ pub struct EngineOptions {
     pub kv_types: Option<KvTypes>,
     /// Requests that may wait for a place; more are refused as busy.
     pub max_queue: usize,
-    /// Prompt-lookup drafts verified in the step, per request (`source`
-    /// must be [`DraftSource::Ngram`]); `None` decodes one token a request
-    /// a step.
+    /// Drafts verified in the step, per request: by prompt lookup, or
+    /// ([`DraftSource::Model`]) by the draft model handed to
+    /// [`Engine::start_with_draft`]; `None` decodes one token a request a
+    /// step.
     pub speculation: Option<Speculation>,
 }
 
@@ -171,7 +174,7 @@ pub struct Load {
     pub cached_blocks: AtomicUsize,
     /// Generated tokens a constraint forced (taken without sampling).
     pub forced_tokens: AtomicU64,
-    /// Tokens drafted by prompt lookup, and those of them kept.
+    /// Tokens drafted, and those of them kept.
     pub drafted_tokens: AtomicU64,
     pub accepted_tokens: AtomicU64,
     pub kv_total_bytes: AtomicUsize,
@@ -211,13 +214,34 @@ impl Engine {
         tokenizer: Arc<Tokenizer>,
         opts: EngineOptions,
     ) -> Result<Engine, StartError> {
-        if opts
-            .speculation
-            .is_some_and(|s| s.source != DraftSource::Ngram)
-        {
-            return Err(StartError::Model(ModelError::Invalid(
-                "the server drafts by prompt lookup only".into(),
-            )));
+        Engine::start_with_draft(model, None, tokenizer, opts)
+    }
+
+    /// [`Engine::start`] with a draft model of the same vocabulary, for
+    /// speculation from [`DraftSource::Model`]: it keeps a sequence of its
+    /// own per drafting request, in a pool sized as the model's.
+    pub fn start_with_draft(
+        model: Model,
+        draft: Option<Model>,
+        tokenizer: Arc<Tokenizer>,
+        opts: EngineOptions,
+    ) -> Result<Engine, StartError> {
+        let invalid = |what: String| Err(StartError::Model(ModelError::Invalid(what)));
+        match (opts.speculation.map(|s| s.source), &draft) {
+            (Some(DraftSource::Model), None) => {
+                return invalid("speculation with a draft model needs the draft model".into())
+            }
+            (Some(DraftSource::Ngram) | None, Some(_)) => {
+                return invalid("a draft model was given, but speculation does not draft with one".into())
+            }
+            (_, Some(d)) if d.config().n_vocab != model.config().n_vocab => {
+                return invalid(format!(
+                    "the draft model has {} tokens in its vocabulary, the model {}: drafts need the same vocabulary",
+                    d.config().n_vocab,
+                    model.config().n_vocab
+                ))
+            }
+            _ => {}
         }
         let (queue, jobs) = mpsc::channel::<Job>();
         let (ready_tx, ready) = mpsc::channel();
@@ -230,18 +254,22 @@ impl Engine {
             .spawn(move || {
                 let parallel = opts.parallel.max(1);
                 let context = opts.context.max(1);
-                let seqs = model.sequences(SequencesOptions {
+                let sized = SequencesOptions {
                     max_seqs: parallel,
                     kv_tokens: Some(parallel * KvPool::held_tokens(context)),
                     context: Some(context),
                     max_step_tokens: opts.step_tokens.max(parallel),
                     kv_types: opts.kv_types,
                     memory_limit_bytes: None,
+                };
+                let both = model.sequences(sized.clone()).and_then(|s| {
+                    let d = draft.as_ref().map(|d| d.sequences(sized)).transpose()?;
+                    Ok((s, d))
                 });
-                let seqs = match seqs {
-                    Ok(s) => {
+                let (seqs, draft_seqs) = match both {
+                    Ok((s, d)) => {
                         let _ = ready_tx.send(Ok(s.context()));
-                        s
+                        (s, d)
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -253,6 +281,7 @@ impl Engine {
                     .store(seqs.pool().memory_bytes(), Ordering::Relaxed);
                 let mut scheduler = Scheduler::new(seqs, tok, parallel, engine_load);
                 scheduler.speculation = opts.speculation;
+                scheduler.draft = draft_seqs;
                 scheduler.run(&jobs);
             })
             .map_err(StartError::Thread)?;
@@ -321,19 +350,27 @@ struct Running {
     generation: Generation,
     started: Instant,
     first_token: Option<Instant>,
-    /// Prompt lookup, where the request drafts.
+    /// Where the request drafts: its drafts' source and length.
     drafting: Option<Drafting>,
 }
 
-/// A request's prompt lookup: the index over its prompt and output, the
-/// draft length, and what the step being planned runs for it.
+/// A request's drafts: where they come from, their length, and what the
+/// step being planned runs for it.
 struct Drafting {
-    index: NgramIndex,
-    /// Generated tokens in `index`.
-    indexed: usize,
+    source: Proposer,
     control: DraftControl,
     /// The pending token and its draft, when the step verifies one.
     run: Vec<u32>,
+}
+
+/// Where a request's drafts come from.
+enum Proposer {
+    /// Prompt lookup: the index over its prompt and output, and the
+    /// generated tokens it holds.
+    Ngram { index: NgramIndex, indexed: usize },
+    /// The draft model's sequence for the request (what it holds is
+    /// brought to the request's tokens before each draft).
+    Model { seq: SeqId },
 }
 
 /// What one request contributes to a step.
@@ -378,6 +415,8 @@ struct Scheduler<'m> {
     waiting: VecDeque<Job>,
     load: Arc<Load>,
     speculation: Option<Speculation>,
+    /// The draft model's sequences, where speculation drafts with one.
+    draft: Option<Sequences<'m>>,
 }
 
 impl<'m> Scheduler<'m> {
@@ -390,6 +429,7 @@ impl<'m> Scheduler<'m> {
             waiting: VecDeque::new(),
             load,
             speculation: None,
+            draft: None,
         }
     }
 
@@ -507,18 +547,29 @@ impl<'m> Scheduler<'m> {
             logprobs: job.logprobs,
             speculation: None,
         };
+        let draft = &mut self.draft;
         let drafting = self
             .speculation
             .filter(|_| job.speculative && job.logprobs.is_none())
-            .map(|spec| {
-                let mut index = NgramIndex::new(spec.ngram);
-                index.extend(&job.prompt);
-                Drafting {
-                    index,
-                    indexed: 0,
+            .and_then(|spec| {
+                let source = match spec.source {
+                    DraftSource::Ngram => {
+                        let mut index = NgramIndex::new(spec.ngram);
+                        index.extend(&job.prompt);
+                        Proposer::Ngram { index, indexed: 0 }
+                    }
+                    // Where the draft pool has no room, the request decodes
+                    // without drafts.
+                    DraftSource::Model => {
+                        let (seq, _) = draft.as_mut()?.add_cached(&job.prompt[..limit]).ok()?;
+                        Proposer::Model { seq }
+                    }
+                };
+                Some(Drafting {
+                    source,
                     control: DraftControl::new(spec.draft),
                     run: Vec::new(),
-                }
+                })
             });
         Some(Running {
             drafting,
@@ -538,8 +589,7 @@ impl<'m> Scheduler<'m> {
         while i < self.running.len() {
             if self.running[i].job.events.is_closed() {
                 let r = self.running.swap_remove(i);
-                let _ = self.seqs.publish(r.seq);
-                let _ = self.seqs.remove(r.seq);
+                self.release(&r, true);
             } else {
                 i += 1;
             }
@@ -547,9 +597,10 @@ impl<'m> Scheduler<'m> {
     }
 
     /// One step over every running request.
-    /// Drafts for the requests that decode one token a step by prompt
-    /// lookup, as long as the step's budget (after every pending token)
-    /// and each one's context allow.
+    /// Drafts for the requests that decode one token a step, as long as the
+    /// step's budget (after every pending token) and each one's context
+    /// allow: by prompt lookup, or with the draft model for all of its
+    /// requests together ([`Scheduler::draft_with_model`]).
     fn draft(&mut self) {
         let pending: usize = self
             .running
@@ -558,7 +609,8 @@ impl<'m> Scheduler<'m> {
             .sum();
         let mut budget = self.seqs.max_step_tokens().saturating_sub(pending);
         let context = self.seqs.context();
-        for r in &mut self.running {
+        let mut by_model = Vec::new();
+        for (i, r) in self.running.iter_mut().enumerate() {
             let Some(d) = r.drafting.as_mut() else {
                 continue;
             };
@@ -567,30 +619,135 @@ impl<'m> Scheduler<'m> {
             if pending.len() != 1 || r.fed < r.job.prompt.len() {
                 continue;
             }
-            let next = pending[0];
             let held = self.seqs.tokens(r.seq).map_or(context, |t| t.len());
             let generated = r.generation.tokens();
-            d.index.extend(&generated[d.indexed..]);
-            d.indexed = generated.len();
             let left = r.job.max_tokens.saturating_sub(generated.len());
             let room = context.saturating_sub(held + 1);
             let k = d.control.length().min(left).min(room).min(budget);
-            let mut draft = if k > 0 {
-                d.index.propose(k).to_vec()
-            } else {
-                Vec::new()
+            let draft = match &mut d.source {
+                Proposer::Ngram { index, indexed } => {
+                    index.extend(&generated[*indexed..]);
+                    *indexed = generated.len();
+                    if k > 0 {
+                        index.propose(k).to_vec()
+                    } else {
+                        Vec::new()
+                    }
+                }
+                Proposer::Model { .. } if k > 0 => {
+                    by_model.push((i, k));
+                    budget -= k;
+                    continue;
+                }
+                Proposer::Model { .. } => Vec::new(),
             };
-            if let Some(c) = r.job.constraint.as_mut() {
-                let valid = c.valid_prefix(&draft);
-                draft.truncate(valid);
-            }
-            if draft.is_empty() {
-                d.control.record(0, 0);
+            budget -= r.take_draft(draft);
+        }
+        if !by_model.is_empty() {
+            self.draft_with_model(&by_model);
+        }
+    }
+
+    /// Drafts of up to `k` tokens for each `(request, k)` of `wanted` with
+    /// the draft model, in steps of its own over all of them: the first
+    /// brings each request's draft sequence to the request's tokens and its
+    /// pending token (from where they first differ) and gives the first
+    /// drafted token, each further step runs every draft's last token for
+    /// the next (the draft model's greedy choice). A catch-up longer than
+    /// what is left of the draft model's step runs in part, without a
+    /// draft this step. The draft steps' time is shared out by drafted
+    /// tokens, for the requests' draft lengths.
+    fn draft_with_model(&mut self, wanted: &[(usize, usize)]) {
+        struct Drafted {
+            i: usize,
+            seq: SeqId,
+            k: usize,
+            feed: Vec<u32>,
+            out: Vec<u32>,
+        }
+        let Some(dseqs) = self.draft.as_mut() else {
+            return;
+        };
+        let t = Instant::now();
+        let mut room = dseqs.max_step_tokens();
+        let mut jobs = Vec::new();
+        for &(i, k) in wanted {
+            let r = &self.running[i];
+            let Some(Proposer::Model { seq }) = r.drafting.as_ref().map(|d| &d.source) else {
+                continue;
+            };
+            let mut want = self
+                .seqs
+                .tokens(r.seq)
+                .map_or_else(|_| Vec::new(), <[u32]>::to_vec);
+            want.extend_from_slice(r.generation.pending());
+            let same = dseqs.tokens(*seq).map_or(0, |held| common(held, &want));
+            // The last token runs again if need be: its row is the first
+            // draft's.
+            let from = same.min(want.len() - 1);
+            if room == 0 || dseqs.rewind(*seq, from).is_err() {
                 continue;
             }
-            budget -= draft.len();
-            d.run.push(next);
-            d.run.extend_from_slice(&draft);
+            let n = (want.len() - from).min(room);
+            room -= n;
+            jobs.push(Drafted {
+                i,
+                seq: *seq,
+                k: if from + n == want.len() { k } else { 0 },
+                feed: want[from..from + n].to_vec(),
+                out: Vec::new(),
+            });
+        }
+        let mut first = true;
+        loop {
+            let active: Vec<usize> = (0..jobs.len())
+                .filter(|&j| first || jobs[j].out.len() < jobs[j].k)
+                .collect();
+            if active.is_empty() {
+                break;
+            }
+            let feeds: Vec<Feed> = active
+                .iter()
+                .map(|&j| {
+                    let d = &jobs[j];
+                    Feed {
+                        seq: d.seq,
+                        tokens: if first {
+                            &d.feed
+                        } else {
+                            &d.out[d.out.len() - 1..]
+                        },
+                        logits: if d.k > 0 { Want::Last } else { Want::None },
+                    }
+                })
+                .collect();
+            let logits = match dseqs.step(&feeds) {
+                Ok(l) => l,
+                // No drafts this step; the next finds what the draft
+                // sequences hold.
+                Err(_) => {
+                    jobs.iter_mut().for_each(|d| d.out.clear());
+                    break;
+                }
+            };
+            for (f, &j) in active.iter().enumerate() {
+                if jobs[j].k > 0 {
+                    let token = greedy_token(logits.get(f));
+                    jobs[j].out.push(token);
+                }
+            }
+            first = false;
+        }
+        let drafted: usize = jobs.iter().map(|d| d.out.len()).sum();
+        let secs = t.elapsed().as_secs_f64();
+        for d in jobs {
+            let r = &mut self.running[d.i];
+            if let Some(control) = r.drafting.as_mut().map(|x| &mut x.control) {
+                if !d.out.is_empty() {
+                    control.drafting_timed(d.out.len(), secs * d.out.len() as f64 / drafted as f64);
+                }
+            }
+            r.take_draft(d.out);
         }
     }
 
@@ -811,7 +968,26 @@ impl<'m> Scheduler<'m> {
         if let Some(reason) = reason {
             r.send_done(reason);
         }
-        let _ = self.seqs.publish(r.seq);
+        self.release(&r, true);
+    }
+
+    /// Gives back a request's sequences (the model's, and the draft
+    /// model's where it drafts with one), their full blocks offered to the
+    /// prefix cache first where `publish`.
+    fn release(&mut self, r: &Running, publish: bool) {
+        let draft = match r.drafting.as_ref().map(|d| &d.source) {
+            Some(&Proposer::Model { seq }) => self.draft.as_mut().map(|d| (d, seq)),
+            _ => None,
+        };
+        if let Some((d, seq)) = draft {
+            if publish {
+                let _ = d.publish(seq);
+            }
+            let _ = d.remove(seq);
+        }
+        if publish {
+            let _ = self.seqs.publish(r.seq);
+        }
         let _ = self.seqs.remove(r.seq);
     }
 
@@ -822,7 +998,7 @@ impl<'m> Scheduler<'m> {
         indices.dedup();
         for i in indices {
             let r = self.running.swap_remove(i);
-            let _ = self.seqs.remove(r.seq);
+            self.release(&r, false);
             let err = match e {
                 ModelError::ContextFull { .. } | ModelError::BadToken { .. } => {
                     JobError::Invalid(e.to_string())
@@ -898,6 +1074,26 @@ enum Next {
 }
 
 impl Running {
+    /// Makes `draft` the tokens this step verifies after the pending one,
+    /// cut at the first its constraint rules out; a draft left empty counts
+    /// as a step without one. Returns the tokens it adds to the step.
+    fn take_draft(&mut self, mut draft: Vec<u32>) -> usize {
+        let Some(d) = self.drafting.as_mut() else {
+            return 0;
+        };
+        if let Some(c) = self.job.constraint.as_mut() {
+            let valid = c.valid_prefix(&draft);
+            draft.truncate(valid);
+        }
+        if draft.is_empty() {
+            d.control.record(0, 0);
+            return 0;
+        }
+        d.run.push(self.generation.pending()[0]);
+        d.run.extend_from_slice(&draft);
+        draft.len()
+    }
+
     /// Samples the next token from its logit row and streams its text.
     fn next(&mut self, logits: Row<'_>, tok: &Tokenizer, load: &Load) -> Next {
         sample(

@@ -173,6 +173,17 @@ impl Server {
         engine: EngineOptions,
         opts: ServerOptions,
     ) -> Result<Server, ServerError> {
+        Server::with_draft(model, None, engine, opts)
+    }
+
+    /// [`Server::new`] with a draft model for `engine`'s speculation
+    /// ([`Engine::start_with_draft`]).
+    pub fn with_draft(
+        model: Model,
+        draft: Option<Model>,
+        engine: EngineOptions,
+        opts: ServerOptions,
+    ) -> Result<Server, ServerError> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(model.file())?);
         let template = ChatTemplate::from_gguf(model.file())?;
         let vocab = rlx_guide::Vocabulary::new(Arc::clone(&tokenizer))?;
@@ -184,7 +195,7 @@ impl Server {
             Syntax::Json
         };
         let gemma4_replies = tool_tokens || has(gemma4::CHANNEL_OPEN);
-        let engine = Engine::start(model, tokenizer, engine)?;
+        let engine = Engine::start_with_draft(model, draft, tokenizer, engine)?;
         Ok(Server {
             engine,
             vocab,

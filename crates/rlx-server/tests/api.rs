@@ -87,7 +87,10 @@ impl TestServer {
     }
 
     fn start_model(model: Model, engine: EngineOptions, opts: ServerOptions) -> TestServer {
-        let server = Server::new(model, engine, opts).unwrap();
+        TestServer::start_server(Server::new(model, engine, opts).unwrap())
+    }
+
+    fn start_server(server: Server) -> TestServer {
         let (runtime, listener) = runtime_and_listener();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -600,6 +603,95 @@ fn concurrent_streams_with_drafts_each_get_what_they_get_alone() {
         count("rlx:tokens_drafted_total"),
         count("rlx:tokens_draft_accepted_total"),
     );
+    assert!(
+        drafted > 0 && kept > 0 && kept <= drafted,
+        "{drafted} drafted, {kept} kept"
+    );
+}
+
+/// A draft model in the server: 8 concurrent greedy streams drafting
+/// with the tiny model's Q8_0 file (its drafts mostly kept, some not: each
+/// request's draft sequence is brought back to what the request holds)
+/// each get what the library gives alone; /metrics counts the drafted and
+/// kept tokens. A draft model of another vocabulary, and drafting from a
+/// model without one, are refused at start.
+#[test]
+fn concurrent_streams_with_a_draft_model_each_get_what_they_get_alone() {
+    use rlx_gemma::generate::{DraftSource, Speculation};
+    let opts = || ModelOptions {
+        threads: 1,
+        ..ModelOptions::default()
+    };
+    let engine = EngineOptions {
+        parallel: 8,
+        context: 96,
+        step_tokens: 64,
+        speculation: Some(Speculation {
+            source: DraftSource::Model,
+            ..Speculation::default()
+        }),
+        ..EngineOptions::default()
+    };
+    let server_opts = || ServerOptions {
+        max_tokens: 16,
+        ..ServerOptions::new("tiny")
+    };
+    let refused = |draft: Option<Model>| -> String {
+        match Server::with_draft(load(), draft, engine.clone(), server_opts()) {
+            Ok(_) => panic!("a server started"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let other = tiny()
+        .parent()
+        .unwrap()
+        .join("../gemma4-tools/model-f32.gguf");
+    let err = refused(Some(Model::load(other, opts()).unwrap()));
+    assert!(err.contains("vocabulary"), "{err}");
+    let err = refused(None);
+    assert!(err.contains("draft model"), "{err}");
+
+    let draft = Model::load(tiny().with_file_name("model-Q8_0.gguf"), opts()).unwrap();
+    let srv = TestServer::start_server(
+        Server::with_draft(load(), Some(draft), engine.clone(), server_opts()).unwrap(),
+    );
+    let prompts: Vec<Vec<u32>> = (0..8u32)
+        .map(|i| {
+            (0..5 + i % 4)
+                .map(|j| 3 + (i * 53 + j * 17) % 350)
+                .collect()
+        })
+        .collect();
+    let want: Vec<String> = prompts.iter().map(|p| library_text(p, 24).0).collect();
+    let srv = &srv;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                s.spawn(move || {
+                    let body = json!({"prompt": p, "max_tokens": 24, "temperature": 0,
+                                      "ignore_eos": true, "stream": true});
+                    srv.post_stream("/v1/completions", &body)
+                })
+            })
+            .collect();
+        for (h, want) in handles.into_iter().zip(&want) {
+            let text = completion_text(&h.join().unwrap());
+            assert_eq!(&text, want);
+        }
+    });
+    let (_, metrics) = srv.request("GET", "/metrics", None);
+    let count = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    let (drafted, kept) = (
+        count("rlx:tokens_drafted_total"),
+        count("rlx:tokens_draft_accepted_total"),
+    );
+    println!("draft model in the server: {kept} of {drafted} drafted tokens kept");
     assert!(
         drafted > 0 && kept > 0 && kept <= drafted,
         "{drafted} drafted, {kept} kept"

@@ -61,16 +61,13 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         max_body_bytes: args.max_body,
         ..ServerOptions::new(name)
     };
-    if args.sample.draft_model.is_some() {
-        anyhow::bail!(
-            "rlx serve drafts by prompt lookup (--spec ngram); --draft-model is for run, chat and bench"
-        );
-    }
     let (model_args, ctx, max_queue) = (args.model.clone(), args.ctx, args.max_queue);
     let sample = args.sample.clone();
     // The model loads while the port already answers /health with 503.
     let load = move || -> Result<Server> {
         let model = model_args.load_for(Some(ctx))?;
+        let tok = rlx_tokenizer::Tokenizer::from_gguf(model.file())?;
+        let draft = sample.draft_model(&model_args, &tok, Some(ctx))?;
         let context = (ctx / parallel)
             .max(1)
             .min(model.config().context_length.max(1));
@@ -83,7 +80,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             speculation: sample.speculation(model_args.batch_invariant, gpu)?,
             ..EngineOptions::default()
         };
-        let server = Server::new(model, engine, opts)?;
+        let server = Server::with_draft(model, draft, engine, opts)?;
         eprintln!("ready: {parallel} requests at once, {context} tokens each");
         Ok(server)
     };
