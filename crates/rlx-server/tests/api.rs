@@ -505,6 +505,60 @@ fn concurrent_requests_queue_and_a_dropped_stream_frees_the_engine() {
     }
 }
 
+/// Streams `prompts` (greedy, `n` tokens each, `extra(i)`'s fields added
+/// to request `i`) to `srv` all at once, and checks that each gets the
+/// text the library generates for it alone.
+fn concurrent_streams_match_the_library(
+    srv: &TestServer,
+    prompts: &[Vec<u32>],
+    n: usize,
+    extra: impl Fn(usize) -> Value + Sync,
+) {
+    let want: Vec<String> = prompts.iter().map(|p| library_text(p, n).0).collect();
+    let extra = &extra;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                s.spawn(move || {
+                    let mut body = json!({"prompt": p, "max_tokens": n, "temperature": 0,
+                                          "ignore_eos": true, "stream": true});
+                    if let Value::Object(more) = extra(i) {
+                        body.as_object_mut().unwrap().extend(more);
+                    }
+                    srv.post_stream("/v1/completions", &body)
+                })
+            })
+            .collect();
+        for (h, want) in handles.into_iter().zip(&want) {
+            let text = completion_text(&h.join().unwrap());
+            assert_eq!(&text, want);
+        }
+    });
+}
+
+/// The drafted and kept tokens `/metrics` counts, checked to be some of
+/// each.
+fn drafts_kept(srv: &TestServer) -> (u64, u64) {
+    let (_, metrics) = srv.request("GET", "/metrics", None);
+    let count = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    let (drafted, kept) = (
+        count("rlx:tokens_drafted_total"),
+        count("rlx:tokens_draft_accepted_total"),
+    );
+    assert!(
+        drafted > 0 && kept > 0 && kept <= drafted,
+        "{drafted} drafted, {kept} kept"
+    );
+    (drafted, kept)
+}
+
 #[test]
 fn sixteen_concurrent_streams_each_get_what_they_get_alone() {
     let srv = TestServer::start_with(
@@ -523,24 +577,7 @@ fn sixteen_concurrent_streams_each_get_what_they_get_alone() {
                 .collect()
         })
         .collect();
-    let want: Vec<String> = prompts.iter().map(|p| library_text(p, 20).0).collect();
-    let srv = &srv;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                s.spawn(move || {
-                    let body = json!({"prompt": p, "max_tokens": 20, "temperature": 0,
-                                      "ignore_eos": true, "stream": true});
-                    srv.post_stream("/v1/completions", &body)
-                })
-            })
-            .collect();
-        for (h, want) in handles.into_iter().zip(&want) {
-            let text = completion_text(&h.join().unwrap());
-            assert_eq!(&text, want);
-        }
-    });
+    concurrent_streams_match_the_library(&srv, &prompts, 20, |_| json!({}));
 }
 
 /// Prompt lookup in the server: 12 concurrent greedy streams whose
@@ -572,41 +609,8 @@ fn concurrent_streams_with_drafts_each_get_what_they_get_alone() {
                 .collect()
         })
         .collect();
-    let want: Vec<String> = prompts.iter().map(|p| library_text(p, 24).0).collect();
-    let srv = &srv;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                s.spawn(move || {
-                    let body = json!({"prompt": p, "max_tokens": 24, "temperature": 0,
-                                      "ignore_eos": true, "stream": true,
-                                      "speculative": i != 5});
-                    srv.post_stream("/v1/completions", &body)
-                })
-            })
-            .collect();
-        for (h, want) in handles.into_iter().zip(&want) {
-            let text = completion_text(&h.join().unwrap());
-            assert_eq!(&text, want);
-        }
-    });
-    let (_, metrics) = srv.request("GET", "/metrics", None);
-    let count = |name: &str| -> u64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{name} in {metrics}"))
-    };
-    let (drafted, kept) = (
-        count("rlx:tokens_drafted_total"),
-        count("rlx:tokens_draft_accepted_total"),
-    );
-    assert!(
-        drafted > 0 && kept > 0 && kept <= drafted,
-        "{drafted} drafted, {kept} kept"
-    );
+    concurrent_streams_match_the_library(&srv, &prompts, 24, |i| json!({"speculative": i != 5}));
+    drafts_kept(&srv);
 }
 
 /// A draft model in the server: 8 concurrent greedy streams drafting
@@ -662,40 +666,9 @@ fn concurrent_streams_with_a_draft_model_each_get_what_they_get_alone() {
                 .collect()
         })
         .collect();
-    let want: Vec<String> = prompts.iter().map(|p| library_text(p, 24).0).collect();
-    let srv = &srv;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                s.spawn(move || {
-                    let body = json!({"prompt": p, "max_tokens": 24, "temperature": 0,
-                                      "ignore_eos": true, "stream": true});
-                    srv.post_stream("/v1/completions", &body)
-                })
-            })
-            .collect();
-        for (h, want) in handles.into_iter().zip(&want) {
-            let text = completion_text(&h.join().unwrap());
-            assert_eq!(&text, want);
-        }
-    });
-    let (_, metrics) = srv.request("GET", "/metrics", None);
-    let count = |name: &str| -> u64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{name} in {metrics}"))
-    };
-    let (drafted, kept) = (
-        count("rlx:tokens_drafted_total"),
-        count("rlx:tokens_draft_accepted_total"),
-    );
+    concurrent_streams_match_the_library(&srv, &prompts, 24, |_| json!({}));
+    let (drafted, kept) = drafts_kept(&srv);
     println!("draft model in the server: {kept} of {drafted} drafted tokens kept");
-    assert!(
-        drafted > 0 && kept > 0 && kept <= drafted,
-        "{drafted} drafted, {kept} kept"
-    );
 }
 
 #[test]
