@@ -21,6 +21,15 @@ use crate::reply::Reply;
 use crate::response::{logprobs_json, timings, total, usage, ApiError, Choice};
 use crate::{now, Endpoint, RequestLog, Server};
 
+/// A request queued by [`Server::start`].
+pub(crate) struct Started {
+    pub params: Params,
+    /// Each choice's events, tagged with its index.
+    pub events: mpsc::UnboundedReceiver<(usize, Event)>,
+    /// Each chat choice's reply reader (`None` for text completions).
+    pub replies: Vec<Option<Reply>>,
+}
+
 impl Server {
     /// How a chat choice's text is read.
     fn reply(&self, params: &Params, id: &str, index: usize) -> Reply {
@@ -37,7 +46,7 @@ impl Server {
         Reply::new(reader, parallel, format!("call_{suffix}_{index}_"))
     }
 
-    fn id(&self, endpoint: Endpoint) -> String {
+    pub(crate) fn id(&self, endpoint: Endpoint) -> String {
         let prefix = match endpoint {
             Endpoint::Chat => "chatcmpl",
             Endpoint::Completion => "cmpl",
@@ -99,7 +108,7 @@ impl Server {
                "choices": choices, "usage": usage(f), "timings": timings(f)})
     }
 
-    fn log(
+    pub(crate) fn log(
         &self,
         id: &str,
         endpoint: Endpoint,
@@ -120,83 +129,17 @@ impl Server {
 
     pub(crate) async fn complete(self: Arc<Self>, endpoint: Endpoint, body: Bytes) -> Response {
         let id = self.id(endpoint);
-        let (prompt, params) = match self.prepare(endpoint, &body) {
-            Ok(p) => p,
-            Err(e) => {
-                self.log(&id, endpoint, false, e.status, Err(e.message.clone()));
+        let Started {
+            params,
+            events: mut merged,
+            replies,
+        } = match self.start(endpoint, &body, &id) {
+            Ok(s) => s,
+            Err((e, stream)) => {
+                self.log(&id, endpoint, stream, e.status, Err(e.message.clone()));
                 return e.into_response();
             }
         };
-        let room = self.engine.context() - prompt.len();
-        let max_tokens = params.max_tokens.unwrap_or(self.opts.max_tokens).min(room);
-        // A guide per choice, compiled before anything is queued: a bad
-        // schema or grammar is the client's error.
-        let mut guides = Vec::new();
-        if let Some((field, spec)) = &params.constraint {
-            for _ in 0..params.n {
-                match self.vocab.guide(spec, &params.guide) {
-                    Ok(g) => {
-                        guides.push(Box::new(g) as Box<dyn rlx_gemma::generate::Constraint + Send>)
-                    }
-                    Err(e) => {
-                        let e = ApiError::from(BadRequest::param(field, e.to_string()));
-                        self.log(&id, endpoint, false, e.status, Err(e.message.clone()));
-                        return e.into_response();
-                    }
-                }
-            }
-        }
-        let mut guides = guides.into_iter();
-        // One job per choice; they share the prompt's blocks in the engine.
-        // Choice i samples with seed + i, so a seeded request repeats.
-        let mut receivers = Vec::with_capacity(params.n);
-        for i in 0..params.n {
-            let (tx, rx) = mpsc::unbounded_channel();
-            let mut sampler = params.sampler.clone();
-            sampler.seed = sampler.seed.wrapping_add(i as u64);
-            let job = Job {
-                prompt: prompt.clone(),
-                max_tokens,
-                sampler,
-                stop: params.stop.clone(),
-                ignore_eos: params.ignore_eos,
-                logprobs: params.logprobs,
-                events: tx,
-                constraint: guides.next(),
-                speculative: params.speculative,
-            };
-            if let Err(e) = self.engine.submit(job) {
-                if let JobError::Busy(_) = e {
-                    self.metrics.rejected.fetch_add(1, Ordering::Relaxed);
-                }
-                let e = ApiError::from(e);
-                self.log(
-                    &id,
-                    endpoint,
-                    params.stream,
-                    e.status,
-                    Err(e.message.clone()),
-                );
-                return e.into_response();
-            }
-            receivers.push(rx);
-        }
-        // The choices' events on one channel, tagged with their index.
-        let (merged_tx, mut merged) = mpsc::unbounded_channel();
-        for (i, mut rx) in receivers.into_iter().enumerate() {
-            let tx = merged_tx.clone();
-            tokio::spawn(async move {
-                while let Some(ev) = rx.recv().await {
-                    if tx.send((i, ev)).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-        drop(merged_tx);
-        let replies: Vec<Option<Reply>> = (0..params.n)
-            .map(|i| (endpoint == Endpoint::Chat).then(|| self.reply(&params, &id, i)))
-            .collect();
         if params.stream {
             return self.stream(endpoint, id, merged, replies, params.include_usage);
         }
@@ -237,6 +180,84 @@ impl Server {
         };
         self.log(&id, endpoint, false, StatusCode::OK, Ok(f));
         Json(self.completion(endpoint, &id, &choices, &f)).into_response()
+    }
+
+    /// Queues the request `body` asks for at `endpoint` (one job a choice):
+    /// its parameters, the choices' events tagged with their index, and
+    /// each chat choice's reply reader. An error comes with whether the
+    /// request asked to stream (for the log).
+    pub(crate) fn start(
+        &self,
+        endpoint: Endpoint,
+        body: &[u8],
+        id: &str,
+    ) -> Result<Started, (ApiError, bool)> {
+        let (prompt, params) = self.prepare(endpoint, body).map_err(|e| (e, false))?;
+        let room = self.engine.context() - prompt.len();
+        let max_tokens = params.max_tokens.unwrap_or(self.opts.max_tokens).min(room);
+        // A guide per choice, compiled before anything is queued: a bad
+        // schema or grammar is the client's error.
+        let mut guides = Vec::new();
+        if let Some((field, spec)) = &params.constraint {
+            for _ in 0..params.n {
+                match self.vocab.guide(spec, &params.guide) {
+                    Ok(g) => {
+                        guides.push(Box::new(g) as Box<dyn rlx_gemma::generate::Constraint + Send>)
+                    }
+                    Err(e) => {
+                        return Err((BadRequest::param(field, e.to_string()).into(), false));
+                    }
+                }
+            }
+        }
+        let mut guides = guides.into_iter();
+        // One job per choice; they share the prompt's blocks in the engine.
+        // Choice i samples with seed + i, so a seeded request repeats.
+        let mut receivers = Vec::with_capacity(params.n);
+        for i in 0..params.n {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let mut sampler = params.sampler.clone();
+            sampler.seed = sampler.seed.wrapping_add(i as u64);
+            let job = Job {
+                prompt: prompt.clone(),
+                max_tokens,
+                sampler,
+                stop: params.stop.clone(),
+                ignore_eos: params.ignore_eos,
+                logprobs: params.logprobs,
+                events: tx,
+                constraint: guides.next(),
+                speculative: params.speculative,
+            };
+            if let Err(e) = self.engine.submit(job) {
+                if let JobError::Busy(_) = e {
+                    self.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+                }
+                return Err((e.into(), params.stream));
+            }
+            receivers.push(rx);
+        }
+        // The choices' events on one channel, tagged with their index.
+        let (merged_tx, merged) = mpsc::unbounded_channel();
+        for (i, mut rx) in receivers.into_iter().enumerate() {
+            let tx = merged_tx.clone();
+            tokio::spawn(async move {
+                while let Some(ev) = rx.recv().await {
+                    if tx.send((i, ev)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(merged_tx);
+        let replies: Vec<Option<Reply>> = (0..params.n)
+            .map(|i| (endpoint == Endpoint::Chat).then(|| self.reply(&params, id, i)))
+            .collect();
+        Ok(Started {
+            params,
+            events: merged,
+            replies,
+        })
     }
 
     /// Server-sent events: a chunk per piece of text (per token with
