@@ -108,10 +108,11 @@ impl Server {
                "choices": choices, "usage": usage(f), "timings": timings(f)})
     }
 
+    /// Tells `on_request` how request `id` to `path` ended.
     pub(crate) fn log(
         &self,
         id: &str,
-        endpoint: Endpoint,
+        path: &'static str,
         stream: bool,
         status: StatusCode,
         outcome: Result<Finish, String>,
@@ -119,7 +120,7 @@ impl Server {
         if let Some(cb) = &self.opts.on_request {
             cb(&RequestLog {
                 id: id.to_owned(),
-                endpoint: endpoint.path(),
+                endpoint: path,
                 stream,
                 status: status.as_u16(),
                 outcome,
@@ -136,7 +137,13 @@ impl Server {
         } = match self.start(endpoint, &body, &id) {
             Ok(s) => s,
             Err((e, stream)) => {
-                self.log(&id, endpoint, stream, e.status, Err(e.message.clone()));
+                self.log(
+                    &id,
+                    endpoint.path(),
+                    stream,
+                    e.status,
+                    Err(e.message.clone()),
+                );
                 return e.into_response();
             }
         };
@@ -169,7 +176,13 @@ impl Server {
                 }
                 Event::Error(e) => {
                     let e = ApiError::from(e);
-                    self.log(&id, endpoint, false, e.status, Err(e.message.clone()));
+                    self.log(
+                        &id,
+                        endpoint.path(),
+                        false,
+                        e.status,
+                        Err(e.message.clone()),
+                    );
                     return e.into_response();
                 }
             }
@@ -178,7 +191,7 @@ impl Server {
             return ApiError::from(JobError::Internal("the engine dropped the request".into()))
                 .into_response();
         };
-        self.log(&id, endpoint, false, StatusCode::OK, Ok(f));
+        self.log(&id, endpoint.path(), false, StatusCode::OK, Ok(f));
         Json(self.completion(endpoint, &id, &choices, &f)).into_response()
     }
 
@@ -279,7 +292,7 @@ impl Server {
             let status = StatusCode::from_u16(499).expect("a valid code");
             s.log(
                 id,
-                endpoint,
+                endpoint.path(),
                 true,
                 status,
                 Err("the client went away".into()),
@@ -337,7 +350,7 @@ impl Server {
                     }
                     Event::Error(e) => {
                         let e = ApiError::from(e);
-                        self.log(&id, endpoint, true, e.status, Err(e.message.clone()));
+                        self.log(&id, endpoint.path(), true, e.status, Err(e.message.clone()));
                         let _ = out.send(data(e.body()));
                         return;
                     }
@@ -357,7 +370,7 @@ impl Server {
                 let _ = out.send(data(u));
             }
             let _ = out.send(Ok(SseEvent::default().data("[DONE]")));
-            self.log(&id, endpoint, true, StatusCode::OK, Ok(f));
+            self.log(&id, endpoint.path(), true, StatusCode::OK, Ok(f));
         });
         Sse::new(UnboundedReceiverStream::new(sse))
             .keep_alive(KeepAlive::default())

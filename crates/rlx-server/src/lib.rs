@@ -3,7 +3,8 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions` (both with
 //! `stream: true` as server-sent events), `GET /v1/models`, `GET /health`,
 //! `GET /metrics` (Prometheus), `POST /tokenize` and `POST /detokenize`
-//! (llama-server's shapes).
+//! (llama-server's shapes), and Ollama's API (`/api/generate`, `/api/chat`,
+//! `/api/tags`, `/api/show`, `/api/ps`, `/api/version`).
 //! One [`engine::Engine`] thread steps every running request together
 //! (continuous batching) and keeps finished requests' K/V for a while, so a
 //! prompt that starts like an earlier one (a conversation re-sent with one
@@ -14,6 +15,7 @@ mod auth;
 mod complete;
 pub mod engine;
 mod metrics;
+mod ollama;
 pub mod openai;
 mod prompt;
 mod reply;
@@ -140,12 +142,14 @@ pub struct Server {
     /// Replies are read for Gemma 4's thinking channels and calls.
     gemma4_replies: bool,
     opts: ServerOptions,
+    /// What Ollama's API tells of the model.
+    facts: ollama::ModelFacts,
     created: u64,
     requests: AtomicU64,
     metrics: metrics::Metrics,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Endpoint {
     Chat,
     Completion,
@@ -195,6 +199,29 @@ impl Server {
             Syntax::Json
         };
         let gemma4_replies = tool_tokens || has(gemma4::CHANNEL_OPEN);
+        let file = model.file();
+        let facts = ollama::ModelFacts {
+            family: file
+                .get_str("general.architecture")
+                .unwrap_or("gemma")
+                .to_owned(),
+            size: file.file_len(),
+            parameters: file
+                .tensors()
+                .iter()
+                .map(|t| t.dims.iter().product::<u64>())
+                .sum(),
+            quantization: file
+                .get_u64("general.file_type")
+                .ok()
+                .and_then(|id| {
+                    rlx_gemma::quantize::FileType::ALL
+                        .into_iter()
+                        .find(|f| u64::from(f.id()) == id)
+                })
+                .map_or_else(String::new, |f| f.name().to_owned()),
+            thinking: has(gemma4::CHANNEL_OPEN),
+        };
         let engine = Engine::start_with_draft(model, draft, tokenizer, engine)?;
         Ok(Server {
             engine,
@@ -203,6 +230,7 @@ impl Server {
             tool_syntax,
             gemma4_replies,
             opts,
+            facts,
             created: now(),
             requests: AtomicU64::new(0),
             metrics: metrics::Metrics::default(),
@@ -220,6 +248,14 @@ impl Server {
             .route("/v1/completions", post(completions))
             .route("/tokenize", post(tokenize))
             .route("/detokenize", post(detokenize))
+            .route("/api/generate", post(ollama::generate))
+            .route("/api/chat", post(ollama::chat))
+            .route("/api/tags", get(ollama::tags))
+            .route("/api/show", post(ollama::show))
+            .route("/api/ps", get(ollama::ps))
+            .route("/api/version", get(ollama::version))
+            .route("/api/embed", post(ollama::embed))
+            .route("/api/embeddings", post(ollama::embed))
             .fallback(not_found)
             .layer(axum::middleware::from_fn_with_state(
                 Arc::clone(&self),

@@ -1775,3 +1775,126 @@ fn real_model_tool_calls_twenty_seeds() {
         }
     }
 }
+
+/// Ollama's API: `/api/generate` (raw: the text completion; not raw: the
+/// chat of its turns) and `/api/chat` give what the OpenAI endpoints give
+/// for the same request, whole and as newline-delimited JSON whose pieces
+/// add up to it, the last line with Ollama's counts; structured output
+/// through `format`; a request with nothing to generate is a load; the
+/// model is listed, shown and running; embeddings are refused.
+#[test]
+fn ollamas_api_answers_as_the_openai_endpoints_do() {
+    let srv = TestServer::start();
+    let options = json!({"temperature": 0, "num_predict": 12});
+    // Raw generate against a text completion.
+    let (status, v) = srv.post(
+        "/api/generate",
+        &json!({"model": "tiny", "prompt": "one two three", "raw": true, "stream": false,
+                "options": options}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let (_, want) = srv.post(
+        "/v1/completions",
+        &json!({"prompt": "one two three", "max_tokens": 12, "temperature": 0}),
+    );
+    assert_eq!(v["response"], want["choices"][0]["text"]);
+    assert_eq!(v["done"], json!(true));
+    assert_eq!(v["eval_count"], want["usage"]["completion_tokens"], "{v}");
+    assert!(v["prompt_eval_count"].as_u64().unwrap() > 0);
+    // Streamed: the lines' pieces are the whole response.
+    let (status, text) = srv.request(
+        "POST",
+        "/api/generate",
+        Some(&json!({"prompt": "one two three", "raw": true, "options": options}).to_string()),
+    );
+    assert_eq!(status, 200, "{text}");
+    let lines: Vec<Value> = text
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let joined: String = lines
+        .iter()
+        .map(|l| l["response"].as_str().unwrap())
+        .collect();
+    assert_eq!(joined, v["response"].as_str().unwrap());
+    let last = lines.last().unwrap();
+    assert_eq!(last["done"], json!(true));
+    assert!(lines[..lines.len() - 1]
+        .iter()
+        .all(|l| l["done"] == json!(false)));
+    assert_eq!(last["eval_count"], v["eval_count"]);
+    // Chat against the OpenAI chat.
+    let messages = json!([{"role": "system", "content": "Be brief."},
+                          {"role": "user", "content": "Name a colour."}]);
+    let (status, v) = srv.post(
+        "/api/chat",
+        &json!({"model": "tiny", "messages": messages, "stream": false, "options": options}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let (_, want) = srv.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 12, "temperature": 0}),
+    );
+    assert_eq!(v["message"]["role"], json!("assistant"));
+    assert_eq!(
+        v["message"]["content"],
+        want["choices"][0]["message"]["content"]
+    );
+    // Generate without raw is that chat's user turn (and system).
+    let (_, g) = srv.post(
+        "/api/generate",
+        &json!({"prompt": "Name a colour.", "system": "Be brief.", "stream": false,
+                "options": options}),
+    );
+    assert_eq!(g["response"], v["message"]["content"]);
+    // Structured output.
+    let (status, v) = srv.post(
+        "/api/chat",
+        &json!({"messages": [{"role": "user", "content": "JSON please"}], "stream": false,
+                "format": {"type": "object", "properties": {"a": {"type": "integer"}},
+                           "required": ["a"]},
+                "options": {"temperature": 0, "num_predict": 24}}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let out: Value = serde_json::from_str(v["message"]["content"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {v}"));
+    assert!(out["a"].is_i64(), "{out}");
+    // A load.
+    let (status, v) = srv.post("/api/chat", &json!({"model": "tiny"}));
+    assert_eq!((status, &v["done_reason"]), (200, &json!("load")), "{v}");
+    // Listing, showing, running, version.
+    let (status, tags) = srv.request("GET", "/api/tags", None);
+    assert_eq!(status, 200);
+    let tags: Value = serde_json::from_str(&tags).unwrap();
+    assert_eq!(tags["models"][0]["name"], json!("tiny"));
+    assert_eq!(tags["models"][0]["details"]["format"], json!("gguf"));
+    assert!(tags["models"][0]["size"].as_u64().unwrap() > 0);
+    let (status, show) = srv.post("/api/show", &json!({"model": "tiny"}));
+    assert_eq!(status, 200);
+    assert!(show["capabilities"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("completion")));
+    let (status, ps) = srv.request("GET", "/api/ps", None);
+    assert_eq!(status, 200, "{ps}");
+    let (status, version) = srv.request("GET", "/api/version", None);
+    assert_eq!(status, 200, "{version}");
+    // Refused: embeddings, images, and bad options by name.
+    let (status, v) = srv.post("/api/embed", &json!({"model": "tiny", "input": "x"}));
+    assert_eq!(status, 501);
+    assert!(v["error"].as_str().unwrap().contains("embeddings"), "{v}");
+    let (status, v) = srv.post(
+        "/api/generate",
+        &json!({"prompt": "x", "images": ["AAAA"], "stream": false}),
+    );
+    assert_eq!(status, 400);
+    assert!(v["error"].as_str().unwrap().contains("images"), "{v}");
+    let (status, v) = srv.post(
+        "/api/chat",
+        &json!({"messages": [{"role": "user", "content": "x"}], "stream": false,
+                "options": {"temperature": "hot"}}),
+    );
+    assert_eq!(status, 400);
+    assert!(v["error"].as_str().unwrap().contains("temperature"), "{v}");
+}
