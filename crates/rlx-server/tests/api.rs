@@ -1784,7 +1784,14 @@ fn real_model_tool_calls_twenty_seeds() {
 /// model is listed, shown and running; embeddings are refused.
 #[test]
 fn ollamas_api_answers_as_the_openai_endpoints_do() {
-    let srv = TestServer::start();
+    // Room for the tools' system text.
+    let srv = TestServer::start_with(
+        EngineOptions {
+            context: 1024,
+            ..EngineOptions::default()
+        },
+        None,
+    );
     let options = json!({"temperature": 0, "num_predict": 12});
     // Raw generate against a text completion.
     let (status, v) = srv.post(
@@ -1848,6 +1855,35 @@ fn ollamas_api_answers_as_the_openai_endpoints_do() {
                 "options": options}),
     );
     assert_eq!(g["response"], v["message"]["content"]);
+    // Tools: the calls /v1/chat/completions makes, arguments as objects.
+    let tools = json!([{"type": "function", "function": {"name": "add",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}},
+                       "required": ["a"]}}}]);
+    let ask = json!([{"role": "user", "content": "Add one."}]);
+    let (status, v) = srv.post(
+        "/api/chat",
+        &json!({"messages": ask, "tools": tools, "stream": false,
+                "options": {"temperature": 0, "num_predict": 40}}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let (_, want) = srv.post(
+        "/v1/chat/completions",
+        &json!({"messages": ask, "tools": tools, "max_tokens": 40, "temperature": 0}),
+    );
+    let want = &want["choices"][0]["message"];
+    match want["tool_calls"].as_array() {
+        Some(calls) => {
+            let got = v["message"]["tool_calls"].as_array().expect("tool calls");
+            assert_eq!(got.len(), calls.len(), "{v}");
+            for (g, w) in got.iter().zip(calls) {
+                assert_eq!(g["function"]["name"], w["function"]["name"]);
+                let args: Value =
+                    serde_json::from_str(w["function"]["arguments"].as_str().unwrap()).unwrap();
+                assert_eq!(g["function"]["arguments"], args);
+            }
+        }
+        None => assert_eq!(v["message"]["content"], want["content"], "{v}"),
+    }
     // Structured output.
     let (status, v) = srv.post(
         "/api/chat",
