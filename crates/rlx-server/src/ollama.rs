@@ -174,6 +174,12 @@ pub(crate) fn to_openai(
     let endpoint = match api {
         Api::Generate => {
             unsupported("suffix", "fill-in-the-middle is not supported")?;
+            if text("template")?.is_some_and(|t| !t.is_empty()) {
+                return Err(BadRequest::param(
+                    "template",
+                    "a template of the request's own is not supported: the model's chat template applies (or \"raw\": true)",
+                ));
+            }
             unsupported(
                 "context",
                 "is not supported: send the conversation to /api/chat",
@@ -637,6 +643,11 @@ mod tests {
                 "context",
             ),
             (Api::Generate, json!({"prompt": "x", "format": 3}), "format"),
+            (
+                Api::Generate,
+                json!({"prompt": "x", "template": "{{ .Prompt }}"}),
+                "template",
+            ),
             (
                 Api::Chat,
                 json!({"messages": [{"role": "user", "content": "x", "images": ["A"]}]}),
