@@ -11,7 +11,8 @@ use crate::response::ApiError;
 use crate::Server;
 
 /// With an API key set, every route but `/health` needs
-/// `Authorization: Bearer KEY`; the key is compared in constant time.
+/// `Authorization: Bearer KEY` (or `x-api-key: KEY`, as Anthropic's clients
+/// send it); the key is compared in constant time.
 pub(crate) async fn authorize(
     State(s): State<Arc<Server>>,
     headers: HeaderMap,
@@ -28,6 +29,7 @@ pub(crate) async fn authorize(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .unwrap_or("");
     if constant_time_eq(given.as_bytes(), key.as_bytes()) {
         return next.run(request).await;

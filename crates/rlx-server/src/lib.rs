@@ -3,14 +3,16 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions` (both with
 //! `stream: true` as server-sent events), `GET /v1/models`, `GET /health`,
 //! `GET /metrics` (Prometheus), `POST /tokenize` and `POST /detokenize`
-//! (llama-server's shapes), and Ollama's API (`/api/generate`, `/api/chat`,
-//! `/api/tags`, `/api/show`, `/api/ps`, `/api/version`).
+//! (llama-server's shapes), Ollama's API (`/api/generate`, `/api/chat`,
+//! `/api/tags`, `/api/show`, `/api/ps`, `/api/version`) and Anthropic's
+//! Messages API (`/v1/messages`, `/v1/messages/count_tokens`).
 //! One [`engine::Engine`] thread steps every running request together
 //! (continuous batching) and keeps finished requests' K/V for a while, so a
 //! prompt that starts like an earlier one (a conversation re-sent with one
 //! more turn, a shared system prompt) only runs the rest. Errors are
 //! OpenAI's JSON shape and name the field.
 
+mod anthropic;
 mod auth;
 mod complete;
 pub mod engine;
@@ -248,6 +250,8 @@ impl Server {
             .route("/v1/completions", post(completions))
             .route("/tokenize", post(tokenize))
             .route("/detokenize", post(detokenize))
+            .route("/v1/messages", post(anthropic::messages))
+            .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
             .route("/api/generate", post(ollama::generate))
             .route("/api/chat", post(ollama::chat))
             .route("/api/tags", get(ollama::tags))

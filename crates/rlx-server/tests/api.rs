@@ -1934,3 +1934,100 @@ fn ollamas_api_answers_as_the_openai_endpoints_do() {
     assert_eq!(status, 400);
     assert!(v["error"].as_str().unwrap().contains("temperature"), "{v}");
 }
+
+/// Anthropic's Messages API: the text /v1/chat/completions gives for the
+/// same turns, whole and as its events (text deltas adding up to it,
+/// `message_delta` with the stop reason and usage); tools as `tool_use`
+/// blocks with the calls chat makes; counting tokens; errors in its shape.
+#[test]
+fn anthropics_messages_api_answers_as_the_chat_endpoint_does() {
+    let srv = TestServer::start_with(
+        EngineOptions {
+            context: 1024,
+            ..EngineOptions::default()
+        },
+        None,
+    );
+    let turns = json!([{"role": "user", "content": "Name a colour."}]);
+    let (status, v) = srv.post(
+        "/v1/messages",
+        &json!({"model": "tiny", "system": "Be brief.", "messages": turns,
+                "max_tokens": 12, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let mut openai_turns = vec![json!({"role": "system", "content": "Be brief."})];
+    openai_turns.extend(turns.as_array().unwrap().iter().cloned());
+    let (_, want) = srv.post(
+        "/v1/chat/completions",
+        &json!({"messages": openai_turns, "max_tokens": 12, "temperature": 0}),
+    );
+    let want_text = want["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(v["type"], json!("message"));
+    assert_eq!(v["content"][0]["type"], json!("text"), "{v}");
+    assert_eq!(v["content"][0]["text"], json!(want_text));
+    assert_eq!(v["stop_reason"], json!("max_tokens"));
+    assert_eq!(v["usage"]["output_tokens"], json!(12));
+    // Streamed: message_start, the block's deltas, message_delta, message_stop.
+    let (status, text) = srv.request(
+        "POST",
+        "/v1/messages",
+        Some(
+            &json!({"system": "Be brief.", "messages": turns, "max_tokens": 12,
+                    "temperature": 0, "stream": true})
+            .to_string(),
+        ),
+    );
+    assert_eq!(status, 200, "{text}");
+    let events: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], json!("message_start"));
+    assert_eq!(events.last().unwrap()["type"], json!("message_stop"));
+    let streamed: String = events
+        .iter()
+        .filter(|e| e["type"] == json!("content_block_delta"))
+        .map(|e| e["delta"]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, want_text);
+    let delta = events
+        .iter()
+        .find(|e| e["type"] == json!("message_delta"))
+        .unwrap();
+    assert_eq!(delta["delta"]["stop_reason"], json!("max_tokens"));
+    // Tools: a required call comes back as a tool_use block.
+    let tools = json!([{"name": "add", "input_schema": {"type": "object",
+        "properties": {"a": {"type": "integer"}}, "required": ["a"]}}]);
+    let (status, v) = srv.post(
+        "/v1/messages",
+        &json!({"messages": [{"role": "user", "content": "Add one."}], "tools": tools,
+                "tool_choice": {"type": "any"}, "max_tokens": 128, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let call = v["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == json!("tool_use"))
+        .unwrap_or_else(|| panic!("no tool_use in {v}"));
+    assert_eq!(call["name"], json!("add"));
+    assert!(call["input"]["a"].is_i64(), "{call}");
+    assert_eq!(v["stop_reason"], json!("tool_use"));
+    // Counting tokens: what the request's prompt takes.
+    let (status, n) = srv.post(
+        "/v1/messages/count_tokens",
+        &json!({"system": "Be brief.", "messages": turns}),
+    );
+    assert_eq!(status, 200, "{n}");
+    assert_eq!(n["input_tokens"], want["usage"]["prompt_tokens"]);
+    // Errors in Anthropic's shape.
+    let (status, e) = srv.post("/v1/messages", &json!({"messages": turns}));
+    assert_eq!(status, 400);
+    assert_eq!(e["type"], json!("error"));
+    assert_eq!(e["error"]["type"], json!("invalid_request_error"));
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("max_tokens"));
+}
