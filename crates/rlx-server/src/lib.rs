@@ -5,7 +5,8 @@
 //! `GET /metrics` (Prometheus), `POST /tokenize` and `POST /detokenize`
 //! (llama-server's shapes), Ollama's API (`/api/generate`, `/api/chat`,
 //! `/api/tags`, `/api/show`, `/api/ps`, `/api/version`) and Anthropic's
-//! Messages API (`/v1/messages`, `/v1/messages/count_tokens`).
+//! Messages API (`/v1/messages`, `/v1/messages/count_tokens`) and OpenAI's
+//! Responses API (`/v1/responses`).
 //! One [`engine::Engine`] thread steps every running request together
 //! (continuous batching) and keeps finished requests' K/V for a while, so a
 //! prompt that starts like an earlier one (a conversation re-sent with one
@@ -22,6 +23,7 @@ pub mod openai;
 mod prompt;
 mod reply;
 mod response;
+mod responses;
 mod routes;
 
 use std::future::Future;
@@ -146,6 +148,8 @@ pub struct Server {
     opts: ServerOptions,
     /// What Ollama's API tells of the model.
     facts: ollama::ModelFacts,
+    /// Recent responses' conversations, for `previous_response_id`.
+    kept: responses::Kept,
     created: u64,
     requests: AtomicU64,
     metrics: metrics::Metrics,
@@ -233,6 +237,7 @@ impl Server {
             gemma4_replies,
             opts,
             facts,
+            kept: responses::Kept::default(),
             created: now(),
             requests: AtomicU64::new(0),
             metrics: metrics::Metrics::default(),
@@ -250,6 +255,7 @@ impl Server {
             .route("/v1/completions", post(completions))
             .route("/tokenize", post(tokenize))
             .route("/detokenize", post(detokenize))
+            .route("/v1/responses", post(responses::create))
             .route("/v1/messages", post(anthropic::messages))
             .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
             .route("/api/generate", post(ollama::generate))

@@ -2031,3 +2031,95 @@ fn anthropics_messages_api_answers_as_the_chat_endpoint_does() {
         .unwrap()
         .contains("max_tokens"));
 }
+
+/// OpenAI's Responses API: the text /v1/chat/completions gives for the same
+/// turns, whole and as its events; `previous_response_id` continues the
+/// kept conversation (the chat of all its turns); a response not kept is a
+/// 404; `store: false` keeps nothing.
+#[test]
+fn the_responses_api_answers_as_the_chat_endpoint_does() {
+    let srv = TestServer::start_with(
+        EngineOptions {
+            context: 1024,
+            ..EngineOptions::default()
+        },
+        None,
+    );
+    let chat = |messages: Value| -> String {
+        let (_, v) = srv.post(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "max_tokens": 10, "temperature": 0}),
+        );
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (status, first) = srv.post(
+        "/v1/responses",
+        &json!({"model": "tiny", "instructions": "Be brief.", "input": "Name a colour.",
+                "max_output_tokens": 10, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{first}");
+    let text = |v: &Value| -> String {
+        v["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["type"] == json!("message"))
+            .map(|i| i["content"][0]["text"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let turns = vec![
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "user", "content": "Name a colour."}),
+    ];
+    let said = chat(Value::Array(turns.clone()));
+    assert_eq!(text(&first), said);
+    assert_eq!(first["object"], json!("response"));
+    assert_eq!(first["status"], json!("incomplete"));
+    assert_eq!(first["usage"]["output_tokens"], json!(10));
+    // The next turn after the kept one.
+    let (status, second) = srv.post(
+        "/v1/responses",
+        &json!({"previous_response_id": first["id"], "input": "Another.",
+                "instructions": "Be brief.", "max_output_tokens": 10, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{second}");
+    let mut all = turns.clone();
+    all.push(json!({"role": "assistant", "content": said}));
+    all.push(json!({"role": "user", "content": "Another."}));
+    assert_eq!(text(&second), chat(Value::Array(all)));
+    // Streamed: the text deltas are the text; the last event the response.
+    let (status, body) = srv.request(
+        "POST",
+        "/v1/responses",
+        Some(
+            &json!({"instructions": "Be brief.", "input": "Name a colour.", "stream": true,
+                    "max_output_tokens": 10, "temperature": 0, "store": false})
+            .to_string(),
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    let events: Vec<Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], json!("response.created"));
+    let streamed: String = events
+        .iter()
+        .filter(|e| e["type"] == json!("response.output_text.delta"))
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, said);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], json!("response.incomplete"));
+    assert_eq!(text(&last["response"]), said);
+    // store: false kept nothing; an unknown id is a 404.
+    let (status, v) = srv.post(
+        "/v1/responses",
+        &json!({"previous_response_id": last["response"]["id"], "input": "x"}),
+    );
+    assert_eq!(status, 404, "{v}");
+}
