@@ -13,17 +13,16 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::complete::Started;
 use crate::engine::{Event, Finish, FinishReason};
 use crate::openai::{object, BadRequest};
 use crate::reply::Reply;
-use crate::response::{total, ApiError};
+use crate::response::ApiError;
 use crate::{Endpoint, Server};
 
 const PATH: &str = "/v1/messages";
@@ -274,12 +273,9 @@ impl Server {
             params,
             mut events,
             mut replies,
-        } = match self.start(Endpoint::Chat, body.as_bytes(), &id) {
+        } = match self.start_logged(Endpoint::Chat, body.as_bytes(), &id, PATH) {
             Ok(s) => s,
-            Err((e, stream)) => {
-                self.log(&id, PATH, stream, e.status, Err(e.message.clone()));
-                return failed(e);
-            }
+            Err(e) => return failed(e),
         };
         let mut reply = replies.pop().flatten().expect("a chat reply");
         let model = self.opts.model_name.clone();
@@ -395,33 +391,13 @@ impl Server {
                     }
                 }
             });
-            return Sse::new(UnboundedReceiverStream::new(sse))
-                .keep_alive(KeepAlive::default())
-                .into_response();
+            return crate::complete::sse(sse);
         }
-        let mut text = String::new();
-        let mut finish = None;
-        while let Some((_, ev)) = events.recv().await {
-            match ev {
-                Event::Text(t) | Event::Token { text: t, .. } => text.push_str(&t),
-                Event::Done(f) => finish = Some(f),
-                Event::Error(e) => {
-                    let e = ApiError::from(e);
-                    self.log(&id, PATH, false, e.status, Err(e.message.clone()));
-                    return failed(e);
-                }
-            }
-        }
-        let Some(f) = total([finish]) else {
-            return failed(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the engine dropped the request",
-            ));
+        let (text, f) = match self.collect(&mut events, &id, PATH).await {
+            Ok(r) => r,
+            Err(e) => return failed(e),
         };
-        self.log(&id, PATH, false, StatusCode::OK, Ok(f));
-        reply.push(&text);
-        reply.finish(f.closed_at);
-        let whole = reply.message();
+        let whole = reply.whole(&text, f.closed_at);
         let mut delta = Map::new();
         for key in ["content", "reasoning_content", "tool_calls"] {
             if let Some(v) = whole.get(key).filter(|v| !v.is_null()) {

@@ -21,6 +21,13 @@ use crate::reply::Reply;
 use crate::response::{logprobs_json, timings, total, usage, ApiError, Choice};
 use crate::{now, Endpoint, RequestLog, Server};
 
+/// Server-sent events as they come from `events`, kept alive while idle.
+pub(crate) fn sse(events: mpsc::UnboundedReceiver<Result<SseEvent, Infallible>>) -> Response {
+    Sse::new(UnboundedReceiverStream::new(events))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
 /// A request queued by [`Server::start`].
 pub(crate) struct Started {
     pub params: Params,
@@ -134,18 +141,9 @@ impl Server {
             params,
             events: mut merged,
             replies,
-        } = match self.start(endpoint, &body, &id) {
+        } = match self.start_logged(endpoint, &body, &id, endpoint.path()) {
             Ok(s) => s,
-            Err((e, stream)) => {
-                self.log(
-                    &id,
-                    endpoint.path(),
-                    stream,
-                    e.status,
-                    Err(e.message.clone()),
-                );
-                return e.into_response();
-            }
+            Err(e) => return e.into_response(),
         };
         if params.stream {
             return self.stream(endpoint, id, merged, replies, params.include_usage);
@@ -193,6 +191,48 @@ impl Server {
         };
         self.log(&id, endpoint.path(), false, StatusCode::OK, Ok(f));
         Json(self.completion(endpoint, &id, &choices, &f)).into_response()
+    }
+
+    /// [`Server::start`], its error logged under `path`.
+    pub(crate) fn start_logged(
+        &self,
+        endpoint: Endpoint,
+        body: &[u8],
+        id: &str,
+        path: &'static str,
+    ) -> Result<Started, ApiError> {
+        self.start(endpoint, body, id).map_err(|(e, stream)| {
+            self.log(id, path, stream, e.status, Err(e.message.clone()));
+            e
+        })
+    }
+
+    /// The whole text and the finish of a one-choice request that did not
+    /// stream, logged under `path`; or its error (logged too).
+    pub(crate) async fn collect(
+        &self,
+        events: &mut mpsc::UnboundedReceiver<(usize, Event)>,
+        id: &str,
+        path: &'static str,
+    ) -> Result<(String, Finish), ApiError> {
+        let mut text = String::new();
+        let mut finish = None;
+        while let Some((_, ev)) = events.recv().await {
+            match ev {
+                Event::Text(t) | Event::Token { text: t, .. } => text.push_str(&t),
+                Event::Done(f) => finish = Some(f),
+                Event::Error(e) => {
+                    let e = ApiError::from(e);
+                    self.log(id, path, false, e.status, Err(e.message.clone()));
+                    return Err(e);
+                }
+            }
+        }
+        let f = total([finish]).ok_or_else(|| {
+            ApiError::from(JobError::Internal("the engine dropped the request".into()))
+        })?;
+        self.log(id, path, false, StatusCode::OK, Ok(f));
+        Ok((text, f))
     }
 
     /// Queues the request `body` asks for at `endpoint` (one job a choice):
@@ -286,7 +326,7 @@ impl Server {
         include_usage: bool,
     ) -> Response {
         let n = replies.len();
-        let (out, sse) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+        let (out, events_out) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
         let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
         let gone = move |s: &Server, id: &str| {
             let status = StatusCode::from_u16(499).expect("a valid code");
@@ -372,8 +412,6 @@ impl Server {
             let _ = out.send(Ok(SseEvent::default().data("[DONE]")));
             self.log(&id, endpoint.path(), true, StatusCode::OK, Ok(f));
         });
-        Sse::new(UnboundedReceiverStream::new(sse))
-            .keep_alive(KeepAlive::default())
-            .into_response()
+        sse(events_out)
     }
 }

@@ -24,7 +24,7 @@ use crate::complete::Started;
 use crate::engine::{Event, Finish};
 use crate::openai::{object, BadRequest};
 use crate::reply::Reply;
-use crate::response::{total, ApiError};
+use crate::response::ApiError;
 use crate::{Endpoint, Server};
 
 /// What `/api/tags`, `/api/show` and `/api/ps` tell of the model.
@@ -362,12 +362,9 @@ impl Server {
             params,
             mut events,
             mut replies,
-        } = match self.start(endpoint, body.as_bytes(), &id) {
+        } = match self.start_logged(endpoint, body.as_bytes(), &id, api.path()) {
             Ok(s) => s,
-            Err((e, stream)) => {
-                self.log(&id, api.path(), stream, e.status, Err(e.message.clone()));
-                return failed(e);
-            }
+            Err(e) => return failed(e),
         };
         let mut reply = replies.pop().flatten();
         // One line: the text so far as Ollama writes it.
@@ -437,26 +434,10 @@ impl Server {
             )
                 .into_response();
         }
-        let mut text = String::new();
-        let mut finish = None;
-        while let Some((_, ev)) = events.recv().await {
-            match ev {
-                Event::Text(t) | Event::Token { text: t, .. } => text.push_str(&t),
-                Event::Done(f) => finish = Some(f),
-                Event::Error(e) => {
-                    let e = ApiError::from(e);
-                    self.log(&id, api.path(), false, e.status, Err(e.message.clone()));
-                    return failed(e);
-                }
-            }
-        }
-        let Some(f) = total([finish]) else {
-            return error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the engine dropped the request",
-            );
+        let (text, f) = match self.collect(&mut events, &id, api.path()).await {
+            Ok(r) => r,
+            Err(e) => return failed(e),
         };
-        self.log(&id, api.path(), false, StatusCode::OK, Ok(f));
         let mut whole = line(&mut reply, Some(&text), None);
         // The reply's held-back text and the statistics.
         let last = line(&mut reply, None, Some(&f));

@@ -76,6 +76,14 @@ impl Reply {
         delta
     }
 
+    /// The message of a whole generated `text` (`closed_at` as
+    /// [`Reply::finish`] takes it), for a response that did not stream.
+    pub fn whole(&mut self, text: &str, closed_at: Option<usize>) -> Value {
+        self.push(text);
+        self.finish(closed_at);
+        self.message()
+    }
+
     /// The whole message, for a response that did not stream.
     pub fn message(&self) -> Value {
         let mut m = json!({"role": "assistant", "content": self.content});

@@ -16,16 +16,15 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::complete::Started;
 use crate::engine::{Event, Finish, FinishReason};
 use crate::openai::{object, BadRequest};
-use crate::response::{total, ApiError};
+use crate::response::ApiError;
 use crate::{now, Endpoint, Server};
 
 const PATH: &str = "/v1/responses";
@@ -303,12 +302,9 @@ impl Server {
             params,
             mut events,
             mut replies,
-        } = match self.start(Endpoint::Chat, chat.as_bytes(), &id) {
+        } = match self.start_logged(Endpoint::Chat, chat.as_bytes(), &id, PATH) {
             Ok(s) => s,
-            Err((e, stream)) => {
-                self.log(&id, PATH, stream, e.status, Err(e.message.clone()));
-                return failed(e);
-            }
+            Err(e) => return failed(e),
         };
         let mut reply = replies.pop().flatten().expect("a chat reply");
         let (model, created) = (self.opts.model_name.clone(), now());
@@ -400,33 +396,13 @@ impl Server {
                     }
                 }
             });
-            return Sse::new(UnboundedReceiverStream::new(sse))
-                .keep_alive(KeepAlive::default())
-                .into_response();
+            return crate::complete::sse(sse);
         }
-        let mut text = String::new();
-        let mut finish = None;
-        while let Some((_, ev)) = events.recv().await {
-            match ev {
-                Event::Text(t) | Event::Token { text: t, .. } => text.push_str(&t),
-                Event::Done(f) => finish = Some(f),
-                Event::Error(e) => {
-                    let e = ApiError::from(e);
-                    self.log(&id, PATH, false, e.status, Err(e.message.clone()));
-                    return failed(e);
-                }
-            }
-        }
-        let Some(f) = total([finish]) else {
-            return failed(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the engine dropped the request",
-            ));
+        let (text, f) = match self.collect(&mut events, &id, PATH).await {
+            Ok(r) => r,
+            Err(e) => return failed(e),
         };
-        self.log(&id, PATH, false, StatusCode::OK, Ok(f));
-        reply.push(&text);
-        reply.finish(f.closed_at);
-        let (items, turn) = output(&id, &reply.message());
+        let (items, turn) = output(&id, &reply.whole(&text, f.closed_at));
         if store {
             conversation.push(turn);
             self.kept.put(id.clone(), conversation);
