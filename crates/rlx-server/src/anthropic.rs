@@ -20,7 +20,7 @@ use serde_json::{json, Map, Value};
 
 use crate::complete::Started;
 use crate::engine::{Event, Finish, FinishReason};
-use crate::openai::{object, BadRequest};
+use crate::openai::{object, parts_text, BadRequest};
 use crate::reply::Reply;
 use crate::response::ApiError;
 use crate::{Endpoint, Server};
@@ -29,29 +29,7 @@ const PATH: &str = "/v1/messages";
 
 /// A Messages request's text: a string, or its text blocks joined.
 fn blocks_text(v: &Value, at: &str) -> Result<String, BadRequest> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(blocks) => {
-            let mut text = String::new();
-            for (i, b) in blocks.iter().enumerate() {
-                match b.get("type").and_then(Value::as_str) {
-                    Some("text") => text.push_str(b["text"].as_str().unwrap_or("")),
-                    Some(other) => {
-                        return Err(BadRequest::param(
-                            &format!("{at}[{i}].type"),
-                            format!("{other:?} is not supported here (text)"),
-                        ))
-                    }
-                    None => {
-                        return Err(BadRequest::param(&format!("{at}[{i}].type"), "is required"))
-                    }
-                }
-            }
-            Ok(text)
-        }
-        Value::Null => Ok(String::new()),
-        _ => Err(BadRequest::param(at, "expected a string or content blocks")),
-    }
+    parts_text(v, at, &["text"])
 }
 
 /// A Messages request read as the OpenAI chat request it means.

@@ -679,6 +679,37 @@ pub fn messages(body: &Map<String, Value>) -> Result<Vec<Message>> {
         .collect()
 }
 
+/// A content value's text: a string (or null: none), or the `text` of its
+/// parts whose `type` is one of `kinds`, joined; another kind of part is
+/// refused by name.
+pub(crate) fn parts_text(v: &Value, at: &str, kinds: &[&str]) -> Result<String> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Null => Ok(String::new()),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for (i, p) in parts.iter().enumerate() {
+                match p.get("type").and_then(Value::as_str) {
+                    Some(k) if kinds.contains(&k) => {
+                        text.push_str(p["text"].as_str().unwrap_or(""))
+                    }
+                    Some(other) => {
+                        return Err(BadRequest::param(
+                            &format!("{at}[{i}].type"),
+                            format!("{other:?} is not supported here ({})", kinds.join(", ")),
+                        ))
+                    }
+                    None => {
+                        return Err(BadRequest::param(&format!("{at}[{i}].type"), "is required"))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(BadRequest::param(at, "expected a string or content parts")),
+    }
+}
+
 /// A message's `content`: a string, null, or text parts.
 fn content_text(content: Option<&Value>, at: &str) -> Result<String> {
     match content {

@@ -23,7 +23,7 @@ use serde_json::{json, Map, Value};
 
 use crate::complete::Started;
 use crate::engine::{Event, Finish, FinishReason};
-use crate::openai::{object, BadRequest};
+use crate::openai::{object, parts_text, BadRequest};
 use crate::response::ApiError;
 use crate::{now, Endpoint, Server};
 
@@ -60,30 +60,7 @@ impl Kept {
 /// A content value's text: a string, or its `input_text`/`output_text`/
 /// `text` parts joined.
 fn text_of(v: &Value, at: &str) -> Result<String, BadRequest> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(parts) => {
-            let mut text = String::new();
-            for (i, p) in parts.iter().enumerate() {
-                match p.get("type").and_then(Value::as_str) {
-                    Some("input_text" | "output_text" | "text") => {
-                        text.push_str(p["text"].as_str().unwrap_or(""))
-                    }
-                    Some(other) => {
-                        return Err(BadRequest::param(
-                            &format!("{at}[{i}].type"),
-                            format!("{other:?} is not supported (text only)"),
-                        ))
-                    }
-                    None => {
-                        return Err(BadRequest::param(&format!("{at}[{i}].type"), "is required"))
-                    }
-                }
-            }
-            Ok(text)
-        }
-        _ => Err(BadRequest::param(at, "expected a string or content parts")),
-    }
+    parts_text(v, at, &["input_text", "output_text", "text"])
 }
 
 /// A Responses request read as the chat request it means, after the kept
