@@ -2123,3 +2123,42 @@ fn the_responses_api_answers_as_the_chat_endpoint_does() {
     );
     assert_eq!(status, 404, "{v}");
 }
+
+/// The official `ollama` and `anthropic` Python clients and the `openai`
+/// package's Responses API as users run them, each answer equal to the same
+/// request through the OpenAI endpoints (`tests/clients.py`). Runs where
+/// Python has the three packages (CI installs them); elsewhere says it was
+/// skipped.
+#[test]
+fn the_ollama_anthropic_and_responses_clients_round_trip() {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_clients = std::process::Command::new(&python)
+        .args(["-c", "import ollama, anthropic, openai.resources.responses"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_clients {
+        eprintln!(
+            "skipped: {python} lacks the `ollama`, `anthropic` or `openai` package (pip install ollama anthropic openai)"
+        );
+        return;
+    }
+    // Room for the tools' system text.
+    let server = TestServer::start_with(
+        EngineOptions {
+            context: 1024,
+            ..EngineOptions::default()
+        },
+        None,
+    );
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients.py");
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://{}", server.addr))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}
