@@ -1776,6 +1776,25 @@ fn real_model_tool_calls_twenty_seeds() {
     }
 }
 
+/// A server on the tiny model with room for a tools' system text.
+fn roomy_server() -> TestServer {
+    TestServer::start_with(
+        EngineOptions {
+            context: 1024,
+            ..EngineOptions::default()
+        },
+        None,
+    )
+}
+
+/// The JSON data of each server-sent event in `body`.
+fn sse_data(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
 /// Ollama's API: `/api/generate` (raw: the text completion; not raw: the
 /// chat of its turns) and `/api/chat` give what the OpenAI endpoints give
 /// for the same request, whole and as newline-delimited JSON whose pieces
@@ -1784,14 +1803,7 @@ fn real_model_tool_calls_twenty_seeds() {
 /// model is listed, shown and running; embeddings are refused.
 #[test]
 fn ollamas_api_answers_as_the_openai_endpoints_do() {
-    // Room for the tools' system text.
-    let srv = TestServer::start_with(
-        EngineOptions {
-            context: 1024,
-            ..EngineOptions::default()
-        },
-        None,
-    );
+    let srv = roomy_server();
     let options = json!({"temperature": 0, "num_predict": 12});
     // Raw generate against a text completion.
     let (status, v) = srv.post(
@@ -1941,13 +1953,7 @@ fn ollamas_api_answers_as_the_openai_endpoints_do() {
 /// blocks with the calls chat makes; counting tokens; errors in its shape.
 #[test]
 fn anthropics_messages_api_answers_as_the_chat_endpoint_does() {
-    let srv = TestServer::start_with(
-        EngineOptions {
-            context: 1024,
-            ..EngineOptions::default()
-        },
-        None,
-    );
+    let srv = roomy_server();
     let turns = json!([{"role": "user", "content": "Name a colour."}]);
     let (status, v) = srv.post(
         "/v1/messages",
@@ -1978,11 +1984,7 @@ fn anthropics_messages_api_answers_as_the_chat_endpoint_does() {
         ),
     );
     assert_eq!(status, 200, "{text}");
-    let events: Vec<Value> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let events = sse_data(&text);
     assert_eq!(events[0]["type"], json!("message_start"));
     assert_eq!(events.last().unwrap()["type"], json!("message_stop"));
     let streamed: String = events
@@ -2038,13 +2040,7 @@ fn anthropics_messages_api_answers_as_the_chat_endpoint_does() {
 /// 404; `store: false` keeps nothing.
 #[test]
 fn the_responses_api_answers_as_the_chat_endpoint_does() {
-    let srv = TestServer::start_with(
-        EngineOptions {
-            context: 1024,
-            ..EngineOptions::default()
-        },
-        None,
-    );
+    let srv = roomy_server();
     let chat = |messages: Value| -> String {
         let (_, v) = srv.post(
             "/v1/chat/completions",
@@ -2101,11 +2097,7 @@ fn the_responses_api_answers_as_the_chat_endpoint_does() {
         ),
     );
     assert_eq!(status, 200, "{body}");
-    let events: Vec<Value> = body
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let events = sse_data(&body);
     assert_eq!(events[0]["type"], json!("response.created"));
     let streamed: String = events
         .iter()
@@ -2142,14 +2134,7 @@ fn the_ollama_anthropic_and_responses_clients_round_trip() {
         );
         return;
     }
-    // Room for the tools' system text.
-    let server = TestServer::start_with(
-        EngineOptions {
-            context: 1024,
-            ..EngineOptions::default()
-        },
-        None,
-    );
+    let server = roomy_server();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients.py");
     let out = std::process::Command::new(&python)
         .arg(&script)
