@@ -18,9 +18,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
-use crate::complete::Started;
+use crate::complete::Queued;
 use crate::engine::{Event, Finish, FinishReason};
-use crate::openai::{object, parts_text, BadRequest};
+use crate::openai::{copy_present, function_tool, object, parts_text, BadRequest};
 use crate::reply::Reply;
 use crate::response::ApiError;
 use crate::{Endpoint, Server};
@@ -121,11 +121,7 @@ pub(crate) fn to_openai(body: &Map<String, Value>) -> Result<Map<String, Value>,
         }
         _ => return Err(BadRequest::param("max_tokens", "is required: an integer")),
     }
-    for key in ["temperature", "top_p", "top_k", "stream"] {
-        if let Some(v) = body.get(key).filter(|v| !v.is_null()) {
-            out.insert(key.into(), v.clone());
-        }
-    }
+    copy_present(body, &mut out, &["temperature", "top_p", "top_k", "stream"]);
     if let Some(stop) = body.get("stop_sequences").filter(|v| !v.is_null()) {
         out.insert("stop".into(), stop.clone());
     }
@@ -134,11 +130,7 @@ pub(crate) fn to_openai(body: &Map<String, Value>) -> Result<Map<String, Value>,
             .as_array()
             .ok_or_else(|| BadRequest::param("tools", "expected an array"))?
             .iter()
-            .map(|t| {
-                json!({"type": "function", "function": {
-                    "name": t["name"], "description": t.get("description").unwrap_or(&json!("")),
-                    "parameters": t.get("input_schema").unwrap_or(&json!({"type": "object"}))}})
-            })
+            .map(|t| function_tool(&t["name"], t.get("description"), t.get("input_schema")))
             .collect();
         out.insert("tools".into(), Value::Array(tools));
     }
@@ -245,19 +237,18 @@ impl Server {
             Ok(r) => r,
             Err(e) => return failed(ApiError::from(e)),
         };
-        let body = Value::Object(request).to_string();
-        let id = self.id(Endpoint::Chat).replace("chatcmpl", "msg");
-        let Started {
-            params,
+        let Queued {
+            id,
+            stream,
             mut events,
-            mut replies,
-        } = match self.start_logged(Endpoint::Chat, body.as_bytes(), &id, PATH) {
-            Ok(s) => s,
+            reply,
+        } = match self.start_translated(Endpoint::Chat, request, "msg-", PATH) {
+            Ok(q) => q,
             Err(e) => return failed(e),
         };
-        let mut reply = replies.pop().flatten().expect("a chat reply");
+        let mut reply = reply.expect("a chat reply");
         let model = self.opts.model_name.clone();
-        if params.stream {
+        if stream {
             let (out, sse) = tokio::sync::mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
             let server = Arc::clone(&self);
             tokio::spawn(async move {
@@ -375,13 +366,10 @@ impl Server {
             Ok(r) => r,
             Err(e) => return failed(e),
         };
-        let whole = reply.whole(&text, f.closed_at);
-        let mut delta = Map::new();
-        for key in ["content", "reasoning_content", "tool_calls"] {
-            if let Some(v) = whole.get(key).filter(|v| !v.is_null()) {
-                delta.insert(key.into(), v.clone());
-            }
-        }
+        let delta = match reply.whole(&text, f.closed_at) {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        };
         Json(
             json!({"id": id, "type": "message", "role": "assistant", "model": model,
                     "content": content(&delta), "stop_reason": stop_reason(&f, &reply),

@@ -10,7 +10,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use rlx_guide::tools::{ReplyReader, Syntax};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
@@ -26,6 +26,16 @@ pub(crate) fn sse(events: mpsc::UnboundedReceiver<Result<SseEvent, Infallible>>)
     Sse::new(UnboundedReceiverStream::new(events))
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// A request of another API queued as the OpenAI request it was read as
+/// ([`Server::start_translated`]).
+pub(crate) struct Queued {
+    pub id: String,
+    pub stream: bool,
+    pub events: mpsc::UnboundedReceiver<(usize, Event)>,
+    /// The one choice's reply reader (chat requests).
+    pub reply: Option<Reply>,
 }
 
 /// A request queued by [`Server::start`].
@@ -54,12 +64,16 @@ impl Server {
     }
 
     pub(crate) fn id(&self, endpoint: Endpoint) -> String {
-        let prefix = match endpoint {
-            Endpoint::Chat => "chatcmpl",
-            Endpoint::Completion => "cmpl",
-        };
+        self.id_with(match endpoint {
+            Endpoint::Chat => "chatcmpl-",
+            Endpoint::Completion => "cmpl-",
+        })
+    }
+
+    /// A new request id after `prefix`.
+    pub(crate) fn id_with(&self, prefix: &str) -> String {
         let n = self.requests.fetch_add(1, Ordering::Relaxed);
-        format!("{prefix}-{:x}{n:06x}", self.created)
+        format!("{prefix}{:x}{n:06x}", self.created)
     }
 
     /// One choice's object: `body` is the text of a text completion, or a
@@ -204,6 +218,27 @@ impl Server {
         self.start(endpoint, body, id).map_err(|(e, stream)| {
             self.log(id, path, stream, e.status, Err(e.message.clone()));
             e
+        })
+    }
+
+    /// Queues `request`, the OpenAI request at `endpoint` another API's
+    /// request was read as, under a new id after `prefix`; a refusal is
+    /// logged under `path`.
+    pub(crate) fn start_translated(
+        &self,
+        endpoint: Endpoint,
+        request: Map<String, Value>,
+        prefix: &str,
+        path: &'static str,
+    ) -> Result<Queued, ApiError> {
+        let id = self.id_with(prefix);
+        let body = Value::Object(request).to_string();
+        let mut s = self.start_logged(endpoint, body.as_bytes(), &id, path)?;
+        Ok(Queued {
+            stream: s.params.stream,
+            events: s.events,
+            reply: s.replies.pop().flatten(),
+            id,
         })
     }
 

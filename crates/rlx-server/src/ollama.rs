@@ -20,10 +20,9 @@ use serde_json::{json, Map, Value};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 
-use crate::complete::Started;
+use crate::complete::Queued;
 use crate::engine::{Event, Finish};
-use crate::openai::{object, BadRequest};
-use crate::reply::Reply;
+use crate::openai::{copy_present, object, BadRequest};
 use crate::response::ApiError;
 use crate::{Endpoint, Server};
 
@@ -73,6 +72,14 @@ impl Api {
             Api::Chat => "/api/chat",
         }
     }
+
+    /// Where a line carries the reply.
+    fn key(self) -> &'static str {
+        match self {
+            Api::Generate => "response",
+            Api::Chat => "message",
+        }
+    }
 }
 
 /// An OpenAI request: the endpoint it goes to and its body.
@@ -100,23 +107,23 @@ pub(crate) fn to_openai(
             .ok_or_else(|| BadRequest::param("options", "expected an object"))?;
         // Ollama's options that are sampling; the others (num_ctx,
         // num_thread, num_gpu, …) size Ollama's runner and mean nothing here.
-        for key in [
-            "temperature",
-            "top_k",
-            "top_p",
-            "min_p",
-            "typical_p",
-            "repeat_penalty",
-            "presence_penalty",
-            "frequency_penalty",
-            "repeat_last_n",
-            "seed",
-            "stop",
-        ] {
-            if let Some(v) = opts.get(key).filter(|v| !v.is_null()) {
-                out.insert(key.into(), v.clone());
-            }
-        }
+        copy_present(
+            opts,
+            &mut out,
+            &[
+                "temperature",
+                "top_k",
+                "top_p",
+                "min_p",
+                "typical_p",
+                "repeat_penalty",
+                "presence_penalty",
+                "frequency_penalty",
+                "repeat_last_n",
+                "seed",
+                "stop",
+            ],
+        );
         // -1 (no limit) and -2 (fill the context) leave the server's cap.
         match opts.get("num_predict") {
             Some(Value::Number(n)) if n.as_i64().is_some_and(|n| n >= 0) => {
@@ -243,11 +250,7 @@ fn chat_message(m: &Value, at: &str) -> Result<Value, BadRequest> {
         ));
     }
     let mut out = Map::new();
-    for key in ["role", "content", "tool_calls"] {
-        if let Some(v) = m.get(key) {
-            out.insert(key.into(), v.clone());
-        }
-    }
+    copy_present(m, &mut out, &["role", "content", "tool_calls"]);
     if let Some(name) = m.get("tool_name") {
         out.insert("name".into(), name.clone());
     }
@@ -334,6 +337,37 @@ fn message(delta: &Map<String, Value>) -> Value {
     m
 }
 
+/// One line of an answer: a piece of the reply (`delta`: content, thinking
+/// and calls as the chat reply reader gives them), the last with the counts.
+fn line(api: Api, model: &str, delta: &Map<String, Value>, f: Option<&Finish>) -> Value {
+    let mut v = json!({"model": model, "created_at": now_rfc3339(), "done": f.is_some()});
+    match api {
+        Api::Chat => v[api.key()] = message(delta),
+        // The text, with any thinking apart, as Ollama's generate gives it.
+        Api::Generate => {
+            v[api.key()] = delta
+                .get("content")
+                .filter(|c| c.is_string())
+                .cloned()
+                .unwrap_or(json!(""));
+            if let Some(t) = delta.get("reasoning_content").filter(|t| t.is_string()) {
+                v["thinking"] = t.clone();
+            }
+        }
+    }
+    if let (Some(f), Value::Object(o)) = (f, &mut v) {
+        o.extend(stats(f));
+    }
+    v
+}
+
+/// A text completion's text as a reply's piece.
+fn text_delta(text: &str) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("content".into(), json!(text));
+    m
+}
+
 impl Server {
     /// `/api/generate` and `/api/chat`.
     async fn ollama(self: Arc<Self>, api: Api, body: Bytes) -> Response {
@@ -344,76 +378,44 @@ impl Server {
         };
         let Some((endpoint, request)) = request else {
             // Nothing to generate: the model is loaded.
-            let mut done = json!({"model": model, "created_at": now_rfc3339(), "done": true,
-                                  "done_reason": "load"});
-            done[if api == Api::Chat {
-                "message"
-            } else {
-                "response"
-            }] = match api {
-                Api::Chat => json!({"role": "assistant", "content": ""}),
-                Api::Generate => json!(""),
-            };
+            let mut done = line(api, &model, &Map::new(), None);
+            done["done"] = json!(true);
+            done["done_reason"] = json!("load");
             return Json(done).into_response();
         };
-        let body = Value::Object(request).to_string();
-        let id = self.id(endpoint);
-        let Started {
-            params,
+        let prefix = match endpoint {
+            Endpoint::Chat => "chatcmpl-",
+            Endpoint::Completion => "cmpl-",
+        };
+        let Queued {
+            id,
+            stream,
             mut events,
-            mut replies,
-        } = match self.start_logged(endpoint, body.as_bytes(), &id, api.path()) {
-            Ok(s) => s,
+            mut reply,
+        } = match self.start_translated(endpoint, request, prefix, api.path()) {
+            Ok(q) => q,
             Err(e) => return failed(e),
         };
-        let mut reply = replies.pop().flatten();
-        // One line: the text so far as Ollama writes it.
-        let line = move |reply: &mut Option<Reply>, text: Option<&str>, f: Option<&Finish>| {
-            let mut v = json!({"model": model, "created_at": now_rfc3339(), "done": f.is_some()});
-            let key = if api == Api::Chat {
-                "message"
-            } else {
-                "response"
-            };
-            let delta = match (reply.as_mut(), text, f) {
-                (Some(r), Some(t), _) => r.push(t),
-                (Some(r), None, Some(f)) => r.finish(f.closed_at),
-                _ => Map::new(),
-            };
-            v[key] = match api {
-                Api::Chat => message(&delta),
-                // A text completion's text, or a chat's content (with its
-                // thinking apart, as Ollama's generate gives it).
-                Api::Generate => {
-                    if let Some(t) = delta.get("reasoning_content") {
-                        v["thinking"] = t.clone();
-                    }
-                    match (reply.is_some(), text) {
-                        (true, _) => delta.get("content").cloned().unwrap_or(json!("")),
-                        (false, Some(t)) => json!(t),
-                        (false, None) => json!(""),
-                    }
-                }
-            };
-            if let Some(f) = f {
-                if let Value::Object(o) = &mut v {
-                    o.extend(stats(f));
-                }
-            }
-            v
-        };
-        if params.stream {
+        if stream {
             let (out, lines) = tokio::sync::mpsc::unbounded_channel::<Value>();
             let server = Arc::clone(&self);
             tokio::spawn(async move {
                 while let Some((_, ev)) = events.recv().await {
                     let v = match ev {
                         Event::Text(t) | Event::Token { text: t, .. } => {
-                            line(&mut reply, Some(&t), None)
+                            let delta = match reply.as_mut() {
+                                Some(r) => r.push(&t),
+                                None => text_delta(&t),
+                            };
+                            line(api, &model, &delta, None)
                         }
                         Event::Done(f) => {
                             server.log(&id, api.path(), true, StatusCode::OK, Ok(f));
-                            line(&mut reply, None, Some(&f))
+                            let delta = match reply.as_mut() {
+                                Some(r) => r.finish(f.closed_at),
+                                None => Map::new(),
+                            };
+                            line(api, &model, &delta, Some(&f))
                         }
                         Event::Error(e) => {
                             let e = ApiError::from(e);
@@ -438,43 +440,14 @@ impl Server {
             Ok(r) => r,
             Err(e) => return failed(e),
         };
-        let mut whole = line(&mut reply, Some(&text), None);
-        // The reply's held-back text and the statistics.
-        let last = line(&mut reply, None, Some(&f));
-        let key = if api == Api::Chat {
-            "message"
-        } else {
-            "response"
+        let delta = match reply.as_mut() {
+            Some(r) => match r.whole(&text, f.closed_at) {
+                Value::Object(m) => m,
+                _ => Map::new(),
+            },
+            None => text_delta(&text),
         };
-        if api == Api::Chat {
-            let (a, b) = (&whole[key], &last[key]);
-            let mut m = a.clone();
-            m["content"] = json!(format!(
-                "{}{}",
-                a["content"].as_str().unwrap_or(""),
-                b["content"].as_str().unwrap_or("")
-            ));
-            for k in ["thinking", "tool_calls"] {
-                if let Some(v) = b.get(k).or_else(|| a.get(k)) {
-                    m[k] = v.clone();
-                }
-            }
-            whole[key] = m;
-        } else {
-            whole[key] = json!(format!(
-                "{}{}",
-                whole[key].as_str().unwrap_or(""),
-                last[key].as_str().unwrap_or("")
-            ));
-        }
-        if let (Value::Object(w), Value::Object(l)) = (&mut whole, last) {
-            for (k, v) in l {
-                if k != key && k != "model" && k != "created_at" {
-                    w.insert(k, v);
-                }
-            }
-        }
-        Json(whole).into_response()
+        Json(line(api, &model, &delta, Some(&f))).into_response()
     }
 
     /// The model as `/api/tags` and `/api/ps` list it.

@@ -679,6 +679,29 @@ pub fn messages(body: &Map<String, Value>) -> Result<Vec<Message>> {
         .collect()
 }
 
+/// Copies the fields of `keys` that `from` has (and are not null) to `to`,
+/// under the same names: another API's fields that OpenAI's request reads
+/// as they are.
+pub(crate) fn copy_present(from: &Map<String, Value>, to: &mut Map<String, Value>, keys: &[&str]) {
+    for &key in keys {
+        if let Some(v) = from.get(key).filter(|v| !v.is_null()) {
+            to.insert(key.into(), v.clone());
+        }
+    }
+}
+
+/// A function tool in OpenAI's chat shape (`parameters` an object schema
+/// where none is given).
+pub(crate) fn function_tool(
+    name: &Value,
+    description: Option<&Value>,
+    parameters: Option<&Value>,
+) -> Value {
+    json!({"type": "function", "function": {
+        "name": name, "description": description.unwrap_or(&json!("")),
+        "parameters": parameters.unwrap_or(&json!({"type": "object"}))}})
+}
+
 /// A content value's text: a string (or null: none), or the `text` of its
 /// parts whose `type` is one of `kinds`, joined; another kind of part is
 /// refused by name.

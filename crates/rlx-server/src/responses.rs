@@ -21,9 +21,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
-use crate::complete::Started;
+use crate::complete::Queued;
 use crate::engine::{Event, Finish, FinishReason};
-use crate::openai::{object, parts_text, BadRequest};
+use crate::openai::{copy_present, function_tool, object, parts_text, BadRequest};
 use crate::response::ApiError;
 use crate::{now, Endpoint, Server};
 
@@ -127,17 +127,17 @@ pub(crate) fn to_chat(
     if let Some(n) = body.get("max_output_tokens").filter(|v| !v.is_null()) {
         out.insert("max_tokens".into(), n.clone());
     }
-    for key in [
-        "temperature",
-        "top_p",
-        "stream",
-        "tool_choice",
-        "parallel_tool_calls",
-    ] {
-        if let Some(v) = body.get(key).filter(|v| !v.is_null()) {
-            out.insert(key.into(), v.clone());
-        }
-    }
+    copy_present(
+        body,
+        &mut out,
+        &[
+            "temperature",
+            "top_p",
+            "stream",
+            "tool_choice",
+            "parallel_tool_calls",
+        ],
+    );
     if let Some(tools) = body.get("tools").filter(|v| !v.is_null()) {
         let tools = tools
             .as_array()
@@ -145,9 +145,11 @@ pub(crate) fn to_chat(
             .iter()
             .enumerate()
             .map(|(i, t)| match t.get("type").and_then(Value::as_str) {
-                Some("function") => Ok(json!({"type": "function", "function": {
-                    "name": t["name"], "description": t.get("description").unwrap_or(&json!("")),
-                    "parameters": t.get("parameters").unwrap_or(&json!({"type": "object"}))}})),
+                Some("function") => Ok(function_tool(
+                    &t["name"],
+                    t.get("description"),
+                    t.get("parameters"),
+                )),
                 _ => Err(BadRequest::param(
                     &format!("tools[{i}].type"),
                     "only function tools are supported",
@@ -273,19 +275,18 @@ impl Server {
             Err(e) => return failed(e.into()),
         };
         let store = body.get("store") != Some(&json!(false));
-        let chat = Value::Object(request).to_string();
-        let id = self.id(Endpoint::Chat).replace("chatcmpl-", "resp_");
-        let Started {
-            params,
+        let Queued {
+            id,
+            stream,
             mut events,
-            mut replies,
-        } = match self.start_logged(Endpoint::Chat, chat.as_bytes(), &id, PATH) {
-            Ok(s) => s,
+            reply,
+        } = match self.start_translated(Endpoint::Chat, request, "resp_", PATH) {
+            Ok(q) => q,
             Err(e) => return failed(e),
         };
-        let mut reply = replies.pop().flatten().expect("a chat reply");
+        let mut reply = reply.expect("a chat reply");
         let (model, created) = (self.opts.model_name.clone(), now());
-        if params.stream {
+        if stream {
             let (out, sse) = tokio::sync::mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
             let server = Arc::clone(&self);
             tokio::spawn(async move {
