@@ -1270,9 +1270,9 @@ __device__ void add_norm_body(const float* __restrict__ x, const float* a,
     size_t base = (size_t)blockIdx.x * d;
     const float *ar = a + base, *xr = x + base;
     float* sr = s + base;
-    float v[NORM_HELD], g[NORM_HELD], xv[NORM_HELD];
+    float v[NORM_HELD], g[NORM_HELD], xv[NORM_HELD], h[NORM_HELD];
     hold_row(ar, g1, d, v, g);
-    hold_row(xr, nullptr, d, xv, nullptr);
+    hold_row(xr, g2, d, xv, h);  // the second norm's gammas too: one round trip for all
     float inv1 = norm1 ? row_inv_rms(v, ar, d, eps1, part) : 1.0f;
     // The elements past the held ones, then the held ones (whose a and x
     // are already in registers).
@@ -1289,17 +1289,12 @@ __device__ void add_norm_body(const float* __restrict__ x, const float* a,
         v[c] = __fadd_rn(xv[c], n);
         if (i < d) sr[i] = v[c];
     }
-    #pragma unroll
-    for (int c = 0; c < NORM_HELD; c++) {  // the second norm's gammas
-        int i = threadIdx.x + c * blockDim.x;
-        g[c] = i < d && g2 ? g2[i] : 1.0f;
-    }
     float inv2 = row_inv_rms(v, sr, d, eps2, part);
     #pragma unroll
     for (int c = 0; c < NORM_HELD; c++) {
         int i = threadIdx.x + c * blockDim.x;
         if (i >= d) break;
-        norm_store<OUT>(v[c] * inv2 * g[c], base + i, (float*)y16, qs, qd);
+        norm_store<OUT>(v[c] * inv2 * h[c], base + i, (float*)y16, qs, qd);
     }
     for (int i = threadIdx.x + NORM_HELD * blockDim.x; i < d; i += blockDim.x)
         norm_store<OUT>(sr[i] * inv2 * (g2 ? g2[i] : 1.0f), base + i, (float*)y16, qs, qd);
@@ -1611,33 +1606,38 @@ extern "C" __global__ void head_prep(const float* qx, const float* qg, int qn, f
                                      const float* vx, const float* vg, int vn, float veps,
                                      void* kc, void* vc, const int* rows, int kt, int vt, int hq,
                                      int hkv, int hd, int qstride, int kstride, int vstride) {
-    pdl_begin();
     HeadPart qp = {qx, qg, qn, qeps, qpos, qinv, qrot, qstride};
     HeadPart kp = {kx, kg, kn, keps, kpos, kinv, krot, kstride};
     HeadPart vp = {vx, vg, vn, veps, nullptr, nullptr, 0, vstride};
     __shared__ float part[32];
-    __shared__ float normed[512], roped[512];
+    __shared__ float normed[512], roped[512], inv[256];
     int per = hq + 2 * hkv;
     int t = blockIdx.x / per, j = blockIdx.x % per;
     bool is_q = j < hq, is_k = !is_q && j < hq + hkv;
     int head = is_q ? j : is_k ? j - hq : j - hq - hkv;
     const HeadPart hp = is_q ? qp : is_k ? kp : vp;
-    int heads = is_q ? hq : hkv;
+    // The step's positions and K/V rows and the rope table, which no kernel
+    // writes: loaded before the wait for the kernel before (which wrote x),
+    // not in the chain after it. norm_head's barrier publishes `inv`.
+    int p = hp.pos ? hp.pos[t] : 0;
+    size_t row = is_q ? 0 : (size_t)rows[t];
+    for (int i = threadIdx.x; i < hp.n_rot / 2; i += blockDim.x) inv[i] = hp.inv[i];
+    pdl_begin();
     norm_head(hp.x + (size_t)t * hp.stride + (size_t)head * hd, hp.gamma, hp.norm, hd, hp.eps,
               part, normed);
     if (is_q) {
-        rope_head(normed, qy + ((size_t)t * hq + head) * hd, hd, hp.pos[t], hp.inv, hp.n_rot);
+        rope_head(normed, qy + ((size_t)t * hq + head) * hd, hd, p, inv, hp.n_rot);
         return;
     }
     const float* src = normed;
     if (is_k) {
-        rope_head(normed, roped, hd, hp.pos[t], hp.inv, hp.n_rot);
+        rope_head(normed, roped, hd, p, inv, hp.n_rot);
         __syncthreads();
         src = roped;
     }
     int units = hd >> 5;
     for (int u = threadIdx.x; u < units; u += blockDim.x)
-        kv_store_unit(is_k ? kc : vc, is_k ? kt : vt, (size_t)rows[t], hkv * hd, head * units + u,
+        kv_store_unit(is_k ? kc : vc, is_k ? kt : vt, row, hkv * hd, head * units + u,
                       src + 32 * u, 32);
 }
 
@@ -1966,7 +1966,9 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
     int pv = lane % NV, pt = pv / ATTN_MAXG, ph = pv % ATTN_MAXG;
     // The key lists come from the step's metadata, which no kernel writes:
     // they are read before waiting for the kernel before, which wrote q and
-    // this step's K/V rows.
+    // this step's K/V rows, the warp's first chunk's block entry included.
+    int ch0 = e0 * CPB + warp, phys0 = 0, lo0 = 0;
+    if (ch0 < e_end * CPB) keys.block(ch0 / CPB, &phys0, &lo0);
     pdl_begin();
     const float* qr = q + ((size_t)qi * hq + h0) * hd;
     // Zeros past the heads: a lane's piece may run past a row's end.
@@ -1981,8 +1983,8 @@ __device__ void attention_body(const float* q, const void* kc, const void* vc, K
     __syncthreads();
     for (int ch = e0 * CPB + warp; ch < e_end * CPB; ch += AW) {
         int e = ch / CPB, r0 = (ch % CPB) * KPW;
-        int phys, lo;
-        keys.block(e, &phys, &lo);
+        int phys = phys0, lo = lo0;
+        if (ch != ch0) keys.block(e, &phys, &lo);
         // A query in a span may see any block's keys of its span.
         if (lo + r0 >= end ||
             (qspan == 0 && !range_visible(mask, window, qp, lo + r0, lo + r0 + KPW - 1)))

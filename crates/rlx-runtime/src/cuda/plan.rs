@@ -817,9 +817,10 @@ impl HeadPrep {
 /// Only where they are consecutive launches in `steps` (so that nothing in
 /// between reads or reuses their memory), every folded value has its
 /// step as only user, heads are whole K/V units (a multiple of 32, at most
-/// 512) of one size for q, k and v, and the q output overlaps neither the
-/// k nor the v input (nor the q input, unless it starts where it does: a
-/// block reads its head before writing it).
+/// 512) of one size for q, k and v, the ropes' positions are a step input
+/// (the kernel reads them before waiting for the kernel before), and the q
+/// output overlaps neither the k nor the v input (nor the q input, unless
+/// it starts where it does: a block reads its head before writing it).
 pub(super) fn find_head_preps(
     g: &Graph,
     steps: &[NodeId],
@@ -896,9 +897,13 @@ pub(super) fn find_head_preps(
                 }
                 _ => false,
             };
+            let stepped =
+                |rope: NodeId| matches!(locs[g.node(rope).inputs[1].index()], Loc::Input(_));
             let safe = may_write(locs, q_rope, k_in, false)
                 && may_write(locs, q_rope, v_in, false)
-                && may_write(locs, q_rope, q_in, true);
+                && may_write(locs, q_rope, q_in, true)
+                && stepped(q_rope)
+                && stepped(k_rope);
             if consecutive && whole && safe {
                 found.insert(uses.order[pos[0]], prep);
                 break;
