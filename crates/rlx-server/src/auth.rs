@@ -10,9 +10,9 @@ use axum::response::{IntoResponse, Response};
 use crate::response::ApiError;
 use crate::Server;
 
-/// With an API key set, every route but `/health` needs
-/// `Authorization: Bearer KEY` (or `x-api-key: KEY`, as Anthropic's clients
-/// send it); the key is compared in constant time.
+/// With an API key set, every route but `/health` and the chat page's files
+/// needs `Authorization: Bearer KEY` (or `x-api-key: KEY`, as Anthropic's
+/// clients send it); the key is compared in constant time.
 pub(crate) async fn authorize(
     State(s): State<Arc<Server>>,
     headers: HeaderMap,
@@ -22,7 +22,8 @@ pub(crate) async fn authorize(
     let Some(key) = &s.opts.api_key else {
         return next.run(request).await;
     };
-    if request.uri().path() == "/health" {
+    let path = request.uri().path();
+    if path == "/health" || (s.opts.webui && crate::webui::is_page(path)) {
         return next.run(request).await;
     }
     let given = headers

@@ -25,6 +25,7 @@ mod reply;
 mod response;
 mod responses;
 mod routes;
+mod webui;
 
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
@@ -64,10 +65,12 @@ pub struct ServerOptions {
     /// Called after every completion request, e.g. to log it.
     pub on_request: Option<RequestHook>,
     /// Requests must carry `Authorization: Bearer KEY` (all routes but
-    /// `/health`).
+    /// `/health` and the chat page's files).
     pub api_key: Option<String>,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// Serve the chat page at `/` (its files need no API key).
+    pub webui: bool,
 }
 
 impl ServerOptions {
@@ -80,6 +83,7 @@ impl ServerOptions {
             on_request: None,
             api_key: None,
             max_body_bytes: 4 << 20,
+            webui: true,
         }
     }
 }
@@ -247,7 +251,13 @@ impl Server {
     /// The HTTP routes.
     pub fn router(self: Arc<Self>) -> Router {
         let limit = self.opts.max_body_bytes;
-        Router::new()
+        let mut router = Router::new();
+        if self.opts.webui {
+            for path in webui::paths() {
+                router = router.route(path, get(move || async move { webui::file(path) }));
+            }
+        }
+        router
             .route("/health", get(health))
             .route("/metrics", get(metrics_text))
             .route("/v1/models", get(models))
@@ -277,11 +287,13 @@ impl Server {
 }
 
 /// Serves on `listener` at once: until `load` yields the server, `/health`
-/// answers 503 `{"status": "loading"}` and every other route 503 in
-/// OpenAI's error shape; then the server's routes. A load that fails ends
+/// answers 503 `{"status": "loading"}`, the chat page (with `webui`) its
+/// files, and every other route 503 in OpenAI's error shape; then the
+/// server's routes. A load that fails ends
 /// serving with its error; otherwise serving ends when `shutdown` completes.
 pub async fn serve_loading(
     listener: tokio::net::TcpListener,
+    webui: bool,
     load: impl Future<Output = Result<Arc<Server>, String>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -302,18 +314,23 @@ pub async fn serve_loading(
     let app = Router::new().fallback(move |request: Request| {
         let ready = Arc::clone(&ready);
         async move {
-            match ready.get() {
-                Some(router) => match router.clone().oneshot(request).await {
+            // The chat page loads at once and waits for the model.
+            let page = webui && webui::is_page(request.uri().path());
+            match (ready.get(), page) {
+                (Some(router), _) => match router.clone().oneshot(request).await {
                     Ok(r) => r,
                     Err(never) => match never {},
                 },
-                None if request.uri().path() == "/health" => (
+                (None, true) => webui::file(request.uri().path()),
+                (None, false) if request.uri().path() == "/health" => (
                     StatusCode::SERVICE_UNAVAILABLE,
                     Json(json!({"status": "loading"})),
                 )
                     .into_response(),
-                None => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the model is loading")
-                    .into_response(),
+                (None, false) => {
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the model is loading")
+                        .into_response()
+                }
             }
         }
     });

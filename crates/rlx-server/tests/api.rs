@@ -879,7 +879,7 @@ fn a_burst_past_the_queue_gets_429_and_the_rest_complete() {
 }
 
 #[test]
-fn an_api_key_guards_every_route_but_health() {
+fn an_api_key_guards_every_route_but_health_and_the_chat_page() {
     let srv = TestServer::start_full(
         EngineOptions {
             parallel: 1,
@@ -893,6 +893,11 @@ fn an_api_key_guards_every_route_but_health() {
         },
     );
     assert_eq!(srv.request("GET", "/health", None).0, 200);
+    // The chat page's files load without the key (a browser cannot send
+    // one); the page asks for it and sends it with its API requests.
+    for path in ["/", "/app.js", "/style.css"] {
+        assert_eq!(srv.request("GET", path, None).0, 200, "{path}");
+    }
     let (status, head, body) = srv.request_with("GET", "/v1/models", None, "");
     assert_eq!(status, 401);
     assert!(head.contains("www-authenticate: bearer"), "{head}");
@@ -907,6 +912,60 @@ fn an_api_key_guards_every_route_but_health() {
     assert_eq!(status, 413, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["error"]["type"], "invalid_request_error");
+}
+
+#[test]
+fn the_chat_page_is_served_from_the_binary_unless_turned_off() {
+    let srv = TestServer::start();
+    let web = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("web");
+    for (path, file, kind) in [
+        ("/", "index.html", "text/html"),
+        ("/app.js", "app.js", "text/javascript"),
+        ("/style.css", "style.css", "text/css"),
+    ] {
+        let (status, head, body) = srv.request_with("GET", path, None, "");
+        assert_eq!(status, 200, "{path}");
+        assert!(
+            head.contains(&format!("content-type: {kind}")),
+            "{path}: {head}"
+        );
+        assert!(head.contains("cache-control: no-cache"), "{path}: {head}");
+        assert_eq!(
+            body,
+            std::fs::read_to_string(web.join(file)).unwrap(),
+            "{path}"
+        );
+    }
+    // Everything the page needs is in those files: the page links only
+    // relative paths, and the script names no other origin.
+    let (_, page) = srv.request("GET", "/", None);
+    for attr in ["src=\"", "href=\""] {
+        for link in page.split(attr).skip(1) {
+            let url = link.split('"').next().unwrap();
+            assert!(!url.contains("//") && !url.contains(':'), "{attr}{url}");
+        }
+    }
+    let (_, script) = srv.request("GET", "/app.js", None);
+    for quote in ["'", "\"", "`"] {
+        assert!(
+            !script.contains(&format!("{quote}http")),
+            "{quote}http in app.js"
+        );
+        assert!(
+            !script.contains(&format!("{quote}//")),
+            "{quote}// in app.js"
+        );
+    }
+    let off = TestServer::start_full(
+        EngineOptions::default(),
+        ServerOptions {
+            webui: false,
+            ..ServerOptions::new("tiny")
+        },
+    );
+    for path in ["/", "/app.js", "/style.css"] {
+        assert_eq!(off.request("GET", path, None).0, 404, "{path}");
+    }
 }
 
 #[test]
@@ -1051,6 +1110,7 @@ fn health_is_503_while_loading_and_a_failed_load_ends_serving() {
     let (give, server) = tokio::sync::oneshot::channel::<Arc<Server>>();
     let serving = runtime.spawn(rlx_server::serve_loading(
         listener,
+        true,
         async move { server.await.map_err(|e| e.to_string()) },
         std::future::pending(),
     ));
@@ -1061,6 +1121,10 @@ fn health_is_503_while_loading_and_a_failed_load_ends_serving() {
     };
     let (status, body) = probe.request("GET", "/health", None);
     assert_eq!((status, body.as_str()), (503, r#"{"status":"loading"}"#));
+    // The chat page loads at once, and waits for the model itself.
+    let (status, body) = probe.request("GET", "/", None);
+    assert_eq!(status, 200);
+    assert!(body.contains("<script"), "{body}");
     let (status, v) = probe.post("/v1/completions", &json!({"prompt": "hi"}));
     assert_eq!(status, 503);
     assert!(v["error"]["message"].as_str().unwrap().contains("loading"));
@@ -1090,6 +1154,7 @@ fn health_is_503_while_loading_and_a_failed_load_ends_serving() {
     let err = runtime
         .block_on(rlx_server::serve_loading(
             listener,
+            false,
             async { Err::<Arc<Server>, _>("no such model".to_owned()) },
             std::future::pending(),
         ))
@@ -2139,6 +2204,55 @@ fn the_ollama_anthropic_and_responses_clients_round_trip() {
     let out = std::process::Command::new(&python)
         .arg(&script)
         .arg(format!("http://{}", server.addr))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}
+
+/// The chat page in headless Chromium against the real 270M model
+/// (`tests/webui.py`:
+/// a reply streams and finishes with its speed and context use shown, the
+/// conversation survives a reload, regenerate, stop, edit, a phone-sized
+/// screen). Runs where Chromium is installed (CI installs it; `CHROMIUM`
+/// names another binary); elsewhere says it was skipped.
+#[test]
+fn the_chat_page_works_in_a_browser() {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "chromium".into());
+    let has_browser = std::process::Command::new(&chromium)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_browser {
+        eprintln!("skipped: no {chromium} to drive the chat page (apt-get install chromium)");
+        return;
+    }
+    // The real model: real text, at the pace a user sees it stream.
+    let server = TestServer::start_model(
+        Model::load(
+            real_model::real_model(),
+            ModelOptions {
+                threads: 2,
+                ..ModelOptions::default()
+            },
+        )
+        .unwrap(),
+        EngineOptions {
+            parallel: 1,
+            context: 4096,
+            ..EngineOptions::default()
+        },
+        ServerOptions::new("gemma-3-270m"),
+    );
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/webui.py");
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://{}", server.addr))
+        .args(["--chromium", &chromium, "--long-reply", "2000"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -39,6 +39,9 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long = "max-body", default_value_t = 4 << 20)]
     pub max_body: usize,
+    /// Do not serve the chat page at `/`.
+    #[arg(long = "no-webui")]
+    pub no_webui: bool,
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
@@ -59,9 +62,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         on_request: Some(Arc::new(|r: &RequestLog| eprintln!("{r}"))),
         api_key: args.api_key.clone(),
         max_body_bytes: args.max_body,
+        webui: !args.no_webui,
         ..ServerOptions::new(name)
     };
     let (model_args, ctx, max_queue) = (args.model.clone(), args.ctx, args.max_queue);
+    let webui = !args.no_webui;
     let sample = args.sample.clone();
     // The model loads while the port already answers /health with 503.
     let load = move || -> Result<Server> {
@@ -96,6 +101,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
         eprintln!("listening on http://{local} (loading the model); Ctrl-C or SIGTERM stops");
+        if webui {
+            eprintln!("chat page: http://{local}/");
+        }
         let loading = async move {
             match tokio::task::spawn_blocking(load).await {
                 Ok(Ok(server)) => Ok(Arc::new(server)),
@@ -125,7 +133,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 let _ = tokio::signal::ctrl_c().await;
             }
         };
-        rlx_server::serve_loading(listener, loading, shutdown)
+        rlx_server::serve_loading(listener, webui, loading, shutdown)
             .await
             .context("server failed")
     })
