@@ -47,6 +47,20 @@ enum Command {
     /// List the models found by name: rlx's cache ($RLX_HOME or
     /// ~/.cache/rlx/models), Ollama, LM Studio, the Hugging Face cache.
     Models,
+    /// Download a model into rlx's cache, from Hugging Face or Ollama's
+    /// registry.
+    ///
+    /// `hf.co/ORG/REPO[:QUANT]` or `ORG/REPO[:QUANT]` (a name with a slash)
+    /// is a Hugging Face repo: its .gguf whose name has QUANT, Q4_K_M when
+    /// none is given. `NAME[:TAG]` (no slash) or
+    /// `ollama.com/[USER/]NAME[:TAG]` is Ollama's (tag `latest` when none is
+    /// given; a user's model needs `ollama.com/` before it). A cut download
+    /// continues where it stopped, also when run again; the file's SHA-256
+    /// is checked. `rlx models` lists it afterwards, and `-m` takes the
+    /// name printed. `HF_TOKEN` is sent to Hugging Face; `HF_ENDPOINT` and
+    /// `OLLAMA_REGISTRY` change the hubs.
+    #[command(after_help = PULL_EXAMPLES)]
+    Pull(cmd::pull::PullArgs),
     /// Requantize a GGUF file as llama-quantize does (its type mixes).
     ///
     /// Example: rlx quantize model-f16.gguf model-q4_k_m.gguf --type Q4_K_M
@@ -64,6 +78,11 @@ enum Command {
     /// Example: rlx detokenize --tokens 2,9259,1902
     Detokenize(cmd::tokenize::DetokenizeArgs),
 }
+
+const PULL_EXAMPLES: &str = "Examples:
+  rlx pull hf.co/unsloth/gemma-3-270m-it-GGUF:Q8_0
+  rlx pull gemma3:270m
+  rlx run -m ggml-org/gemma-3-1b-it-GGUF --pull \"Hello\"";
 
 /// llama.cpp's single-dash flags of several letters (which clap's short
 /// flags cannot spell) as rlx's long ones, so its users' commands work.
@@ -84,9 +103,33 @@ fn args() -> Vec<std::ffi::OsString> {
         .collect()
 }
 
+impl Command {
+    /// The model options of a command that loads one.
+    fn model_args(&self) -> Option<&cmd::common::ModelArgs> {
+        match self {
+            Command::Score(a) => Some(&a.model),
+            Command::Generate(a) => Some(&a.model),
+            Command::Bench(a) => Some(&a.model),
+            Command::Run(a) => Some(&a.model),
+            Command::Chat(a) => Some(&a.model),
+            Command::Serve(a) => Some(&a.model),
+            Command::Perplexity(a) => Some(&a.model),
+            _ => None,
+        }
+    }
+}
+
+/// `--pull`: the model fetched before the command looks for it.
+fn pull_first(command: &Command) -> anyhow::Result<()> {
+    match command.model_args() {
+        Some(m) if m.pull => cmd::pull::ensure_local(&m.model),
+        _ => Ok(()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse_from(args());
-    let result = match cli.command {
+    let result = pull_first(&cli.command).and_then(|()| match cli.command {
         Command::Info(args) => cmd::info::run(&args),
         Command::Score(args) => cmd::score::run(&args),
         Command::Generate(args) => cmd::generate::run(&args),
@@ -95,11 +138,12 @@ fn main() -> ExitCode {
         Command::Chat(args) => cmd::chat::run(&args),
         Command::Serve(args) => cmd::serve::run(&args),
         Command::Models => cmd::models::run(),
+        Command::Pull(args) => cmd::pull::run(&args),
         Command::Quantize(args) => cmd::quantize::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Tokenize(args) => cmd::tokenize::run_tokenize(&args),
         Command::Detokenize(args) => cmd::tokenize::run_detokenize(&args),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,

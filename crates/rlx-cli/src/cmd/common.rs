@@ -17,6 +17,11 @@ pub struct ModelArgs {
     /// (`rlx models` lists them).
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
+    /// Fetch the model into rlx's cache first when no store has it, as
+    /// `rlx pull` does (`-m ORG/REPO[:QUANT]` from Hugging Face, `-m
+    /// NAME[:TAG]` from Ollama's registry).
+    #[arg(long)]
+    pub pull: bool,
     /// Quantize the weights as they load, with llama-quantize's mix for this
     /// file type (Q8_0, Q4_0, Q4_K_M, Q6_K, …; see `rlx quantize`): for a
     /// checkpoint of f32/f16/bf16 weights, or to requantize a GGUF.

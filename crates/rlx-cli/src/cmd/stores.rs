@@ -1,10 +1,13 @@
-//! GGUF files where users already keep them: rlx's own cache, Ollama's
-//! store (its manifests map `gemma3:270m` to a blob), LM Studio's models
-//! folder and the Hugging Face hub cache. Read only; nothing is fetched.
+//! GGUF files where users already keep them: rlx's own cache (with what
+//! `rlx pull` fetched), Ollama's store (its manifests map `gemma3:270m` to a
+//! blob), LM Studio's models folder and the Hugging Face hub cache. Read
+//! only; nothing is fetched here.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
+
+use super::remote::{self, Remote};
 
 /// Where each store lives.
 #[derive(Clone, Debug, Default)]
@@ -67,9 +70,10 @@ pub struct Found {
 pub fn list(roots: &Roots) -> Vec<Found> {
     let mut out = Vec::new();
     if let Some(dir) = &roots.rlx {
-        for p in gguf_files(dir) {
-            let name = p.file_stem().map(|s| s.to_string_lossy().into_owned());
-            push(&mut out, name.unwrap_or_default(), "rlx", p);
+        // `rlx pull` keeps a repo's files in ORG/REPO/, a user's Ollama
+        // models in USER/.
+        for p in walk_gguf(dir, 3) {
+            push(&mut out, rlx_name(dir, &p), "rlx", p);
         }
     }
     for root in &roots.ollama {
@@ -105,6 +109,17 @@ fn push(out: &mut Vec<Found>, name: String, store: &'static str, path: PathBuf) 
     });
 }
 
+/// The name `-m` takes for a file in rlx's cache: its path there, without
+/// `.gguf`.
+pub fn rlx_name(cache: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(cache).unwrap_or(file);
+    let name = slashed(rel);
+    match name.len().checked_sub(".gguf".len()) {
+        Some(cut) if name[cut..].eq_ignore_ascii_case(".gguf") => name[..cut].to_owned(),
+        _ => name,
+    }
+}
+
 /// A relative path with `/` between its parts.
 fn slashed(p: &Path) -> String {
     p.components()
@@ -114,34 +129,53 @@ fn slashed(p: &Path) -> String {
 }
 
 /// The model a name means: a path; a name in rlx's cache (with or without
-/// `.gguf`); an Ollama name (`gemma3:270m`, `gemma3` for `:latest`,
-/// `user/model:tag`); an LM Studio `publisher/repo[/file.gguf]`; a Hugging
-/// Face `org/repo[/file.gguf]` or `org/repo:QUANT` (the file whose name has
-/// QUANT). A name that fits several files is an error that lists them.
+/// `.gguf`, or the name it was pulled by); an Ollama name (`gemma3:270m`,
+/// `gemma3` for `:latest`, `user/model:tag`); an LM Studio
+/// `publisher/repo[/file.gguf]`; a Hugging Face `org/repo[/file.gguf]` or
+/// `org/repo:QUANT` (the file whose name has QUANT). A hub's host before
+/// the name (`hf.co/`, `ollama.com/`) is read past. A name that fits
+/// several files is an error that lists them.
 pub fn resolve(given: &Path, roots: &Roots) -> Result<PathBuf> {
-    if given.exists() {
-        return Ok(given.to_owned());
+    match find(given, roots)? {
+        Some(path) => Ok(path),
+        None => {
+            let name = given.to_string_lossy();
+            bail!(
+                "model {name} not found: not a file, nor a model in rlx's cache, Ollama, LM Studio or the Hugging Face cache (`rlx models` lists them; `rlx pull {name}` or --pull fetches it; scripts/fetch-model.sh fetches the default one)"
+            )
+        }
     }
-    let name = given.to_string_lossy();
+}
+
+/// As `resolve`, `None` where no store has the name.
+pub fn find(given: &Path, roots: &Roots) -> Result<Option<PathBuf>> {
+    if given.exists() {
+        return Ok(Some(given.to_owned()));
+    }
+    let given_name = given.to_string_lossy();
+    let name = remote::without_host(&given_name);
     if let Some(dir) = &roots.rlx {
-        for candidate in [dir.join(given), dir.join(format!("{name}.gguf"))] {
+        for candidate in [dir.join(name), dir.join(format!("{name}.gguf"))] {
             if candidate.is_file() {
-                return Ok(candidate);
+                return Ok(Some(candidate));
             }
+        }
+        if let Some(p) = one_of(&given_name, pulled(dir, &given_name))? {
+            return Ok(Some(p));
         }
     }
     for root in &roots.ollama {
-        if let Some(blob) = ollama_blob(root, &name) {
-            return Ok(blob);
+        if let Some(blob) = ollama_blob(root, name) {
+            return Ok(Some(blob));
         }
     }
     let (base, quant) = match name.rsplit_once(':') {
-        Some((b, q)) if !q.contains('/') => (b.to_owned(), Some(q.to_ascii_lowercase())),
-        _ => (name.to_string(), None),
+        Some((b, q)) if !q.contains('/') => (b.to_owned(), Some(q)),
+        _ => (name.to_owned(), None),
     };
     let mut matches: Vec<PathBuf> = Vec::new();
     for root in &roots.lmstudio {
-        matches.extend(pick(&root.join(&base), 2, quant.as_deref()));
+        matches.extend(pick(&root.join(&base), 2, quant));
     }
     if let Some(hub) = &roots.hf {
         let mut parts = base.splitn(3, '/');
@@ -155,16 +189,20 @@ pub fn resolve(given: &Path, roots: &Roots) -> Result<PathBuf> {
                             matches.push(p);
                         }
                     }
-                    None => matches.extend(pick(&snapshot, 2, quant.as_deref())),
+                    None => matches.extend(pick(&snapshot, 2, quant)),
                 }
             }
         }
     }
+    one_of(&given_name, matches)
+}
+
+/// The one file of `matches`, `None` for none; several are an error that
+/// lists them.
+fn one_of(name: &str, mut matches: Vec<PathBuf>) -> Result<Option<PathBuf>> {
     match matches.len() {
-        1 => Ok(matches.remove(0)),
-        0 => bail!(
-            "model {name} not found: not a file, nor a model in rlx's cache, Ollama, LM Studio or the Hugging Face cache (`rlx models` lists them; fetch the default one with scripts/fetch-model.sh)"
-        ),
+        0 => Ok(None),
+        1 => Ok(Some(matches.remove(0))),
         _ => {
             let list: Vec<String> = matches.iter().map(|p| p.display().to_string()).collect();
             bail!(
@@ -173,6 +211,35 @@ pub fn resolve(given: &Path, roots: &Roots) -> Result<PathBuf> {
                 list.join("\n  ")
             )
         }
+    }
+}
+
+/// What `rlx pull NAME` left in rlx's cache for `name`.
+fn pulled(cache: &Path, name: &str) -> Vec<PathBuf> {
+    let Ok(remote) = Remote::parse(name) else {
+        return Vec::new();
+    };
+    let file = match remote {
+        Remote::Ollama {
+            namespace,
+            model,
+            tag,
+        } => Remote::ollama_file(cache, &namespace, &model, &tag),
+        Remote::HuggingFace {
+            repo,
+            file: Some(f),
+            ..
+        } => Remote::hf_folder(cache, &repo).join(f.rsplit('/').next().unwrap_or(&f)),
+        Remote::HuggingFace {
+            repo,
+            quant,
+            file: None,
+        } => return pick(&Remote::hf_folder(cache, &repo), 1, quant.as_deref()),
+    };
+    if file.is_file() {
+        vec![file]
+    } else {
+        Vec::new()
     }
 }
 
@@ -189,20 +256,27 @@ fn pick(dir: &Path, depth: usize, quant: Option<&str>) -> Vec<PathBuf> {
     if !dir.is_dir() {
         return Vec::new();
     }
-    walk_gguf(dir, depth)
-        .into_iter()
-        .filter(|p| {
-            quant.is_none_or(|q| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().to_ascii_lowercase().contains(q))
-            })
+    let files = walk_gguf(dir, depth);
+    let Some(q) = quant else {
+        return files;
+    };
+    let names: Vec<String> = files
+        .iter()
+        .map(|p| {
+            p.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned()
         })
+        .collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let chosen = remote::matching_quant(&refs, q);
+    files
+        .into_iter()
+        .zip(&names)
+        .filter(|(_, n)| chosen.contains(&n.as_str()))
+        .map(|(p, _)| p)
         .collect()
-}
-
-/// The `.gguf` files directly in `dir`.
-fn gguf_files(dir: &Path) -> Vec<PathBuf> {
-    walk_gguf(dir, 1)
 }
 
 /// Model `.gguf` files under `dir`, `depth` levels down at most, sorted;

@@ -1,0 +1,361 @@
+//! One file over HTTP into rlx's cache: written to `FILE.partial`,
+//! continued with a `Range` request after a cut connection or an earlier
+//! run, its SHA-256 checked before it takes its name.
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use sha2::{Digest, Sha256};
+use ureq::config::RedirectAuthHeaders;
+use ureq::http::Response;
+use ureq::{Agent, Body};
+
+/// Tries in a row that bring no new byte before a download gives up.
+const TRIES: u32 = 5;
+/// A connection that sends nothing for this long counts as cut.
+const STALL: Duration = Duration::from_secs(60);
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// The HTTP client every request of a pull goes through.
+pub fn agent() -> Agent {
+    Agent::config_builder()
+        // Statuses are read here, to say what a 404 or a 401 means.
+        .http_status_as_error(false)
+        .user_agent(concat!("rlx/", env!("CARGO_PKG_VERSION")))
+        // A token goes to the hub, not to the storage it redirects to.
+        .redirect_auth_headers(RedirectAuthHeaders::SameHost)
+        .timeout_connect(Some(Duration::from_secs(30)))
+        .timeout_per_read(Some(STALL))
+        .build()
+        .into()
+}
+
+/// A GET, with a bearer token when given.
+pub fn get(
+    agent: &Agent,
+    url: &str,
+    token: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Result<Response<Body>> {
+    let mut req = agent.get(url);
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.call().with_context(|| format!("GET {url}"))
+}
+
+/// A reply whose status was not a success: callers turn the ones they can
+/// explain (404, 401) into what they mean.
+#[derive(Debug)]
+pub struct HttpStatus {
+    pub url: String,
+    pub status: u16,
+}
+
+impl fmt::Display for HttpStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GET {}: HTTP {}", self.url, self.status)
+    }
+}
+
+impl std::error::Error for HttpStatus {}
+
+/// The status of an error from `get` or `download`, when a server sent one.
+pub fn status_of(e: &anyhow::Error) -> Option<u16> {
+    e.downcast_ref::<HttpStatus>().map(|s| s.status)
+}
+
+/// What to fetch and what it must be.
+pub struct Blob<'a> {
+    pub url: String,
+    pub token: Option<&'a str>,
+    /// The size the hub lists, when it does.
+    pub bytes: Option<u64>,
+    /// The SHA-256 the hub lists (hex), when it does.
+    pub sha256: Option<String>,
+}
+
+/// What `download` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Fetched,
+    /// The file was there already, whole.
+    AlreadyThere,
+}
+
+/// Fetches `blob` to `dest`, continuing a `dest.partial` left before;
+/// a bar on stderr when `progress`.
+pub fn download(agent: &Agent, blob: &Blob, dest: &Path, progress: bool) -> Result<Outcome> {
+    if let Ok(meta) = std::fs::metadata(dest) {
+        if meta.is_file() && blob.bytes.is_none_or(|b| b == meta.len()) {
+            return Ok(Outcome::AlreadyThere);
+        }
+    }
+    if let Some(dir) = dest.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let partial = partial_path(dest);
+    let mut part = Partial::open(&partial)?;
+    if part.bytes > 0 {
+        eprintln!(
+            "continuing {} from {}",
+            file_name(dest),
+            human_bytes(part.bytes)
+        );
+    }
+    let bar = bar(progress, blob.bytes, dest);
+    bar.set_position(part.bytes);
+    let mut total = blob.bytes;
+    let mut tries_without_bytes = 0;
+    let started = Instant::now();
+    while total != Some(part.bytes) {
+        if total.is_some_and(|t| part.bytes > t) {
+            part.restart()?;
+        }
+        let from = part.bytes;
+        let range = format!("bytes={from}-");
+        let headers: &[(&str, &str)] = if from > 0 { &[("Range", &range)] } else { &[] };
+        // Why this request ended before the file did, if it did.
+        let broke: Option<String> = match get(agent, &blob.url, blob.token, headers) {
+            Ok(resp) => match resp.status().as_u16() {
+                206 if from > 0 && content_range_start(&resp) == Some(from) => {
+                    part.fill(resp.into_body(), &bar)?
+                }
+                // 200 is the whole file: a server that ignores ranges.
+                200 => {
+                    part.restart()?;
+                    bar.set_position(0);
+                    if total.is_none() {
+                        total = resp.body().content_length();
+                        if let Some(t) = total {
+                            bar.set_length(t);
+                        }
+                    }
+                    part.fill(resp.into_body(), &bar)?
+                }
+                // The part kept is not a prefix the server knows: anew.
+                206 | 416 => {
+                    part.restart()?;
+                    Some(format!("the server did not continue at byte {from}"))
+                }
+                status => {
+                    bar.finish_and_clear();
+                    part.discard_if_empty();
+                    return Err(HttpStatus {
+                        url: blob.url.clone(),
+                        status,
+                    }
+                    .into());
+                }
+            },
+            Err(e) => Some(format!("{e:#}")),
+        };
+        let complete = total.map_or(broke.is_none(), |t| part.bytes >= t);
+        if complete {
+            break;
+        }
+        let why = broke.unwrap_or_else(|| "the connection closed early".to_owned());
+        tries_without_bytes = if part.bytes > from {
+            1
+        } else {
+            tries_without_bytes + 1
+        };
+        if tries_without_bytes > TRIES {
+            bar.finish_and_clear();
+            part.discard_if_empty();
+            bail!(
+                "{} stopped at {} of {} after {TRIES} tries ({why}); run again to continue from there",
+                file_name(dest),
+                human_bytes(part.bytes),
+                total.map_or("?".into(), human_bytes)
+            );
+        }
+        bar.suspend(|| {
+            eprintln!(
+                "{}: {why}; continuing from {}",
+                file_name(dest),
+                human_bytes(part.bytes)
+            )
+        });
+        std::thread::sleep(Duration::from_millis(200 * u64::from(tries_without_bytes)));
+    }
+    bar.finish_and_clear();
+    let (bytes, actual) = part.finish()?;
+    if let Some(want) = blob.bytes.filter(|&w| w != bytes) {
+        let _ = std::fs::remove_file(&partial);
+        bail!(
+            "{}: {bytes} bytes, but the hub lists {want}; the download was deleted",
+            file_name(dest)
+        );
+    }
+    if let Some(want) = &blob.sha256 {
+        if !want.eq_ignore_ascii_case(&actual) {
+            let _ = std::fs::remove_file(&partial);
+            bail!(
+                "{}: checksum mismatch: expected sha256 {want}, got sha256 {actual}; the download was deleted (run again to fetch it anew)",
+                file_name(dest)
+            );
+        }
+    }
+    std::fs::rename(&partial, dest)
+        .with_context(|| format!("cannot rename {} to {}", partial.display(), dest.display()))?;
+    eprintln!(
+        "fetched {} ({}) in {:.1} s{}",
+        file_name(dest),
+        human_bytes(bytes),
+        started.elapsed().as_secs_f64(),
+        if blob.sha256.is_some() {
+            ", sha256 verified"
+        } else {
+            ""
+        }
+    );
+    Ok(Outcome::Fetched)
+}
+
+/// Where a download of `dest` is kept until it is whole and checked.
+pub fn partial_path(dest: &Path) -> PathBuf {
+    let mut name = dest.file_name().unwrap_or_default().to_owned();
+    name.push(".partial");
+    dest.with_file_name(name)
+}
+
+/// The file being written, and the hash of what it holds so far.
+struct Partial {
+    path: PathBuf,
+    file: File,
+    hash: Sha256,
+    bytes: u64,
+}
+
+impl Partial {
+    /// Opens `path` to append, hashing what an earlier run left in it.
+    fn open(path: &Path) -> Result<Partial> {
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        let mut hash = Sha256::new();
+        let mut buf = vec![0u8; CHUNK_BYTES];
+        let mut bytes = 0u64;
+        loop {
+            let n = file
+                .read(&mut buf)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            if n == 0 {
+                break;
+            }
+            hash.update(&buf[..n]);
+            bytes += n as u64;
+        }
+        Ok(Partial {
+            path: path.to_owned(),
+            file,
+            hash,
+            bytes,
+        })
+    }
+
+    /// Leaves no empty file behind a download that never started.
+    fn discard_if_empty(&self) {
+        if self.bytes == 0 {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
+    fn restart(&mut self) -> Result<()> {
+        self.file
+            .set_len(0)
+            .with_context(|| format!("cannot truncate {}", self.path.display()))?;
+        self.hash = Sha256::new();
+        self.bytes = 0;
+        Ok(())
+    }
+
+    /// Appends the body until it ends, or breaks: then why (what arrived
+    /// stays). A file that cannot be written is the error.
+    fn fill(&mut self, body: Body, bar: &ProgressBar) -> Result<Option<String>> {
+        let mut reader = body.into_reader();
+        let mut buf = vec![0u8; CHUNK_BYTES];
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => return Ok(None),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Ok(Some(format!("the connection broke: {e}"))),
+            };
+            self.file
+                .write_all(&buf[..n])
+                .with_context(|| format!("cannot write {}", self.path.display()))?;
+            self.hash.update(&buf[..n]);
+            self.bytes += n as u64;
+            bar.set_position(self.bytes);
+        }
+    }
+
+    /// Flushes the file; its size and SHA-256 (hex).
+    fn finish(self) -> Result<(u64, String)> {
+        self.file
+            .sync_all()
+            .with_context(|| format!("cannot write {}", self.path.display()))?;
+        let digest = self.hash.finalize();
+        let hex = digest.iter().map(|b| format!("{b:02x}")).collect();
+        Ok((self.bytes, hex))
+    }
+}
+
+/// The first byte a 206 reply holds (`Content-Range: bytes N-M/T`).
+fn content_range_start(resp: &Response<Body>) -> Option<u64> {
+    let v = resp.headers().get("content-range")?.to_str().ok()?;
+    let range = v.strip_prefix("bytes ")?;
+    range.split('-').next()?.trim().parse().ok()
+}
+
+fn bar(progress: bool, bytes: Option<u64>, dest: &Path) -> ProgressBar {
+    if !progress {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(bytes.unwrap_or(0));
+    bar.set_style(
+        // The bar takes what the line leaves, so it never wraps.
+        ProgressStyle::with_template(
+            "{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
+        )
+        .expect("valid template"),
+    );
+    bar.set_message(file_name(dest));
+    bar
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map_or_else(
+        || p.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+/// `394.2 KiB`, `1.6 GiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < units.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{v:.1} {}", units[unit])
+    }
+}

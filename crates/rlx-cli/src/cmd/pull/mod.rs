@@ -1,0 +1,137 @@
+//! `rlx pull`, and `-m NAME --pull`: a model fetched from Hugging Face or
+//! Ollama's registry into rlx's cache, where `rlx models` lists it and `-m`
+//! finds it.
+
+mod download;
+mod hf;
+mod ollama;
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::remote::{self, Remote, NAME_RULE};
+use super::stores::{self, Roots};
+use download::{human_bytes, Outcome};
+
+#[derive(clap::Args)]
+pub struct PullArgs {
+    /// hf.co/ORG/REPO[:QUANT], ORG/REPO[:QUANT], NAME[:TAG] or
+    /// ollama.com/[USER/]NAME[:TAG].
+    pub name: String,
+}
+
+/// Where to fetch from and to (not `Debug`: it holds the token).
+#[derive(Clone)]
+pub struct Options {
+    /// rlx's cache, where the file lands.
+    pub cache: PathBuf,
+    /// The Hugging Face hub, `https://huggingface.co`.
+    pub hf_endpoint: String,
+    /// Sent to the hub as `Authorization: Bearer`.
+    pub hf_token: Option<String>,
+    /// Ollama's registry, `https://registry.ollama.ai`.
+    pub ollama_registry: String,
+    /// A progress bar on stderr.
+    pub progress: bool,
+}
+
+impl Options {
+    /// The hubs and token from the environment (the one place that reads
+    /// it): `HF_ENDPOINT`, `HF_TOKEN` (else the token `hf auth login`
+    /// saved), `OLLAMA_REGISTRY`.
+    pub fn from_env(roots: &Roots) -> Result<Options> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let cache = roots
+            .rlx
+            .clone()
+            .context("no folder for rlx's cache: set RLX_HOME (or HOME)")?;
+        let saved_token = || {
+            let path = var("HF_TOKEN_PATH")
+                .map(PathBuf::from)
+                .or_else(|| var("HF_HOME").map(|h| Path::new(&h).join("token")))
+                .or_else(|| var("HOME").map(|h| Path::new(&h).join(".cache/huggingface/token")))?;
+            let token = std::fs::read_to_string(path).ok()?;
+            Some(token.trim().to_owned()).filter(|t| !t.is_empty())
+        };
+        let endpoint = |k: &str, default: &str| {
+            var(k)
+                .unwrap_or_else(|| default.to_owned())
+                .trim_end_matches('/')
+                .to_owned()
+        };
+        Ok(Options {
+            cache,
+            hf_endpoint: endpoint("HF_ENDPOINT", "https://huggingface.co"),
+            hf_token: var("HF_TOKEN")
+                .map(|t| t.trim().to_owned())
+                .or_else(saved_token),
+            ollama_registry: endpoint("OLLAMA_REGISTRY", "https://registry.ollama.ai"),
+            progress: std::io::stderr().is_terminal(),
+        })
+    }
+}
+
+/// A file pulled.
+#[derive(Clone, Debug)]
+pub struct Pulled {
+    /// The name `-m` takes (and `rlx models` shows).
+    pub name: String,
+    pub path: PathBuf,
+    pub outcome: Outcome,
+}
+
+/// Fetches the model `name` means into `opts.cache`, unless it is there.
+pub fn pull(name: &str, opts: &Options) -> Result<Pulled> {
+    let remote = Remote::parse(name)?;
+    let agent = download::agent();
+    match &remote {
+        Remote::HuggingFace { repo, quant, file } => hf::pull(
+            &agent,
+            opts,
+            repo,
+            quant.as_deref(),
+            file.as_deref(),
+            remote::split_host(name).0.is_some(),
+        ),
+        Remote::Ollama {
+            namespace,
+            model,
+            tag,
+        } => ollama::pull(&agent, opts, namespace, model, tag),
+    }
+}
+
+pub fn run(args: &PullArgs) -> Result<()> {
+    let roots = Roots::from_env();
+    let pulled = pull(&args.name, &Options::from_env(&roots)?)?;
+    report(&pulled, &mut std::io::stdout().lock())
+}
+
+/// `-m NAME --pull`: fetches NAME when no store has it.
+pub fn ensure_local(given: &Path) -> Result<()> {
+    let roots = Roots::from_env();
+    if stores::find(given, &roots)?.is_some() {
+        return Ok(());
+    }
+    let name = given.to_string_lossy();
+    if Remote::parse(&name).is_err() {
+        anyhow::bail!("model {name} not found, and --pull fetches only {NAME_RULE}");
+    }
+    let pulled = pull(&name, &Options::from_env(&roots)?)?;
+    // Stdout is the command's own.
+    report(&pulled, &mut std::io::stderr().lock())
+}
+
+/// Where the file is and the name that finds it.
+fn report(p: &Pulled, out: &mut dyn Write) -> Result<()> {
+    let bytes = std::fs::metadata(&p.path).map_or(0, |m| m.len());
+    let what = match p.outcome {
+        Outcome::AlreadyThere => "already there",
+        Outcome::Fetched => "saved",
+    };
+    writeln!(out, "{what}: {} ({})", p.path.display(), human_bytes(bytes))?;
+    writeln!(out, "run it with: rlx run -m {}", p.name)?;
+    Ok(())
+}
