@@ -1712,6 +1712,12 @@ mod real_model;
 /// The real Gemma 3 270M file behind the server, on the 8-bit path (the
 /// server's default): replies to tool requests through it.
 fn real_tool_server() -> TestServer {
+    real_server(4)
+}
+
+/// The real Gemma 3 270M file behind a server of `parallel` requests of
+/// 4,096 tokens each.
+fn real_server(parallel: usize) -> TestServer {
     TestServer::start_model(
         Model::load(
             real_model::real_model(),
@@ -1722,7 +1728,7 @@ fn real_tool_server() -> TestServer {
         )
         .unwrap(),
         EngineOptions {
-            parallel: 4,
+            parallel,
             context: 4096,
             ..EngineOptions::default()
         },
@@ -2231,22 +2237,7 @@ fn the_chat_page_works_in_a_browser() {
         return;
     }
     // The real model: real text, at the pace a user sees it stream.
-    let server = TestServer::start_model(
-        Model::load(
-            real_model::real_model(),
-            ModelOptions {
-                threads: 2,
-                ..ModelOptions::default()
-            },
-        )
-        .unwrap(),
-        EngineOptions {
-            parallel: 1,
-            context: 4096,
-            ..EngineOptions::default()
-        },
-        ServerOptions::new("gemma-3-270m"),
-    );
+    let server = real_server(1);
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/webui.py");
     let out = std::process::Command::new(&python)
