@@ -47,17 +47,22 @@ enum Command {
     /// List the models found by name: rlx's cache ($RLX_HOME or
     /// ~/.cache/rlx/models), Ollama, LM Studio, the Hugging Face cache.
     Models,
-    /// Download a model into rlx's cache, from Hugging Face or Ollama's
-    /// registry.
+    /// Download a model from Hugging Face into its hub cache, or from
+    /// Ollama's registry into Ollama's store.
     ///
     /// `hf.co/ORG/REPO[:QUANT]` or `ORG/REPO[:QUANT]` (a name with a slash)
     /// is a Hugging Face repo: its .gguf whose name has QUANT, Q4_K_M when
-    /// none is given. `NAME[:TAG]` (no slash) or
+    /// none is given, or `ORG/REPO/FILE.gguf` exactly; the repo's image
+    /// projector (mmproj) comes with it. It lands in the hub cache
+    /// ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub) as
+    /// huggingface_hub lays it out. `NAME[:TAG]` (no slash) or
     /// `ollama.com/[USER/]NAME[:TAG]` is Ollama's (tag `latest` when none is
-    /// given; a user's model needs `ollama.com/` before it). A cut download
-    /// continues where it stopped, also when run again; the file's SHA-256
-    /// is checked. `rlx models` lists it afterwards, and `-m` takes the
-    /// name printed. `HF_TOKEN` is sent to Hugging Face; `HF_ENDPOINT` and
+    /// given; a user's model needs `ollama.com/` before it), with every
+    /// layer of its manifest, into $OLLAMA_MODELS or ~/.ollama/models as
+    /// `ollama pull` lays it out. A cut download continues where it
+    /// stopped, also when run again; every file's SHA-256 is checked. `rlx
+    /// models` lists it afterwards, and `-m` takes the name printed.
+    /// `HF_TOKEN` is sent to Hugging Face; `HF_ENDPOINT` and
     /// `OLLAMA_REGISTRY` change the hubs.
     #[command(after_help = PULL_EXAMPLES)]
     Pull(cmd::pull::PullArgs),
@@ -81,6 +86,7 @@ enum Command {
 
 const PULL_EXAMPLES: &str = "Examples:
   rlx pull hf.co/unsloth/gemma-3-270m-it-GGUF:Q8_0
+  rlx pull ggml-org/gemma-3-4b-it-GGUF/gemma-3-4b-it-Q8_0.gguf
   rlx pull gemma3:270m
   rlx run -m ggml-org/gemma-3-1b-it-GGUF --pull \"Hello\"";
 
@@ -105,31 +111,35 @@ fn args() -> Vec<std::ffi::OsString> {
 
 impl Command {
     /// The model options of a command that loads one.
-    fn model_args(&self) -> Option<&cmd::common::ModelArgs> {
+    fn model_args(&mut self) -> Option<&mut cmd::common::ModelArgs> {
         match self {
-            Command::Score(a) => Some(&a.model),
-            Command::Generate(a) => Some(&a.model),
-            Command::Bench(a) => Some(&a.model),
-            Command::Run(a) => Some(&a.model),
-            Command::Chat(a) => Some(&a.model),
-            Command::Serve(a) => Some(&a.model),
-            Command::Perplexity(a) => Some(&a.model),
+            Command::Score(a) => Some(&mut a.model),
+            Command::Generate(a) => Some(&mut a.model),
+            Command::Bench(a) => Some(&mut a.model),
+            Command::Run(a) => Some(&mut a.model),
+            Command::Chat(a) => Some(&mut a.model),
+            Command::Serve(a) => Some(&mut a.model),
+            Command::Perplexity(a) => Some(&mut a.model),
             _ => None,
         }
     }
 }
 
-/// `--pull`: the model fetched before the command looks for it.
-fn pull_first(command: &Command) -> anyhow::Result<()> {
+/// `--pull`: the model fetched before the command looks for it, and then
+/// looked for by the name that finds it.
+fn pull_first(command: &mut Command) -> anyhow::Result<()> {
     match command.model_args() {
-        Some(m) if m.pull => cmd::pull::ensure_local(&m.model),
+        Some(m) if m.pull => {
+            m.model = cmd::pull::ensure_local(&m.model)?;
+            Ok(())
+        }
         _ => Ok(()),
     }
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse_from(args());
-    let result = pull_first(&cli.command).and_then(|()| match cli.command {
+    let mut cli = Cli::parse_from(args());
+    let result = pull_first(&mut cli.command).and_then(|()| match cli.command {
         Command::Info(args) => cmd::info::run(&args),
         Command::Score(args) => cmd::score::run(&args),
         Command::Generate(args) => cmd::generate::run(&args),

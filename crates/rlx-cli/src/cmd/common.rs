@@ -17,9 +17,9 @@ pub struct ModelArgs {
     /// (`rlx models` lists them).
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
-    /// Fetch the model into rlx's cache first when no store has it, as
-    /// `rlx pull` does (`-m ORG/REPO[:QUANT]` from Hugging Face, `-m
-    /// NAME[:TAG]` from Ollama's registry).
+    /// Fetch the model first when no store has it, as `rlx pull` does
+    /// (`-m ORG/REPO[:QUANT]` from Hugging Face into its hub cache, `-m
+    /// NAME[:TAG]` from Ollama's registry into Ollama's store).
     #[arg(long)]
     pub pull: bool,
     /// Quantize the weights as they load, with llama-quantize's mix for this

@@ -13,7 +13,7 @@ pub fn run() -> Result<()> {
     if found.is_empty() {
         writeln!(
             out,
-            "no models in rlx's cache ({}), Ollama, LM Studio or the Hugging Face cache (fetch the default one with scripts/fetch-model.sh)",
+            "no models in rlx's cache ({}), Ollama, LM Studio or the Hugging Face cache (fetch one with rlx pull NAME, the default one with scripts/fetch-model.sh)",
             roots
                 .rlx
                 .as_ref()

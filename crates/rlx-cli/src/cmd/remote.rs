@@ -1,10 +1,8 @@
-//! Names of models to fetch — a Hugging Face repo (`hf.co/ORG/REPO[:QUANT]`,
-//! as llama.cpp's `-hf` takes it) or a model in Ollama's registry
-//! (`NAME[:TAG]`) — and where rlx's cache keeps what `rlx pull` fetched, so
-//! that `-m` finds it again by the name it was pulled by.
+//! Names of models to fetch: a Hugging Face repo (`hf.co/ORG/REPO[:QUANT]`,
+//! as llama.cpp's `-hf` takes it) or a model in an Ollama registry
+//! (`NAME[:TAG]`, `HOST/NAMESPACE/NAME[:TAG]`), as `ollama pull` takes it.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
@@ -23,6 +21,9 @@ pub enum Remote {
         file: Option<String>,
     },
     Ollama {
+        /// A registry other than Ollama's own (`HOST[:PORT]`), named
+        /// before the namespace as Ollama names them.
+        host: Option<String>,
         namespace: String,
         model: String,
         tag: String,
@@ -30,19 +31,23 @@ pub enum Remote {
 }
 
 /// How to read a name, for help and errors.
-pub const NAME_RULE: &str = "hf.co/ORG/REPO[:QUANT] or ORG/REPO[:QUANT] (a Hugging Face repo), \
-ollama.com/[USER/]NAME[:TAG] or NAME[:TAG] (Ollama's registry)";
+pub const NAME_RULE: &str = "hf.co/ORG/REPO[:QUANT], ORG/REPO[:QUANT] or ORG/REPO/FILE.gguf \
+(a Hugging Face repo), ollama.com/[USER/]NAME[:TAG] or NAME[:TAG] (Ollama's registry), \
+HOST/NAMESPACE/NAME[:TAG] (another Ollama registry)";
 
 impl Remote {
     /// Reads a name. A host prefix (`hf.co/`, `huggingface.co/`,
     /// `ollama.com/`, `registry.ollama.ai/`) decides; without one a name
     /// with a slash is a Hugging Face repo and one without is an Ollama
-    /// model, as llama.cpp's `-hf` and `ollama pull` read them.
+    /// model, as llama.cpp's `-hf` and `ollama pull` read them; a first
+    /// part that is a host (`127.0.0.1:5000`, `registry.example.com`)
+    /// before `NAMESPACE/NAME` is another Ollama registry.
     pub fn parse(name: &str) -> Result<Remote> {
         let (hub, rest) = split_host(name.trim().trim_end_matches('/'));
         let parsed = match hub {
             Some(Hub::HuggingFace) => hugging_face(rest),
             Some(Hub::Ollama) => ollama(rest),
+            None if registry_host(rest).is_some() => ollama(rest),
             None if rest.contains('/') => hugging_face(rest),
             None => ollama(rest),
         };
@@ -52,8 +57,9 @@ impl Remote {
         }
     }
 
-    /// The name without its host, as the local stores take it:
-    /// `ORG/REPO[:QUANT]`, `ORG/REPO/FILE`, `NAME:TAG`, `USER/NAME:TAG`.
+    /// The name without Hugging Face's or Ollama's host, as the local
+    /// stores take it: `ORG/REPO[:QUANT]`, `ORG/REPO/FILE`, `NAME:TAG`,
+    /// `USER/NAME:TAG`, `HOST/NAMESPACE/NAME:TAG`.
     pub fn short_name(&self) -> String {
         match self {
             Remote::HuggingFace {
@@ -68,32 +74,12 @@ impl Remote {
             } => format!("{repo}:{q}"),
             Remote::HuggingFace { repo, .. } => repo.clone(),
             Remote::Ollama {
+                host,
                 namespace,
                 model,
                 tag,
-            } if namespace == OLLAMA_LIBRARY => format!("{model}:{tag}"),
-            Remote::Ollama {
-                namespace,
-                model,
-                tag,
-            } => format!("{namespace}/{model}:{tag}"),
+            } => ollama_name(host.as_deref(), namespace, model, tag),
         }
-    }
-
-    /// Where rlx's cache keeps a repo's files: a folder per repo.
-    pub fn hf_folder(cache: &Path, repo: &str) -> PathBuf {
-        cache.join(repo)
-    }
-
-    /// Where rlx's cache keeps an Ollama model: `NAME-TAG.gguf`, in a
-    /// folder named for the user when not Ollama's library.
-    pub fn ollama_file(cache: &Path, namespace: &str, model: &str, tag: &str) -> PathBuf {
-        let dir = if namespace == OLLAMA_LIBRARY {
-            cache.to_owned()
-        } else {
-            cache.join(namespace)
-        };
-        dir.join(format!("{model}-{tag}.gguf"))
     }
 }
 
@@ -101,13 +87,51 @@ impl fmt::Display for Remote {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Remote::HuggingFace { .. } => write!(f, "hf.co/{}", self.short_name()),
+            Remote::Ollama { host: Some(_), .. } => write!(f, "{}", self.short_name()),
             Remote::Ollama {
+                host: None,
                 namespace,
                 model,
                 tag,
             } => write!(f, "ollama.com/{namespace}/{model}:{tag}"),
         }
     }
+}
+
+/// The host of Ollama's own registry, as its store's folders name it.
+pub const OLLAMA_HOST: &str = "registry.ollama.ai";
+
+/// The name Ollama gives a model: `model:tag`, with the namespace when not
+/// its library, and the host before both when not its registry (`None`
+/// for Ollama's own).
+pub fn ollama_name(host: Option<&str>, namespace: &str, model: &str, tag: &str) -> String {
+    match (host.filter(|h| *h != OLLAMA_HOST), namespace) {
+        (Some(h), _) => format!("{h}/{namespace}/{model}:{tag}"),
+        (None, OLLAMA_LIBRARY) => format!("{model}:{tag}"),
+        (None, _) => format!("{namespace}/{model}:{tag}"),
+    }
+}
+
+/// The registry host a name begins with, as Ollama reads one: a first
+/// part with a `.` or `:` (or `localhost`) before two more, the last not a
+/// `.gguf` file (which makes it a Hugging Face repo's file).
+fn registry_host(name: &str) -> Option<&str> {
+    let parts: Vec<&str> = name.split('/').collect();
+    let host = parts[0];
+    let is_host = host == "localhost" || host.contains('.') || host.contains(':');
+    let last_is_file = parts
+        .last()
+        .is_some_and(|p| p.to_ascii_lowercase().ends_with(".gguf"));
+    (parts.len() == 3 && is_host && !last_is_file).then_some(host)
+}
+
+/// A `HOST[:PORT]` that is safe as a folder name.
+fn plain_host(host: &str) -> bool {
+    let (name, port) = match host.rsplit_once(':') {
+        Some((n, p)) => (n, Some(p)),
+        None => (host, None),
+    };
+    plain(name) && port.is_none_or(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
 }
 
 /// The hub a name's host prefix names.
@@ -176,8 +200,13 @@ fn hugging_face(rest: &str) -> Option<Remote> {
     })
 }
 
-/// `[NAMESPACE/]MODEL[:TAG]`.
+/// `[HOST/][NAMESPACE/]MODEL[:TAG]`.
 fn ollama(rest: &str) -> Option<Remote> {
+    let host = registry_host(rest);
+    let rest = match host {
+        Some(h) => &rest[h.len() + 1..],
+        None => rest,
+    };
     let (path, tag) = match rest.rsplit_once(':') {
         Some((p, t)) => (p, t),
         None => (rest, "latest"),
@@ -186,14 +215,13 @@ fn ollama(rest: &str) -> Option<Remote> {
         Some((n, m)) => (n, m),
         None => (OLLAMA_LIBRARY, path),
     };
-    [namespace, model, tag]
-        .iter()
-        .all(|p| plain(p))
-        .then(|| Remote::Ollama {
-            namespace: namespace.to_owned(),
-            model: model.to_owned(),
-            tag: tag.to_owned(),
-        })
+    let host_ok = host.is_none_or(plain_host);
+    (host_ok && [namespace, model, tag].iter().all(|p| plain(p))).then(|| Remote::Ollama {
+        host: host.filter(|h| *h != OLLAMA_HOST).map(str::to_owned),
+        namespace: namespace.to_owned(),
+        model: model.to_owned(),
+        tag: tag.to_owned(),
+    })
 }
 
 /// A GGUF file name's quantization, as repos name their files
@@ -274,7 +302,12 @@ mod tests {
     }
 
     fn ol(namespace: &str, model: &str, tag: &str) -> Remote {
+        ol_at(None, namespace, model, tag)
+    }
+
+    fn ol_at(host: Option<&str>, namespace: &str, model: &str, tag: &str) -> Remote {
         Remote::Ollama {
+            host: host.map(Into::into),
             namespace: namespace.into(),
             model: model.into(),
             tag: tag.into(),
@@ -311,6 +344,18 @@ mod tests {
                 "registry.ollama.ai/someone/tiny",
                 ol("someone", "tiny", "latest"),
             ),
+            (
+                "127.0.0.1:5000/library/tiny:q8",
+                ol_at(Some("127.0.0.1:5000"), "library", "tiny", "q8"),
+            ),
+            (
+                "models.example.com/team/tiny",
+                ol_at(Some("models.example.com"), "team", "tiny", "latest"),
+            ),
+            (
+                "org.name/repo/model-Q4_0.gguf",
+                hf("org.name/repo", None, Some("model-Q4_0.gguf")),
+            ),
         ] {
             assert_eq!(Remote::parse(name).unwrap(), want, "{name}");
         }
@@ -327,6 +372,8 @@ mod tests {
             "gemma3:",
             "org/repo/f.gguf:Q4_0",
             "x y",
+            "127.0.0.1:x/library/tiny",
+            "../library/tiny",
         ] {
             let e = Remote::parse(name).unwrap_err().to_string();
             assert!(e.contains("ORG/REPO"), "{name}: {e}");
@@ -339,6 +386,11 @@ mod tests {
             ("hf.co/google/x-GGUF:Q8_0", "google/x-GGUF:Q8_0"),
             ("ollama.com/library/gemma3:1b", "gemma3:1b"),
             ("ollama.com/someone/tiny", "someone/tiny:latest"),
+            (
+                "localhost:5000/library/tiny:q8",
+                "localhost:5000/library/tiny:q8",
+            ),
+            ("registry.ollama.ai/library/tiny:q8", "tiny:q8"),
         ] {
             assert_eq!(Remote::parse(name).unwrap().short_name(), short);
         }

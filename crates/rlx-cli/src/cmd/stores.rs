@@ -1,13 +1,13 @@
-//! GGUF files where users already keep them: rlx's own cache (with what
-//! `rlx pull` fetched), Ollama's store (its manifests map `gemma3:270m` to a
-//! blob), LM Studio's models folder and the Hugging Face hub cache. Read
-//! only; nothing is fetched here.
+//! GGUF files where users already keep them: rlx's own cache, Ollama's
+//! store (its manifests map `gemma3:270m` to a blob), LM Studio's models
+//! folder and the Hugging Face hub cache (`rlx pull` writes into the last
+//! two in their own layouts). Read only; nothing is fetched here.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
-use super::remote::{self, Remote};
+use super::remote::{self, OLLAMA_HOST};
 
 /// Where each store lives.
 #[derive(Clone, Debug, Default)]
@@ -70,8 +70,6 @@ pub struct Found {
 pub fn list(roots: &Roots) -> Vec<Found> {
     let mut out = Vec::new();
     if let Some(dir) = &roots.rlx {
-        // `rlx pull` keeps a repo's files in ORG/REPO/, a user's Ollama
-        // models in USER/.
         for p in walk_gguf(dir, 3) {
             push(&mut out, rlx_name(dir, &p), "rlx", p);
         }
@@ -111,7 +109,7 @@ fn push(out: &mut Vec<Found>, name: String, store: &'static str, path: PathBuf) 
 
 /// The name `-m` takes for a file in rlx's cache: its path there, without
 /// `.gguf`.
-pub fn rlx_name(cache: &Path, file: &Path) -> String {
+fn rlx_name(cache: &Path, file: &Path) -> String {
     let rel = file.strip_prefix(cache).unwrap_or(file);
     let name = slashed(rel);
     match name.len().checked_sub(".gguf".len()) {
@@ -129,8 +127,8 @@ fn slashed(p: &Path) -> String {
 }
 
 /// The model a name means: a path; a name in rlx's cache (with or without
-/// `.gguf`, or the name it was pulled by); an Ollama name (`gemma3:270m`,
-/// `gemma3` for `:latest`, `user/model:tag`); an LM Studio
+/// `.gguf`); an Ollama name (`gemma3:270m`, `gemma3` for `:latest`,
+/// `user/model:tag`, `host/namespace/model:tag`); an LM Studio
 /// `publisher/repo[/file.gguf]`; a Hugging Face `org/repo[/file.gguf]` or
 /// `org/repo:QUANT` (the file whose name has QUANT). A hub's host before
 /// the name (`hf.co/`, `ollama.com/`) is read past. A name that fits
@@ -159,9 +157,6 @@ pub fn find(given: &Path, roots: &Roots) -> Result<Option<PathBuf>> {
             if candidate.is_file() {
                 return Ok(Some(candidate));
             }
-        }
-        if let Some(p) = one_of(&given_name, pulled(dir, &given_name))? {
-            return Ok(Some(p));
         }
     }
     for root in &roots.ollama {
@@ -211,35 +206,6 @@ fn one_of(name: &str, mut matches: Vec<PathBuf>) -> Result<Option<PathBuf>> {
                 list.join("\n  ")
             )
         }
-    }
-}
-
-/// What `rlx pull NAME` left in rlx's cache for `name`.
-fn pulled(cache: &Path, name: &str) -> Vec<PathBuf> {
-    let Ok(remote) = Remote::parse(name) else {
-        return Vec::new();
-    };
-    let file = match remote {
-        Remote::Ollama {
-            namespace,
-            model,
-            tag,
-        } => Remote::ollama_file(cache, &namespace, &model, &tag),
-        Remote::HuggingFace {
-            repo,
-            file: Some(f),
-            ..
-        } => Remote::hf_folder(cache, &repo).join(f.rsplit('/').next().unwrap_or(&f)),
-        Remote::HuggingFace {
-            repo,
-            quant,
-            file: None,
-        } => return pick(&Remote::hf_folder(cache, &repo), 1, quant.as_deref()),
-    };
-    if file.is_file() {
-        vec![file]
-    } else {
-        Vec::new()
     }
 }
 
@@ -294,6 +260,10 @@ fn walk_gguf(dir: &Path, depth: usize) -> Vec<PathBuf> {
             }
             continue;
         }
+        // A hub cache link whose blob is gone is no model.
+        if !p.is_file() {
+            continue;
+        }
         let name = e.file_name().to_string_lossy().to_ascii_lowercase();
         if name.ends_with(".gguf") && !name.starts_with("mmproj") {
             out.push(p);
@@ -303,7 +273,6 @@ fn walk_gguf(dir: &Path, depth: usize) -> Vec<PathBuf> {
     out
 }
 
-const OLLAMA_REGISTRY: &str = "registry.ollama.ai";
 const OLLAMA_MODEL_LAYER: &str = "application/vnd.ollama.image.model";
 
 /// An Ollama name's manifest: `[host/][namespace/]model[:tag]`.
@@ -314,8 +283,8 @@ fn ollama_manifest(root: &Path, name: &str) -> Option<PathBuf> {
     };
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     let (host, ns, model) = match parts.as_slice() {
-        [m] => (OLLAMA_REGISTRY, "library", *m),
-        [n, m] => (OLLAMA_REGISTRY, *n, *m),
+        [m] => (OLLAMA_HOST, remote::OLLAMA_LIBRARY, *m),
+        [n, m] => (OLLAMA_HOST, *n, *m),
         [h, n, m] => (*h, *n, *m),
         _ => return None,
     };
@@ -380,12 +349,7 @@ fn ollama_models(root: &Path) -> Vec<(String, PathBuf)> {
                         file_name(&model).unwrap_or_default(),
                         file_name(&tag).unwrap_or_default(),
                     );
-                    let name = match (h == OLLAMA_REGISTRY, n == "library") {
-                        (true, true) => format!("{m}:{t}"),
-                        (true, false) => format!("{n}/{m}:{t}"),
-                        _ => format!("{h}/{n}/{m}:{t}"),
-                    };
-                    out.push((name, blob));
+                    out.push((remote::ollama_name(Some(&h), &n, &m, &t), blob));
                 }
             }
         }

@@ -1,4 +1,4 @@
-//! One file over HTTP into rlx's cache: written to `FILE.partial`,
+//! One file over HTTP: written to a partial file beside where it goes,
 //! continued with a `Range` request after a cut connection or an earlier
 //! run, its SHA-256 checked before it takes its name.
 
@@ -29,13 +29,15 @@ pub fn agent() -> Agent {
         .user_agent(concat!("rlx/", env!("CARGO_PKG_VERSION")))
         // A token goes to the hub, not to the storage it redirects to.
         .redirect_auth_headers(RedirectAuthHeaders::SameHost)
+        .timeout_resolve(Some(Duration::from_secs(30)))
         .timeout_connect(Some(Duration::from_secs(30)))
         .timeout_per_read(Some(STALL))
         .build()
         .into()
 }
 
-/// A GET, with a bearer token when given.
+/// A GET, with a bearer token when given. A server that cannot be reached
+/// is an `Unreachable`.
 pub fn get(
     agent: &Agent,
     url: &str,
@@ -49,7 +51,63 @@ pub fn get(
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    req.call().with_context(|| format!("GET {url}"))
+    req.call().map_err(|e| match unreachable_because(&e) {
+        Some(why) => Unreachable {
+            host: host_of(url).to_owned(),
+            why,
+        }
+        .into(),
+        None => anyhow::Error::new(e).context(format!("GET {url}")),
+    })
+}
+
+/// A server that did not answer: no address for its name, no connection,
+/// or no reply in time.
+#[derive(Debug)]
+pub struct Unreachable {
+    /// `HOST[:PORT]`.
+    pub host: String,
+    pub why: String,
+}
+
+impl fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cannot reach {} ({})", self.host, self.why)
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
+/// An `Unreachable` as the one line a pull that stops before its first
+/// download says: which hub, and that nothing was fetched.
+pub fn nothing_fetched(e: anyhow::Error, hub: &str) -> anyhow::Error {
+    match e.downcast_ref::<Unreachable>() {
+        Some(u) => anyhow::anyhow!(
+            "cannot reach {hub} at {} ({}); nothing was fetched",
+            u.host,
+            u.why
+        ),
+        None => e,
+    }
+}
+
+/// Why a request failed before any reply, when that is the network's doing.
+fn unreachable_because(e: &ureq::Error) -> Option<String> {
+    match e {
+        ureq::Error::HostNotFound => Some("no address for that name".to_owned()),
+        ureq::Error::ConnectionFailed => Some("no connection".to_owned()),
+        ureq::Error::Timeout(t) => Some(format!("timed out: {t}")),
+        // Refused, reset, unreachable network, a failed name lookup.
+        ureq::Error::Io(io) => Some(io.to_string()),
+        _ => None,
+    }
+}
+
+/// `HOST[:PORT]` of a URL.
+pub fn host_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    authority.rsplit('@').next().unwrap_or(authority)
 }
 
 /// A reply whose status was not a success: callers turn the ones they can
@@ -75,6 +133,9 @@ pub fn status_of(e: &anyhow::Error) -> Option<u16> {
 
 /// What to fetch and what it must be.
 pub struct Blob<'a> {
+    /// What messages and the bar call it (the file's name in the repo, the
+    /// model and layer), where the file itself is named by its hash.
+    pub label: String,
     pub url: String,
     pub token: Option<&'a str>,
     /// The size the hub lists, when it does.
@@ -91,9 +152,15 @@ pub enum Outcome {
     AlreadyThere,
 }
 
-/// Fetches `blob` to `dest`, continuing a `dest.partial` left before;
-/// a bar on stderr when `progress`.
-pub fn download(agent: &Agent, blob: &Blob, dest: &Path, progress: bool) -> Result<Outcome> {
+/// Fetches `blob` to `dest` through `partial`, continuing what an earlier
+/// run left there; a bar on stderr when `progress`.
+pub fn download(
+    agent: &Agent,
+    blob: &Blob,
+    dest: &Path,
+    partial: &Path,
+    progress: bool,
+) -> Result<Outcome> {
     if let Ok(meta) = std::fs::metadata(dest) {
         if meta.is_file() && blob.bytes.is_none_or(|b| b == meta.len()) {
             return Ok(Outcome::AlreadyThere);
@@ -102,16 +169,11 @@ pub fn download(agent: &Agent, blob: &Blob, dest: &Path, progress: bool) -> Resu
     if let Some(dir) = dest.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let partial = partial_path(dest);
-    let mut part = Partial::open(&partial)?;
+    let mut part = Partial::open(partial)?;
     if part.bytes > 0 {
-        eprintln!(
-            "continuing {} from {}",
-            file_name(dest),
-            human_bytes(part.bytes)
-        );
+        eprintln!("continuing {} from {}", blob.label, human_bytes(part.bytes));
     }
-    let bar = bar(progress, blob.bytes, dest);
+    let bar = bar(progress, blob.bytes, &blob.label);
     bar.set_position(part.bytes);
     let mut total = blob.bytes;
     let mut tries_without_bytes = 0;
@@ -173,7 +235,7 @@ pub fn download(agent: &Agent, blob: &Blob, dest: &Path, progress: bool) -> Resu
             part.discard_if_empty();
             bail!(
                 "{} stopped at {} of {} after {TRIES} tries ({why}); run again to continue from there",
-                file_name(dest),
+                blob.label,
                 human_bytes(part.bytes),
                 total.map_or("?".into(), human_bytes)
             );
@@ -181,7 +243,7 @@ pub fn download(agent: &Agent, blob: &Blob, dest: &Path, progress: bool) -> Resu
         bar.suspend(|| {
             eprintln!(
                 "{}: {why}; continuing from {}",
-                file_name(dest),
+                blob.label,
                 human_bytes(part.bytes)
             )
         });
@@ -190,26 +252,26 @@ pub fn download(agent: &Agent, blob: &Blob, dest: &Path, progress: bool) -> Resu
     bar.finish_and_clear();
     let (bytes, actual) = part.finish()?;
     if let Some(want) = blob.bytes.filter(|&w| w != bytes) {
-        let _ = std::fs::remove_file(&partial);
+        let _ = std::fs::remove_file(partial);
         bail!(
             "{}: {bytes} bytes, but the hub lists {want}; the download was deleted",
-            file_name(dest)
+            blob.label
         );
     }
     if let Some(want) = &blob.sha256 {
         if !want.eq_ignore_ascii_case(&actual) {
-            let _ = std::fs::remove_file(&partial);
+            let _ = std::fs::remove_file(partial);
             bail!(
                 "{}: checksum mismatch: expected sha256 {want}, got sha256 {actual}; the download was deleted (run again to fetch it anew)",
-                file_name(dest)
+                blob.label
             );
         }
     }
-    std::fs::rename(&partial, dest)
+    std::fs::rename(partial, dest)
         .with_context(|| format!("cannot rename {} to {}", partial.display(), dest.display()))?;
     eprintln!(
         "fetched {} ({}) in {:.1} s{}",
-        file_name(dest),
+        blob.label,
         human_bytes(bytes),
         started.elapsed().as_secs_f64(),
         if blob.sha256.is_some() {
@@ -219,13 +281,6 @@ pub fn download(agent: &Agent, blob: &Blob, dest: &Path, progress: bool) -> Resu
         }
     );
     Ok(Outcome::Fetched)
-}
-
-/// Where a download of `dest` is kept until it is whole and checked.
-pub fn partial_path(dest: &Path) -> PathBuf {
-    let mut name = dest.file_name().unwrap_or_default().to_owned();
-    name.push(".partial");
-    dest.with_file_name(name)
 }
 
 /// The file being written, and the hash of what it holds so far.
@@ -321,7 +376,7 @@ fn content_range_start(resp: &Response<Body>) -> Option<u64> {
     range.split('-').next()?.trim().parse().ok()
 }
 
-fn bar(progress: bool, bytes: Option<u64>, dest: &Path) -> ProgressBar {
+fn bar(progress: bool, bytes: Option<u64>, label: &str) -> ProgressBar {
     if !progress {
         return ProgressBar::hidden();
     }
@@ -333,15 +388,8 @@ fn bar(progress: bool, bytes: Option<u64>, dest: &Path) -> ProgressBar {
         )
         .expect("valid template"),
     );
-    bar.set_message(file_name(dest));
+    bar.set_message(label.to_owned());
     bar
-}
-
-fn file_name(p: &Path) -> String {
-    p.file_name().map_or_else(
-        || p.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    )
 }
 
 /// `394.2 KiB`, `1.6 GiB`.
@@ -357,5 +405,37 @@ pub fn human_bytes(bytes: u64) -> String {
         format!("{bytes} bytes")
     } else {
         format!("{v:.1} {}", units[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_come_from_urls() {
+        for (url, host) in [
+            ("https://huggingface.co/api/models/a/b", "huggingface.co"),
+            (
+                "http://127.0.0.1:8080/v2/library/x/manifests/y",
+                "127.0.0.1:8080",
+            ),
+            ("https://user@hub.example.com?x=1", "hub.example.com"),
+            ("hub.example.com/x", "hub.example.com"),
+        ] {
+            assert_eq!(host_of(url), host, "{url}");
+        }
+    }
+
+    #[test]
+    fn a_closed_port_is_unreachable_not_a_transport_chain() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let e = get(&agent(), &format!("http://127.0.0.1:{port}/x"), None, &[]).unwrap_err();
+        let u = e.downcast_ref::<Unreachable>().expect("Unreachable");
+        assert_eq!(u.host, format!("127.0.0.1:{port}"));
+        assert!(e.to_string().starts_with("cannot reach 127.0.0.1:"), "{e}");
     }
 }
