@@ -126,13 +126,6 @@ __device__ __forceinline__ float e8m0_half(u8 e) {
     return __uint_as_float(e < 2 ? 0x00200000u << e : (u32)(e - 1) << 23);
 }
 
-// The 2-bit code of element e (of 256) of Q2_K/Q3_K `qs` (64 bytes): two
-// halves of 128, each four 32-byte shifts apart.
-__device__ __forceinline__ int crumb(const u8* qs, int e) {
-    int r = e & 127;
-    return (qs[32 * (e >> 7) + (r & 31)] >> (2 * (r >> 5))) & 3;
-}
-
 // Bytes of a row of k elements: float rows may have any length (the kernels
 // take their last, partial 32-element unit element by element); a block
 // type's k is a whole number of blocks (the GGUF reader checks).
@@ -142,16 +135,6 @@ __device__ __forceinline__ size_t row_size(int t, int k) {
         case T_F16:
         case T_BF16: return 2 * (size_t)k;
         default: return (size_t)(k / block_elems(t)) * block_bytes(t);
-    }
-}
-
-__device__ __forceinline__ void scale_min_k4(int j, const u8* q, float* sc, float* mn) {
-    if (j < 4) {
-        *sc = (float)(q[j] & 63);
-        *mn = (float)(q[j + 4] & 63);
-    } else {
-        *sc = (float)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *mn = (float)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
     }
 }
 
@@ -170,91 +153,6 @@ __device__ __forceinline__ int iq4_xs_scale(const u8* sl, u32 sh, int ib) {
     return (((sl[ib >> 1] >> (4 * (ib & 1))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)) - 32;
 }
 
-// Scale and offset of sub-block j (32 elements) of the Q4_K/Q5_K super-block
-// at b: element = d1 · q − m1.
-__device__ __forceinline__ void k4_sub(const u8* b, int j, float* d1, float* m1) {
-    float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
-    float sc, mn;
-    scale_min_k4(j, b + 4, &sc, &mn);
-    *d1 = d * sc;
-    *m1 = dmin * mn;
-}
-
-template <int T>
-__device__ __forceinline__ float elem(const u8* __restrict__ row, int u, int l);
-
-// Unit `u` (elements 32u .. 32u+32) of a row of type `t` into v[32].
-template <int T>
-__device__ __forceinline__ void unit(const u8* row, int u, float* v) {
-    if (T == T_F32) {
-        const float* p = (const float*)row + 32 * u;
-        #pragma unroll
-        for (int i = 0; i < 32; i++) v[i] = p[i];
-    } else if (T == T_F16 || T == T_BF16) {
-        const u16* p = (const u16*)row + 32 * u;
-        #pragma unroll
-        for (int i = 0; i < 32; i++) v[i] = T == T_F16 ? h2f(p[i]) : bf2f(p[i]);
-    } else if (T == T_Q8_0) {
-        const u8* b = row + 34 * u;
-        float d = h2f(ld16(b));
-        #pragma unroll
-        for (int i = 0; i < 32; i++) v[i] = d * (float)(i8)b[2 + i];
-    } else if (T == T_Q4_0 || T == T_Q4_1) {
-        const u8* b = row + (T == T_Q4_0 ? 18 : 20) * u;
-        float d = h2f(ld16(b));
-        float m = T == T_Q4_0 ? -8.0f * d : h2f(ld16(b + 2));
-        const u8* qs = b + (T == T_Q4_0 ? 2 : 4);
-        #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            v[i] = d * (float)(qs[i] & 0xF) + m;
-            v[i + 16] = d * (float)(qs[i] >> 4) + m;
-        }
-    } else if (T == T_Q5_0 || T == T_Q5_1) {
-        const u8* b = row + (T == T_Q5_0 ? 22 : 24) * u;
-        float d = h2f(ld16(b));
-        float m = T == T_Q5_0 ? -16.0f * d : h2f(ld16(b + 2));
-        const u8* qhp = b + (T == T_Q5_0 ? 2 : 4);
-        u32 qh = (u32)qhp[0] | ((u32)qhp[1] << 8) | ((u32)qhp[2] << 16) | ((u32)qhp[3] << 24);
-        const u8* qs = qhp + 4;
-        #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            v[i] = d * (float)((qs[i] & 0xF) | (((qh >> i) & 1) << 4)) + m;
-            v[i + 16] = d * (float)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) + m;
-        }
-    } else if (T == T_Q4_K || T == T_Q5_K) {
-        int j = u & 7;
-        const u8* b = row + (T == T_Q4_K ? 144 : 176) * (u >> 3);
-        float d1, m1;
-        k4_sub(b, j, &d1, &m1);
-        const u8* qs = b + (T == T_Q4_K ? 16 : 48) + 32 * (j >> 1);
-        int shift = (j & 1) * 4;
-        #pragma unroll
-        for (int i = 0; i < 32; i++) {
-            int q = (qs[i] >> shift) & 0xF;
-            if (T == T_Q5_K) q += ((b[16 + i] >> j) & 1) << 4;
-            v[i] = d1 * (float)q - m1;
-        }
-    } else if (T != T_Q6_K) {  // the rest element by element
-        #pragma unroll
-        for (int i = 0; i < 32; i++) v[i] = elem<T>(row, u, i);
-    } else {  // Q6_K: unit j of 8 is quad (j % 4) of half (j / 4)
-        int j = u & 7;
-        const u8* b = row + 210 * (u >> 3);
-        int half = j >> 2, quad = j & 3;
-        const u8* ql = b + 64 * half + 32 * (quad & 1);
-        const u8* qh = b + 128 + 32 * half;
-        const i8* scales = (const i8*)(b + 192);
-        float d = h2f(ld16(b + 208));
-        int shift = quad < 2 ? 0 : 4;
-        float s0 = d * (float)scales[2 * j], s1 = d * (float)scales[2 * j + 1];
-        #pragma unroll
-        for (int i = 0; i < 32; i++) {
-            int q = (((ql[i] >> shift) & 0xF) | (((qh[i] >> (2 * quad)) & 3) << 4)) - 32;
-            v[i] = (i < 16 ? s0 : s1) * (float)q;
-        }
-    }
-}
-
 __device__ __forceinline__ float warp_sum(float x) {
     #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
@@ -267,147 +165,16 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
-// Element l of unit u (elements 32u .. 32u+32) of a row of type T: the same
-// arithmetic as `unit`, one element at a time, so that lane l of a warp
-// reads byte l of a unit's quants and the warp's loads are coalesced.
+// Element l of unit u (elements 32u .. 32u+32) of a float row of type T
+// (any length and alignment). Block rows are read a unit at a time
+// (`wunit`).
 template <int T>
 __device__ __forceinline__ float elem(const u8* __restrict__ row, int u, int l) {
-    if (T == T_F32) {
-        return ((const float*)row)[32 * u + l];
-    } else if (T == T_F16 || T == T_BF16) {
-        u16 h = ((const u16*)row)[32 * u + l];
-        return T == T_F16 ? h2f(h) : bf2f(h);
-    } else if (T == T_Q8_0) {
-        const u8* b = row + 34 * u;
-        return h2f(ld16(b)) * (float)(i8)b[2 + l];
-    } else if (T == T_Q4_0 || T == T_Q4_1) {
-        const u8* b = row + (T == T_Q4_0 ? 18 : 20) * u;
-        float d = h2f(ld16(b));
-        float m = T == T_Q4_0 ? -8.0f * d : h2f(ld16(b + 2));
-        const u8* qs = b + (T == T_Q4_0 ? 2 : 4);
-        int q = l < 16 ? (qs[l] & 0xF) : (qs[l - 16] >> 4);
-        return d * (float)q + m;
-    } else if (T == T_Q5_0 || T == T_Q5_1) {
-        const u8* b = row + (T == T_Q5_0 ? 22 : 24) * u;
-        float d = h2f(ld16(b));
-        float m = T == T_Q5_0 ? -16.0f * d : h2f(ld16(b + 2));
-        const u8* qhp = b + (T == T_Q5_0 ? 2 : 4);
-        int hb = (qhp[l >> 3] >> (l & 7)) & 1;
-        const u8* qs = qhp + 4;
-        int q = (l < 16 ? (qs[l] & 0xF) : (qs[l - 16] >> 4)) | (hb << 4);
-        return d * (float)q + m;
-    } else if (T == T_Q4_K || T == T_Q5_K) {
-        int j = u & 7;
-        const u8* b = row + (T == T_Q4_K ? 144 : 176) * (u >> 3);
-        float d1, m1;
-        k4_sub(b, j, &d1, &m1);
-        const u8* qs = b + (T == T_Q4_K ? 16 : 48) + 32 * (j >> 1);
-        int q = (qs[l] >> ((j & 1) * 4)) & 0xF;
-        if (T == T_Q5_K) q += ((b[16 + l] >> j) & 1) << 4;
-        return d1 * (float)q - m1;
-    } else if (T == T_Q2_K || T == T_Q3_K) {
-        const u8* b = row + (T == T_Q2_K ? 84 : 110) * (u >> 3);
-        int e = 32 * (u & 7) + l;
-        if (T == T_Q2_K) {
-            int sc = b[e >> 4];
-            float d = h2f(ld16(b + 80)), dmin = h2f(ld16(b + 82));
-            return d * (float)(sc & 0xF) * (float)crumb(b + 16, e) - dmin * (float)(sc >> 4);
-        }
-        int sc = q3_k_scale(b + 96, e >> 4);
-        int q = crumb(b + 32, e) - (((b[e & 31] >> (e >> 5)) & 1) ? 0 : 4);
-        return h2f(ld16(b + 108)) * (float)sc * (float)q;
-    } else if (T == T_IQ4_NL || T == T_MXFP4) {
-        const u8* b = row + (T == T_IQ4_NL ? 18 : 17) * u;
-        const u8* qs = b + (T == T_IQ4_NL ? 2 : 1);
-        int q = l < 16 ? (qs[l] & 0xF) : (qs[l - 16] >> 4);
-        if (T == T_IQ4_NL) return h2f(ld16(b)) * (float)KVALUES_IQ4NL[q];
-        return (float)KVALUES_FP4[q] * e8m0_half(b[0]);
-    } else if (T == T_IQ4_XS) {
-        const u8* b = row + 136 * (u >> 3);
-        int ib = u & 7;
-        int sc = iq4_xs_scale(b + 4, ld16(b + 2), ib);
-        const u8* qs = b + 8 + 16 * ib;
-        int q = l < 16 ? (qs[l] & 0xF) : (qs[l - 16] >> 4);
-        return h2f(ld16(b)) * (float)sc * (float)KVALUES_IQ4NL[q];
-    } else {  // Q6_K
-        int j = u & 7;
-        const u8* b = row + 210 * (u >> 3);
-        int half = j >> 2, quad = j & 3;
-        const u8* ql = b + 64 * half + 32 * (quad & 1);
-        const u8* qh = b + 128 + 32 * half;
-        const i8* scales = (const i8*)(b + 192);
-        float d = h2f(ld16(b + 208));
-        int shift = quad < 2 ? 0 : 4;
-        float s = d * (float)scales[2 * j + (l >> 4)];
-        int q = (((ql[l] >> shift) & 0xF) | (((qh[l] >> (2 * quad)) & 3) << 4)) - 32;
-        return s * (float)q;
-    }
+    static_assert(T == T_F32 || T == T_F16 || T == T_BF16, "float rows only");
+    if (T == T_F32) return ((const float*)row)[32 * u + l];
+    u16 h = ((const u16*)row)[32 * u + l];
+    return T == T_F16 ? h2f(h) : bf2f(h);
 }
-
-// y[t, y_off + r] = Σ_k x[t, k] · w[r, k] for rows r < n and tokens t < m
-// (where cuBLAS is missing, and for float rows whose length is not a
-// multiple of 32). One warp per row and block of TM tokens: the
-// warp walks the row's units, lane l taking element l of each (coalesced
-// loads of the quants and of x), so each weight is read once per TM tokens;
-// the loop is unrolled so the loads of several units are in flight at once.
-#define TM 8
-
-// The warp's weight row against up to TM activation rows xs[t] (mt of them,
-// each k long): acc[t] = Σ row[i] · xs[t][i] summed over the warp, the
-// lanes taking element l of each 32-element unit (coalesced loads), the
-// loop unrolled so the loads of several units are in flight at once.
-template <int T>
-__device__ __forceinline__ void row_dots(const u8* __restrict__ row,
-                                         const float* const* xs, int mt, int k,
-                                         float* acc) {
-    int lane = threadIdx.x & 31;
-    #pragma unroll
-    for (int t = 0; t < TM; t++) acc[t] = 0.0f;
-    int units = k >> 5;
-    #pragma unroll 8
-    for (int u = 0; u < units; u++) {
-        float v = elem<T>(row, u, lane);
-        #pragma unroll
-        for (int t = 0; t < TM; t++)
-            if (t < mt) acc[t] += v * xs[t][32 * u + lane];
-    }
-    // A float row's partial last unit (block types have none).
-    if (32 * units + lane < k) {
-        float v = elem<T>(row, units, lane);
-        #pragma unroll
-        for (int t = 0; t < TM; t++)
-            if (t < mt) acc[t] += v * xs[t][32 * units + lane];
-    }
-    #pragma unroll
-    for (int t = 0; t < TM; t++) acc[t] = warp_sum(acc[t]);
-}
-
-template <int T>
-__device__ void matmul_body(const u8* __restrict__ w, const float* __restrict__ x,
-                            float* __restrict__ y, int m, int n, int k, int ldy, int y_off) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (r >= n) return;
-    int t0 = blockIdx.y * TM;
-    int mt = min(TM, m - t0);
-    const u8* row = w + (size_t)r * row_size(T, k);
-    const float* xs[TM];
-    #pragma unroll
-    for (int t = 0; t < TM; t++) xs[t] = x + (size_t)(t0 + min(t, mt - 1)) * k;
-    float acc[TM];
-    row_dots<T>(row, xs, mt, k, acc);
-    #pragma unroll
-    for (int t = 0; t < TM; t++)
-        if (lane == 0 && t < mt) y[(size_t)(t0 + t) * ldy + y_off + r] = acc[t];
-}
-
-#define MATMUL(SUF, T)                                                                    \
-    extern "C" __global__ void matmul_##SUF(const u8* w, const float* x, float* y, int m, \
-                                            int n, int k, int ldy, int y_off) {           \
-        pdl_begin();                                                                      \
-        matmul_body<T>(w, x, y, m, n, k, ldy, y_off);                                     \
-    }
-FOR_EACH_TYPE(MATMUL)
 
 // ---- Products of 1–8 activation rows (decode) ----
 //
@@ -477,12 +244,36 @@ __device__ __forceinline__ void join_codes(const u8* lo, int ls, const u8* hi, i
         q[i] = (int)__vsub4(((lw[i] >> ls) & LO) | (((hw[i] >> hs) & HI) << HS), CENTRE);
 }
 
+// Words w0 .. w0 + N of the codes of the Q8_0, Q4_0 or Q4_1 block at b
+// (four codes a word, in element order; the 4-bit ones unsigned, their
+// offset apart): what `wunit` reads of a whole unit, and attention of
+// eight K/V elements at a time.
+template <int T, int N>
+__device__ __forceinline__ void block_words(const u8* b, int w0, int* q) {
+    if constexpr (T == T_Q8_0) {
+        ldw_2<N>(b + 2 + 4 * w0, (u32*)q);
+    } else {  // elements 0..15 are the low nibbles of the 16 code bytes, 16..31 the high
+        #pragma unroll
+        for (int i = 0; i < N; i++) {
+            int wi = w0 + i;
+            u32 v = T == T_Q4_0 ? ld32_2(b + 2 + 4 * (wi & 3))
+                                : *(const u32*)(b + 4 + 4 * (wi & 3));
+            q[i] = (int)((v >> (4 * (wi >> 2))) & 0x0F0F0F0F);
+        }
+    }
+}
+
 // One 32-element unit of a block-type weight row: its codes as signed bytes
 // (element i in byte i % 4 of q[i / 4]) and, per half of 16 elements, a
 // scale and an offset: element i = s[i / 16] · code + m[i / 16].
 struct WUnit {
     int q[8];
     float s[2], m[2];
+    // Element i's value.
+    __device__ __forceinline__ float at(int i) const {
+        int c = (int)(i8)(q[i >> 2] >> (8 * (i & 3)));
+        return s[i >> 4] * (float)c + m[i >> 4];
+    }
 };
 
 // Whether a type's halves have their own scales, and whether it has offsets.
@@ -503,18 +294,13 @@ __device__ __forceinline__ void wunit(const u8* __restrict__ row, int u, WUnit& 
     if (T == T_Q8_0) {
         const u8* b = row + 34 * u;
         w.s[0] = h2f(*(const u16*)b);
-        ldw_2<8>(b + 2, (u32*)w.q);
+        block_words<T, 8>(b, 0, w.q);
     } else if (T == T_Q4_0 || T == T_Q4_1) {
         const u8* b = row + (T == T_Q4_0 ? 18 : 20) * u;
         float d = h2f(*(const u16*)b);
         w.s[0] = d;
         w.m[0] = T == T_Q4_0 ? -8.0f * d : h2f(*(const u16*)(b + 2));
-        #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            u32 v = T == T_Q4_0 ? ld32_2(b + 2 + 4 * i) : *(const u32*)(b + 4 + 4 * i);
-            w.q[i] = (int)(v & 0x0F0F0F0F);
-            w.q[i + 4] = (int)((v >> 4) & 0x0F0F0F0F);
-        }
+        block_words<T, 8>(b, 0, w.q);
     } else if (T == T_Q5_0 || T == T_Q5_1) {
         const u8* b = row + (T == T_Q5_0 ? 22 : 24) * u;
         float d = h2f(*(const u16*)b);
@@ -533,7 +319,7 @@ __device__ __forceinline__ void wunit(const u8* __restrict__ row, int u, WUnit& 
         // nibbles); neighbouring lanes load the same vectors, once.
         // The block's head (d, dmin and the twelve scale bytes) is one
         // 16-byte load; sub-block j's 6-bit scale and min come out of it
-        // as scale_min_k4 reads them.
+        // as ggml's get_scale_min_k4 reads them.
         int j = u & 7;
         const u8* b = row + (T == T_Q4_K ? 144 : 176) * (u >> 3);
         uint4 head = *(const uint4*)b;
@@ -654,6 +440,22 @@ __device__ __forceinline__ void funit(const u8* __restrict__ row, int u, float* 
     }
 }
 
+// Unit u (elements 32u .. 32u + 32) of a row of type T into v[32]: a float
+// row element by element (any alignment), a block row through `wunit`, the
+// one decoder of each block format.
+template <int T>
+__device__ __forceinline__ void unit(const u8* __restrict__ row, int u, float* v) {
+    if constexpr (is_float(T)) {
+        #pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = elem<T>(row, u, i);
+    } else {
+        WUnit w;
+        wunit<T>(row, u, w);
+        #pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = w.at(i);
+    }
+}
+
 // Σ v[i] · x[i] over one unit, x 16-byte aligned.
 __device__ __forceinline__ float dot32(const float* v, const float* __restrict__ x) {
     const float4* xp = (const float4*)x;
@@ -665,6 +467,85 @@ __device__ __forceinline__ float dot32(const float* v, const float* __restrict__
     }
     return acc;
 }
+
+// y[t, y_off + r] = Σ_k x[t, k] · w[r, k] for rows r < n and tokens t < m
+// (where cuBLAS is missing, and for float rows whose length is not a
+// multiple of 32). One warp per row and block of TM tokens, so each weight
+// is read once per TM tokens.
+#define TM 8
+
+// The warp's weight row against up to TM activation rows xs[t] (mt of them,
+// each k long): acc[t] = Σ row[i] · xs[t][i] summed over the warp. Float
+// rows: lane l takes element l of each 32-element unit (coalesced loads,
+// any length); block rows: lane l takes units l, l + 32, … whole, as the
+// decode products do.
+template <int T>
+__device__ __forceinline__ void row_dots(const u8* __restrict__ row,
+                                         const float* const* xs, int mt, int k,
+                                         float* acc) {
+    int lane = threadIdx.x & 31;
+    #pragma unroll
+    for (int t = 0; t < TM; t++) acc[t] = 0.0f;
+    int units = k >> 5;
+    if constexpr (is_float(T)) {
+        #pragma unroll 8
+        for (int u = 0; u < units; u++) {
+            float v = elem<T>(row, u, lane);
+            #pragma unroll
+            for (int t = 0; t < TM; t++)
+                if (t < mt) acc[t] += v * xs[t][32 * u + lane];
+        }
+        // The partial last unit.
+        if (32 * units + lane < k) {
+            float v = elem<T>(row, units, lane);
+            #pragma unroll
+            for (int t = 0; t < TM; t++)
+                if (t < mt) acc[t] += v * xs[t][32 * units + lane];
+        }
+    } else {
+        #pragma unroll 2
+        for (int u = lane; u < units; u += 32) {
+            float v[32];
+            unit<T>(row, u, v);
+            #pragma unroll
+            for (int t = 0; t < TM; t++) {
+                if (t >= mt) continue;
+                const float* x = xs[t] + 32 * u;
+                #pragma unroll
+                for (int i = 0; i < 32; i++) acc[t] += v[i] * x[i];
+            }
+        }
+    }
+    #pragma unroll
+    for (int t = 0; t < TM; t++) acc[t] = warp_sum(acc[t]);
+}
+
+template <int T>
+__device__ void matmul_body(const u8* __restrict__ w, const float* __restrict__ x,
+                            float* __restrict__ y, int m, int n, int k, int ldy, int y_off) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (r >= n) return;
+    int t0 = blockIdx.y * TM;
+    int mt = min(TM, m - t0);
+    const u8* row = w + (size_t)r * row_size(T, k);
+    const float* xs[TM];
+    #pragma unroll
+    for (int t = 0; t < TM; t++) xs[t] = x + (size_t)(t0 + min(t, mt - 1)) * k;
+    float acc[TM];
+    row_dots<T>(row, xs, mt, k, acc);
+    #pragma unroll
+    for (int t = 0; t < TM; t++)
+        if (lane == 0 && t < mt) y[(size_t)(t0 + t) * ldy + y_off + r] = acc[t];
+}
+
+#define MATMUL(SUF, T)                                                                    \
+    extern "C" __global__ void matmul_##SUF(const u8* w, const float* x, float* y, int m, \
+                                            int n, int k, int ldy, int y_off) {           \
+        pdl_begin();                                                                      \
+        matmul_body<T>(w, x, y, m, n, k, ldy, y_off);                                     \
+    }
+FOR_EACH_TYPE(MATMUL)
 
 // Element v of a warp's 32 (one per lane, in order) into its Q8_0 block as
 // ggml's reference quantizer writes it: the code at q, and lane 0 the f16
@@ -725,10 +606,7 @@ __device__ __forceinline__ void unit_dot(const WUnit& q, int u, int units, int k
     } else {
         float v[32];
         #pragma unroll
-        for (int i = 0; i < 32; i++) {
-            int c = (int)(i8)(q.q[i >> 2] >> (8 * (i & 3)));
-            v[i] = q.s[i >> 4] * (float)c + q.m[i >> 4];
-        }
+        for (int i = 0; i < 32; i++) v[i] = q.at(i);
         #pragma unroll
         for (int t = 0; t < NX; t++)
             if (t < mt) acc[t] += dot32(v, x + (size_t)t * k + 32 * u);
@@ -1092,9 +970,11 @@ __device__ void gather_body(const u8* table, const int* ids, float* out, int n, 
     int i = idx / units, u = idx % units;
     const u8* row = table + (size_t)ids[i] * row_size(T, k);
     float* o = out + (size_t)i * k + 32 * u;
-    if (32 * u + 32 > k) {
-        for (int j = 0; 32 * u + j < k; j++) o[j] = elem<T>(row, u, j);
-        return;
+    if constexpr (is_float(T)) {
+        if (32 * u + 32 > k) {
+            for (int j = 0; 32 * u + j < k; j++) o[j] = elem<T>(row, u, j);
+            return;
+        }
     }
     float v[32];
     unit<T>(row, u, v);
@@ -1491,24 +1371,6 @@ extern "C" __global__ void rms_norm_rope(const float* x, const float* gamma, flo
 // K/V buffers hold rows of f32, f16 or bf16 elements, or of ggml's Q8_0
 // or Q4_0 blocks (whole blocks a row), stored as the CPU stores them.
 
-// Element i of a K/V buffer of type T.
-template <int T>
-__device__ __forceinline__ float kv_load(const void* base, size_t i) {
-    if (T == T_F32) return ((const float*)base)[i];
-    if (T == T_F16 || T == T_BF16) {
-        u16 h = ((const u16*)base)[i];
-        return T == T_F16 ? h2f(h) : bf2f(h);
-    }
-    int l = (int)(i & 31);
-    if (T == T_Q8_0) {
-        const u8* b = (const u8*)base + (i >> 5) * 34;
-        return h2f(ld16(b)) * (float)(i8)b[2 + l];
-    }
-    const u8* b = (const u8*)base + (i >> 5) * 18;  // Q4_0
-    int q = l < 16 ? (b[2 + l] & 0xF) : (b[2 + l - 16] >> 4);
-    return (float)(q - 8) * h2f(ld16(b));
-}
-
 // A block's f16 scale, as one 16-bit store (blocks of 34 and 18 bytes start
 // 2-byte aligned). Written as two byte stores of the converted half (the
 // PTX was right), the low byte came out 0 on an H200 (sm_90, CUDA 13).
@@ -1732,7 +1594,7 @@ struct DenseKeys {
 // quantize_q8 writes them; hdv a multiple of 32), with ob as its bf16
 // operand (as to_bf16 writes it). hd, hdv ≤ 512, gq ≤
 // ATTN_MAXG and gq · max(hd, hdv) ≤ ATTN_QF (the Rust side's
-// attention_group); keys of type KT and values of type VT (`kv_load`).
+// attention_group); keys of type KT and values of type VT (`KvPiece`).
 #define AW 4
 #define ATTN_PART (512 + 2)
 #define ATTN_MAXG 4
@@ -1796,8 +1658,27 @@ struct KvPiece<T, false> {
             v8[4] = b.x, v8[5] = b.y, v8[6] = b.z, v8[7] = b.w;
             return;
         }
-        #pragma unroll
-        for (int e = 0; e < 8; e++) v8[e] = e < lim ? kv_load<T>(base, c + e) : 0.0f;
+        if constexpr (T == T_F32) {
+            #pragma unroll
+            for (int e = 0; e < 8; e++) v8[e] = e < lim ? ((const float*)base)[c + e] : 0.0f;
+        } else {
+            // Rows are whole blocks, so a piece lies in one block, whole or
+            // past the row's end.
+            if (lim < 8) {
+                #pragma unroll
+                for (int e = 0; e < 8; e++) v8[e] = 0.0f;
+                return;
+            }
+            const u8* b = (const u8*)base + (c >> 5) * (T == T_Q8_0 ? 34 : 18);
+            int q[2];
+            block_words<T, 2>(b, (int)(c & 31) >> 2, q);
+            float d = h2f(*(const u16*)b);
+            #pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float code = (float)(int)(i8)(q[e >> 2] >> (8 * (e & 3)));
+                v8[e] = T == T_Q4_0 ? d * code + -8.0f * d : d * code;
+            }
+        }
     }
     __device__ __forceinline__ void get(float* v) const {
         #pragma unroll

@@ -775,10 +775,10 @@ fn random_rows(ty: GgmlType, rows: usize, k: usize, r: &mut Rng) -> Vec<u8> {
 #[test]
 #[ignore = "needs a GPU"]
 fn every_type_decodes_as_the_reference() {
-    // Each type's two decoders on the GPU (whole 32-element units, read by
-    // the gather and dequantization kernels; single elements, read by the
-    // products) against rlx_gguf::dequantize on random blocks. The product
-    // reads them through one-hot activations, so each output is one weight.
+    // Each type's decoder on the GPU, as the gather, dequantization and
+    // fallback product kernels read it, against rlx_gguf::dequantize on
+    // random blocks. The product reads it through one-hot activations, so
+    // each output is one weight.
     use cudarc::driver::LaunchConfig;
     let dev = gpu_device();
     let s = &dev.stream;
