@@ -125,6 +125,13 @@ pub(crate) fn to_chat(
     }
     out.insert("messages".into(), Value::Array(messages.clone()));
     if let Some(n) = body.get("max_output_tokens").filter(|v| !v.is_null()) {
+        // Checked here, so that an error names the field as sent.
+        if n.as_u64().is_none() {
+            return Err(BadRequest::param(
+                "max_output_tokens",
+                format!("expected a non-negative integer, got {n}"),
+            ));
+        }
         out.insert("max_tokens".into(), n.clone());
     }
     copy_present(

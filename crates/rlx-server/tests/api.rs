@@ -2108,7 +2108,7 @@ fn anthropics_messages_api_answers_as_the_chat_endpoint_does() {
 /// OpenAI's Responses API: the text /v1/chat/completions gives for the same
 /// turns, whole and as its events; `previous_response_id` continues the
 /// kept conversation (the chat of all its turns); a response not kept is a
-/// 404; `store: false` keeps nothing.
+/// 404; `store: false` keeps nothing; bad fields are 400s naming them.
 #[test]
 fn the_responses_api_answers_as_the_chat_endpoint_does() {
     let srv = roomy_server();
@@ -2185,6 +2185,24 @@ fn the_responses_api_answers_as_the_chat_endpoint_does() {
         &json!({"previous_response_id": last["response"]["id"], "input": "x"}),
     );
     assert_eq!(status, 404, "{v}");
+    // Bad fields: 400s in OpenAI's error shape, naming the field.
+    for (body, field) in [
+        (
+            json!({"input": "x", "max_output_tokens": "ten"}),
+            "max_output_tokens",
+        ),
+        (json!({"input": 5}), "input"),
+        (
+            json!({"input": "x", "tools": [{"type": "function"}]}),
+            "tools",
+        ),
+    ] {
+        let (status, v) = srv.post("/v1/responses", &body);
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["type"], json!("invalid_request_error"), "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{body}: {message}");
+    }
 }
 
 /// The official `ollama` and `anthropic` Python clients and the `openai`
