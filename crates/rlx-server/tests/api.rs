@@ -1177,19 +1177,15 @@ fn the_openai_python_client_round_trips() {
     }
     let server = TestServer::start();
     let tools = tool_server("gemma4-tools");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg(format!("http://{}/v1", server.addr))
-        .arg("tiny")
-        .arg(format!("http://{}/v1", tools.addr))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    python_checks(
+        &python,
+        "tests/openai_client.py",
+        &[
+            format!("http://{}/v1", server.addr),
+            "tiny".into(),
+            format!("http://{}/v1", tools.addr),
+        ],
+    );
 }
 
 #[test]
@@ -2224,17 +2220,11 @@ fn the_ollama_anthropic_and_responses_clients_round_trip() {
         return;
     }
     let server = roomy_server();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients.py");
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg(format!("http://{}", server.addr))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    python_checks(
+        &python,
+        "tests/clients.py",
+        &[format!("http://{}", server.addr)],
+    );
 }
 
 /// The chat page in headless Chromium against the real 270M model
@@ -2257,11 +2247,23 @@ fn the_chat_page_works_in_a_browser() {
     // The real model: real text, at the pace a user sees it stream.
     let server = real_server(1);
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/webui.py");
-    let out = std::process::Command::new(&python)
+    let args = [
+        format!("http://{}", server.addr),
+        "--chromium".into(),
+        chromium,
+        "--long-reply".into(),
+        "2000".into(),
+    ];
+    python_checks(&python, "tests/webui.py", &args);
+}
+
+/// Runs one of the Python check scripts (`script`, relative to this crate)
+/// and fails unless every check passed.
+fn python_checks(python: &str, script: &str, args: &[String]) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(script);
+    let out = std::process::Command::new(python)
         .arg(&script)
-        .arg(format!("http://{}", server.addr))
-        .args(["--chromium", &chromium, "--long-reply", "2000"])
+        .args(args)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

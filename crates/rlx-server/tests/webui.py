@@ -176,6 +176,7 @@ class Browser:
         self.next_id = 0
         self.errors = []  # uncaught exceptions and console errors of the page
         self.urls = []  # every URL the page requested
+        self.chat_bodies = []  # the chat requests' bodies, in order
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         self.session = self.call("Target.attachToTarget",
                                  {"targetId": target, "flatten": True})["sessionId"]
@@ -199,7 +200,10 @@ class Browser:
     def event(self, r):
         p = r.get("params", {})
         if r.get("method") == "Network.requestWillBeSent":
-            self.urls.append(p.get("request", {}).get("url", ""))
+            req = p.get("request", {})
+            self.urls.append(req.get("url", ""))
+            if req.get("url", "").endswith("/v1/chat/completions") and req.get("postData"):
+                self.chat_bodies.append(json.loads(req["postData"]))
         elif r.get("method") == "Runtime.exceptionThrown":
             d = p["exceptionDetails"]
             self.errors.append((d.get("exception") or {}).get("description") or d.get("text"))
@@ -425,7 +429,22 @@ def run(b, base, args):
     check(6, "editing the first user message replaces the rest with one new reply")
 
     STEP[0] = 7
-    # 7. A phone-sized screen.
+    # 7. "Think first" asks the template to think, and the reply still comes.
+    b.js("T.q('settings').click(); true")
+    b.wait("!document.getElementById('settings').hidden", "the settings panel to open", 5)
+    b.js("T.q('thinking').click(); "
+         "T.set(document.querySelector('#settings [name=max_tokens]'), '64'); "
+         "T.q('settings').click(); true")
+    b.js("T.set(T.q('input'), 'Why is the sky blue?'); T.q('send').click(); true")
+    msgs = wait_reply(b, "the reply with thinking on")
+    sent = b.chat_bodies[-1] if b.chat_bodies else {}
+    expect(sent.get("chat_template_kwargs") == {"enable_thinking": True},
+           f"thinking on sent {sent.get('chat_template_kwargs')!r}")
+    expect(msgs[-1]["text"].strip() or msgs[-1]["thinking"], "the reply with thinking on is empty")
+    check(7, "'Think first' sends enable_thinking and the reply arrives")
+
+    STEP[0] = 8
+    # 8. A phone-sized screen.
     b.viewport(360, 640, True)
     time.sleep(0.3)
     for tid in ("input", "send"):
@@ -439,10 +458,10 @@ def run(b, base, args):
         time.sleep(0.4)
         b.screenshot(os.path.join(shots, "phone-sidebar.png"))
         b.js("document.getElementById('scrim').click(); true")
-    check(7, "at 360x640 the input and send button are inside the viewport")
+    check(8, "at 360x640 the input and send button are inside the viewport")
 
     if shots:
-        check(8, f"screenshots saved in {shots}: desktop.png, phone.png, phone-sidebar.png")
+        check(9, f"screenshots saved in {shots}: desktop.png, phone.png, phone-sidebar.png")
     expect(not b.errors, "the page logged errors:\n  " + "\n  ".join(map(str, b.errors)))
     # Nothing beyond the server: no CDN, fonts or analytics.
     b.js("true")  # collect the last events

@@ -31,7 +31,7 @@ function uid() {
 }
 
 function blankSettings() {
-  const s = { system: '' };
+  const s = { system: '', thinking: false };
   for (const f of FIELDS) s[f] = '';
   return s;
 }
@@ -176,6 +176,9 @@ function requestBody(conv) {
     }
     body[f] = n;
   }
+  // Read by chat templates that can think before answering; the thoughts
+  // come back as reasoning_content.
+  if (s.thinking) body.chat_template_kwargs = { enable_thinking: true };
   return body;
 }
 
@@ -736,6 +739,7 @@ function openSettings(open) {
 function fillSettings() {
   const s = current().settings;
   for (const f of ['system', ...FIELDS]) ui.form.elements[f].value = s[f] ?? '';
+  ui.form.elements.thinking.checked = !!s.thinking;
   ui.apiKey.value = localStorage.getItem(API_KEY) || '';
 }
 
@@ -766,7 +770,7 @@ ui.form.addEventListener('input', (e) => {
     if (t.value) localStorage.setItem(API_KEY, t.value);
     else localStorage.removeItem(API_KEY);
   } else if (t.name) {
-    current().settings[t.name] = t.value;
+    current().settings[t.name] = t.type === 'checkbox' ? t.checked : t.value;
     save();
   }
 });
