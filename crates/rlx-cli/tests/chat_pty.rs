@@ -40,3 +40,31 @@ fn the_second_turn_reuses_the_first_from_the_cache() {
     p.send_line("/quit").unwrap();
     p.exp_eof().unwrap();
 }
+
+/// A base model (the real 270M file: no chat template, no instruction-tuned
+/// marker) is named as such before the first prompt; a file with its own
+/// template (the tiny one above) gets no such line.
+#[test]
+fn chat_says_when_the_model_is_a_base_model() {
+    let cmd = format!(
+        "{} chat -m {} -n 2 --temp 0 -t 1",
+        env!("CARGO_BIN_EXE_rlx"),
+        common::real_model().display()
+    );
+    let mut p = rexpect::spawn(&cmd, Some(60_000)).unwrap();
+    p.exp_string("is a base model").unwrap();
+    p.exp_string("rlx run --raw").unwrap();
+    p.exp_string("> ").unwrap();
+    p.send_line("/quit").unwrap();
+    p.exp_eof().unwrap();
+    let cmd = format!(
+        "{} chat -m {} -n 2 --temp 0 -t 1",
+        env!("CARGO_BIN_EXE_rlx"),
+        tiny().display()
+    );
+    let mut p = rexpect::spawn(&cmd, Some(60_000)).unwrap();
+    let before = p.exp_string("> ").unwrap();
+    assert!(!before.contains("note:"), "{before}");
+    p.send_line("/quit").unwrap();
+    p.exp_eof().unwrap();
+}

@@ -98,6 +98,52 @@ pub const GEMMA_TEMPLATE: &str = "{{ bos_token }}\
 {% endfor %}\
 {% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}";
 
+/// What a file says about how its model was tuned, for what chat can do
+/// with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tuning {
+    /// It carries a chat template (instruction-tuned files do).
+    Chat,
+    /// No template, but its name, fine-tune or tags say instruction-tuned
+    /// (`it`, `instruct`, `chat`): the built-in Gemma template stands in.
+    InstructWithoutTemplate,
+    /// No template and no such marker: a base model, which continues text
+    /// rather than following instructions.
+    Base,
+}
+
+impl Tuning {
+    /// Read from the file's metadata.
+    pub fn of(file: &GgufFile) -> Tuning {
+        if file.get(TEMPLATE_KEY).is_some() {
+            return Tuning::Chat;
+        }
+        let mut words = Vec::new();
+        for key in ["general.finetune", "general.name", "general.basename"] {
+            if let Some(v) = file.get(key).and_then(|v| v.as_str()) {
+                words.push(v.to_owned());
+            }
+        }
+        if let Some(tags) = file
+            .get("general.tags")
+            .and_then(|v| v.as_array())
+            .and_then(|a| a.as_strings())
+        {
+            words.extend(tags.iter().cloned());
+        }
+        let marked = words.iter().any(|w| {
+            w.to_ascii_lowercase()
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .any(|part| matches!(part, "it" | "instruct" | "instruction" | "chat"))
+        });
+        if marked {
+            Tuning::InstructWithoutTemplate
+        } else {
+            Tuning::Base
+        }
+    }
+}
+
 impl ChatTemplate {
     /// The file's `tokenizer.chat_template`, or a built-in Gemma format when
     /// it has none: the Gemma 4 one if the vocabulary has `<|turn>`,
@@ -562,6 +608,50 @@ fn template_error(name: &str, source: &str, e: &Error) -> TokenizerError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use rlx_gguf::Value as GValue;
+
+    fn file_with(metadata: &[(&str, GValue)]) -> GgufFile {
+        let metadata = metadata
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect();
+        GgufFile::from_parts(None, metadata, Vec::new()).unwrap()
+    }
+
+    #[test]
+    fn a_file_says_whether_its_model_follows_instructions() {
+        let name = |n: &str| ("general.name", GValue::String(n.into()));
+        let template = (TEMPLATE_KEY, GValue::String("{{ messages }}".into()));
+        for (metadata, want) in [
+            (vec![name("Gemma 3 270m")], Tuning::Base),
+            (vec![name("Gemma 3 270m"), template.clone()], Tuning::Chat),
+            (
+                vec![name("Gemma 3 270m It")],
+                Tuning::InstructWithoutTemplate,
+            ),
+            (
+                vec![name("gemma-3-1b-it-qat")],
+                Tuning::InstructWithoutTemplate,
+            ),
+            (
+                vec![("general.finetune", GValue::String("instruct".into()))],
+                Tuning::InstructWithoutTemplate,
+            ),
+            (
+                vec![(
+                    "general.tags",
+                    GValue::Array(rlx_gguf::Array::String(vec!["chat".into()])),
+                )],
+                Tuning::InstructWithoutTemplate,
+            ),
+            // A word that merely contains "it" is no marker.
+            (vec![name("Gemma Italian Edit")], Tuning::Base),
+            (Vec::new(), Tuning::Base),
+        ] {
+            assert_eq!(Tuning::of(&file_with(&metadata)), want, "{metadata:?}");
+        }
+    }
 
     fn conv() -> Vec<ChatMessage> {
         vec![

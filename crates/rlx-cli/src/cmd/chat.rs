@@ -61,6 +61,9 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let mut system = args.system.clone();
     let mut history: Vec<ChatMessage> = Vec::new();
     let mut err = std::io::stderr();
+    if let Some(note) = super::common::tuning_note(model.file(), &args.model.model) {
+        writeln!(err, "{note}")?;
+    }
     writeln!(err, "rlx chat — {HELP}")?;
     let stdin = std::io::stdin();
     loop {

@@ -239,6 +239,27 @@ impl ModelArgs {
 }
 
 /// A path as given, or a file of that name in the model cache.
+/// A line for chat and the server when the file's model was not tuned for
+/// chat, or its chat template is Gemma's built-in one; `None` when the file
+/// carries its own template.
+pub fn tuning_note(file: &rlx_gguf::GgufFile, given: &std::path::Path) -> Option<String> {
+    use rlx_tokenizer::Tuning;
+    let name = given.display();
+    match Tuning::of(file) {
+        Tuning::Chat => None,
+        Tuning::InstructWithoutTemplate => Some(format!(
+            "note: {name} has no chat template; using Gemma's built-in one"
+        )),
+        Tuning::Base => Some(format!(
+            "note: {name} is a base model (no chat template, and nothing in its name says \
+             instruction-tuned): it continues text rather than following instructions, and a \
+             system prompt does not change that. Continue a text with `rlx run --raw \"...\"`, \
+             or use an instruction-tuned file: `rlx models`, \
+             `rlx pull hf.co/ggml-org/gemma-3-270m-it-GGUF`"
+        )),
+    }
+}
+
 pub fn resolve_model(given: &std::path::Path) -> Result<PathBuf> {
     super::stores::resolve(given, &super::stores::Roots::from_env())
 }

@@ -115,20 +115,16 @@ fn spec(args: &RunArgs) -> Result<Option<rlx_guide::Spec>> {
     Ok(None)
 }
 
-/// Whether the file carries a chat template (instruction-tuned models do).
-pub fn has_chat_template(file: &rlx_gguf::GgufFile) -> bool {
-    file.get("tokenizer.chat_template").is_some()
-}
-
-/// Prompt tokens: through the chat template for instruction-tuned models,
-/// else the raw text with BOS.
+/// Prompt tokens: through the chat template for instruction-tuned models
+/// (Gemma's built-in one where the file has none), else the raw text with
+/// BOS.
 pub fn prompt_tokens(
     tok: &Tokenizer,
     file: &rlx_gguf::GgufFile,
     messages: &[ChatMessage],
     raw: bool,
 ) -> Result<Vec<u32>> {
-    if raw || !has_chat_template(file) {
+    if raw || rlx_tokenizer::Tuning::of(file) == rlx_tokenizer::Tuning::Base {
         let text: String = messages
             .iter()
             .map(|m| m.content.as_str())
@@ -191,6 +187,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
         messages.push(ChatMessage::system(sys.clone()));
     }
     messages.push(ChatMessage::user(prompt));
+    if !args.raw {
+        let guessed = rlx_tokenizer::Tuning::of(model.file())
+            == rlx_tokenizer::Tuning::InstructWithoutTemplate;
+        if let Some(note) =
+            super::common::tuning_note(model.file(), &args.model.model).filter(|_| guessed)
+        {
+            eprintln!("{note}");
+        }
+    }
     let ids = prompt_tokens(&tok, model.file(), &messages, args.raw)?;
     let context = Some(args.ctx.unwrap_or(ids.len() + args.sample.n));
     let mut session = model.session(SessionOptions {

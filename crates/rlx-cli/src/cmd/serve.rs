@@ -71,6 +71,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     // The model loads while the port already answers /health with 503.
     let load = move || -> Result<Server> {
         let model = model_args.load_for(Some(ctx))?;
+        if let Some(note) = super::common::tuning_note(model.file(), &model_args.model) {
+            eprintln!("{note}");
+        }
         let tok = rlx_tokenizer::Tokenizer::from_gguf(model.file())?;
         let draft = sample.draft_model(&model_args, &tok, Some(ctx))?;
         let context = (ctx / parallel)
