@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod cmd;
 
@@ -137,8 +137,67 @@ fn pull_first(command: &mut Command) -> anyhow::Result<()> {
     }
 }
 
+/// The subcommands by heading, in the order people work: what they run
+/// first, then the tools for scripts and parity checks. (clap lists every
+/// subcommand under one heading, so `rlx --help` lists them from here.)
+const GROUPS: [(&str, &[&str]); 2] = [
+    (
+        "Commands",
+        &[
+            "run",
+            "chat",
+            "serve",
+            "bench",
+            "perplexity",
+            "quantize",
+            "models",
+            "pull",
+        ],
+    ),
+    (
+        "Scripting and parity tools",
+        &[
+            "tokenize",
+            "detokenize",
+            "score",
+            "generate",
+            "info",
+            "help",
+        ],
+    ),
+];
+
+/// The command line, its top-level help listing the subcommands by group.
+fn command() -> clap::Command {
+    let cmd = Cli::command();
+    let width = GROUPS
+        .iter()
+        .flat_map(|g| g.1)
+        .map(|n| n.len())
+        .max()
+        .unwrap_or(0);
+    let mut listing = String::new();
+    for (heading, names) in GROUPS {
+        listing.push_str(&format!("{heading}:\n"));
+        for name in names {
+            let about = match cmd.find_subcommand(name).and_then(|c| c.get_about()) {
+                Some(about) => about.to_string(),
+                None => "Print this message or the help of the given subcommand(s)".into(),
+            };
+            listing.push_str(&format!("  {name:<width$}  {about}\n"));
+        }
+        listing.push('\n');
+    }
+    cmd.help_template(format!(
+        "{{about-with-newline}}\n{{usage-heading}} {{usage}}\n\n{listing}Options:\n{{options}}{{after-help}}"
+    ))
+}
+
 fn main() -> ExitCode {
-    let mut cli = Cli::parse_from(args());
+    let mut cli = match Cli::from_arg_matches(&command().get_matches_from(args())) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let result = pull_first(&mut cli.command).and_then(|()| match cli.command {
         Command::Info(args) => cmd::info::run(&args),
         Command::Score(args) => cmd::score::run(&args),
@@ -170,4 +229,33 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_subcommand_is_listed_once_under_a_heading() {
+        let cmd = Cli::command();
+        let mut listed: Vec<&str> = GROUPS.iter().flat_map(|g| g.1.iter().copied()).collect();
+        listed.sort();
+        let mut names: Vec<&str> = cmd
+            .get_subcommands()
+            .map(|c| c.get_name())
+            .chain(["help"])
+            .collect();
+        names.sort();
+        assert_eq!(listed, names, "GROUPS against the subcommands");
+        let help = command().render_help().to_string();
+        let at = |line: &str| {
+            help.find(line)
+                .unwrap_or_else(|| panic!("no {line:?} in {help}"))
+        };
+        assert!(
+            at("  run ") < at("  chat ") && at("  pull ") < at("Scripting"),
+            "{help}"
+        );
+        assert!(at("Scripting and parity tools:") < at("  info "), "{help}");
+    }
 }
