@@ -239,6 +239,23 @@ impl ModelArgs {
 }
 
 /// A path as given, or a file of that name in the model cache.
+/// `n` bytes in the largest binary unit that keeps a whole number before
+/// the point, with `decimals` after it (`394.2 KiB`; `15 B`).
+pub fn human_bytes(n: u64, decimals: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = n as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < UNITS.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{x:.decimals$} {}", UNITS[u])
+    }
+}
+
 /// A line for chat and the server when the file's model was not tuned for
 /// chat, or its chat template is Gemma's built-in one; `None` when the file
 /// carries its own template.

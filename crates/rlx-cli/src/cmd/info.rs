@@ -8,6 +8,8 @@ use anyhow::{Context, Result};
 use rlx_gguf::{Array, GgmlType, GgufFile, Value};
 use serde_json::{json, Map, Value as Json};
 
+use super::common::human_bytes;
+
 /// Arrays longer than this are summarised (length and first items).
 const ARRAY_SUMMARY_LEN: usize = 16;
 /// Items shown of a summarised array.
@@ -117,21 +119,6 @@ fn value_text(v: &Value) -> String {
     }
 }
 
-fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
-    let mut x = n as f64;
-    let mut u = 0;
-    while x >= 1024.0 && u + 1 < UNITS.len() {
-        x /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{x:.2} {}", UNITS[u])
-    }
-}
-
 fn print_text(file: &GgufFile, out: &mut impl Write) -> Result<()> {
     if let Some(p) = file.path() {
         writeln!(out, "file:        {}", p.display())?;
@@ -140,7 +127,7 @@ fn print_text(file: &GgufFile, out: &mut impl Write) -> Result<()> {
     writeln!(
         out,
         "size:        {} ({} bytes)",
-        human_bytes(file.file_len()),
+        human_bytes(file.file_len(), 2),
         file.file_len()
     )?;
     writeln!(out, "alignment:   {}", file.alignment())?;
@@ -206,7 +193,7 @@ fn print_text(file: &GgufFile, out: &mut impl Write) -> Result<()> {
             out,
             "  {:<8} {count:>7} {e:>14} {b:>12}  ({})",
             ty.name(),
-            human_bytes(*b)
+            human_bytes(*b, 2)
         )?;
         n += count;
         elems += e;
@@ -216,7 +203,7 @@ fn print_text(file: &GgufFile, out: &mut impl Write) -> Result<()> {
         out,
         "  {:<8} {n:>7} {elems:>14} {bytes:>12}  ({})",
         "all",
-        human_bytes(bytes)
+        human_bytes(bytes, 2)
     )?;
     Ok(())
 }

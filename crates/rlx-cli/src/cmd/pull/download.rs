@@ -15,6 +15,8 @@ use ureq::config::RedirectAuthHeaders;
 use ureq::http::Response;
 use ureq::{Agent, Body};
 
+use crate::cmd::common::human_bytes;
+
 /// Tries in a row that bring no new byte before a download gives up.
 const TRIES: u32 = 5;
 /// A connection that sends nothing for this long counts as cut.
@@ -171,7 +173,11 @@ pub fn download(
     }
     let mut part = Partial::open(partial)?;
     if part.bytes > 0 {
-        eprintln!("continuing {} from {}", blob.label, human_bytes(part.bytes));
+        eprintln!(
+            "continuing {} from {}",
+            blob.label,
+            human_bytes(part.bytes, 1)
+        );
     }
     let bar = bar(progress, blob.bytes, &blob.label);
     bar.set_position(part.bytes);
@@ -236,15 +242,15 @@ pub fn download(
             bail!(
                 "{} stopped at {} of {} after {TRIES} tries ({why}); run again to continue from there",
                 blob.label,
-                human_bytes(part.bytes),
-                total.map_or("?".into(), human_bytes)
+                human_bytes(part.bytes, 1),
+                total.map_or("?".into(), |t| human_bytes(t, 1))
             );
         }
         bar.suspend(|| {
             eprintln!(
                 "{}: {why}; continuing from {}",
                 blob.label,
-                human_bytes(part.bytes)
+                human_bytes(part.bytes, 1)
             )
         });
         std::thread::sleep(Duration::from_millis(200 * u64::from(tries_without_bytes)));
@@ -272,7 +278,7 @@ pub fn download(
     eprintln!(
         "fetched {} ({}) in {:.1} s{}",
         blob.label,
-        human_bytes(bytes),
+        human_bytes(bytes, 1),
         started.elapsed().as_secs_f64(),
         if blob.sha256.is_some() {
             ", sha256 verified"
@@ -390,22 +396,6 @@ fn bar(progress: bool, bytes: Option<u64>, label: &str) -> ProgressBar {
     );
     bar.set_message(label.to_owned());
     bar
-}
-
-/// `394.2 KiB`, `1.6 GiB`.
-pub fn human_bytes(bytes: u64) -> String {
-    let units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < units.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} bytes")
-    } else {
-        format!("{v:.1} {}", units[unit])
-    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
-use ureq::Agent;
+use ureq::http::Response;
+use ureq::{Agent, Body};
 
 use super::download::{self, nothing_fetched, Blob, HttpStatus, Outcome};
 use super::{Options, Pulled};
@@ -108,20 +109,24 @@ fn main_commit(agent: &Agent, opts: &Options, repo: &str, named_by_host: bool) -
         s @ (401 | 403) => return Err(token_needed(repo, s, opts.hf_token.is_some())),
         status => return Err(HttpStatus { url, status }.into()),
     }
-    let text = resp
-        .into_body()
-        .with_config()
-        .limit(64 << 20)
-        .read_to_string()
-        .with_context(|| format!("cannot read what the hub says of {repo}"))?;
-    let info: Value = serde_json::from_str(&text)
-        .with_context(|| format!("what the hub says of {repo} is not JSON"))?;
+    let info = read_json(resp, &format!("what the hub says of {repo}"))?;
     let sha = info["sha"].as_str().unwrap_or_default();
     // It names a folder of the cache.
     if sha.is_empty() || sha.len() > 64 || !sha.chars().all(|c| c.is_ascii_hexdigit()) {
         bail!("the hub gave no commit for {repo}'s main branch (its \"sha\" is {sha:?})");
     }
     Ok(sha.to_ascii_lowercase())
+}
+
+/// A hub reply's JSON body (at most 64 MiB); `what` names it in errors.
+fn read_json(resp: Response<Body>, what: &str) -> Result<Value> {
+    let text = resp
+        .into_body()
+        .with_config()
+        .limit(64 << 20)
+        .read_to_string()
+        .with_context(|| format!("cannot read {what}"))?;
+    serde_json::from_str(&text).with_context(|| format!("{what} is not JSON"))
 }
 
 /// Every file of the repo at `commit`.
@@ -139,14 +144,7 @@ fn list_files(agent: &Agent, opts: &Options, repo: &str, commit: &str) -> Result
             status => return Err(HttpStatus { url, status }.into()),
         }
         let next = next_page(resp.headers());
-        let text = resp
-            .into_body()
-            .with_config()
-            .limit(64 << 20)
-            .read_to_string()
-            .with_context(|| format!("cannot read the file list of {repo}"))?;
-        let list: Value = serde_json::from_str(&text)
-            .with_context(|| format!("the file list of {repo} is not JSON"))?;
+        let list = read_json(resp, &format!("the file list of {repo}"))?;
         let entries = list
             .as_array()
             .with_context(|| format!("the file list of {repo} is not a JSON array"))?;

@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
+use super::common::human_bytes;
 use super::remote::{self, Remote, NAME_RULE};
 use super::stores::{self, Roots};
-use download::{human_bytes, Outcome};
+use download::Outcome;
 
 #[derive(clap::Args)]
 pub struct PullArgs {
@@ -135,7 +136,7 @@ pub fn ensure_local(given: &Path) -> Result<PathBuf> {
 
 /// Where the files are and the name that finds the model.
 fn report(p: &Pulled, out: &mut dyn Write) -> Result<()> {
-    let size = |path: &Path| human_bytes(std::fs::metadata(path).map_or(0, |m| m.len()));
+    let size = |path: &Path| human_bytes(std::fs::metadata(path).map_or(0, |m| m.len()), 1);
     let what = match p.outcome {
         Outcome::AlreadyThere => "already there",
         Outcome::Fetched => "saved",
