@@ -16,36 +16,39 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Print a GGUF file's header, metadata and tensor table.
-    ///
-    /// Example: rlx info gemma-3-270m-q4_k_m.gguf --json
+    #[command(after_help = INFO_EXAMPLES)]
     Info(cmd::info::InfoArgs),
     /// Logits of every position of a token sequence (for parity scripts).
-    ///
-    /// Example: rlx score -m model.gguf --tokens 2,818,5279 --out logits.npy
+    #[command(after_help = SCORE_EXAMPLES)]
     Score(cmd::score::ScoreArgs),
     /// Continue a token sequence and print the generated ids.
-    ///
-    /// Example: rlx generate -m model.gguf --tokens 2,818,5279 -n 16 --temp 0 --json
+    #[command(after_help = GENERATE_EXAMPLES)]
     Generate(cmd::generate::GenerateArgs),
     /// Prompt-processing and generation speed, like llama-bench.
-    ///
-    /// Example: rlx bench -m model.gguf -p 512 -n 128 -t 2 -r 5
+    #[command(after_help = BENCH_EXAMPLES)]
     Bench(cmd::bench::BenchArgs),
     /// Generate text from a prompt (streamed).
     ///
-    /// Example: rlx run "Write a haiku about the sea" -n 64 --temp 0.7 --seed 1
+    /// The chat template wraps the prompt when the model has one (its
+    /// file's, or Gemma's built-in one for an instruction-tuned file
+    /// without); a base model continues the text as it stands.
+    #[command(after_help = RUN_EXAMPLES)]
     Run(cmd::run::RunArgs),
     /// An interactive conversation in the terminal.
     ///
-    /// Example: rlx chat --system "Answer briefly." --temp 0.7
+    /// Lines from stdin are turns; /reset, /system TEXT, /save FILE, /help
+    /// and /quit are commands. The K/V cache is kept between turns.
+    #[command(after_help = CHAT_EXAMPLES)]
     Chat(cmd::chat::ChatArgs),
     /// An OpenAI-compatible HTTP server (chat and text completions, streaming).
     ///
-    /// Example: rlx serve --port 8080 -c 4096, then
-    /// curl localhost:8080/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'
+    /// Also Ollama's and Anthropic's APIs and a chat page at `/`;
+    /// docs/SERVER.md lists every route and field.
+    #[command(after_help = SERVE_EXAMPLES)]
     Serve(cmd::serve::ServeArgs),
     /// List the models found by name: rlx's cache ($RLX_HOME or
     /// ~/.cache/rlx/models), Ollama, LM Studio, the Hugging Face cache.
+    #[command(after_help = MODELS_EXAMPLES)]
     Models,
     /// Download a model from Hugging Face into its hub cache, or from
     /// Ollama's registry into Ollama's store.
@@ -67,28 +70,81 @@ enum Command {
     #[command(after_help = PULL_EXAMPLES)]
     Pull(cmd::pull::PullArgs),
     /// Requantize a GGUF file as llama-quantize does (its type mixes).
-    ///
-    /// Example: rlx quantize model-f16.gguf model-q4_k_m.gguf --type Q4_K_M
+    #[command(after_help = QUANTIZE_EXAMPLES)]
     Quantize(cmd::quantize::QuantizeArgs),
     /// Perplexity of a text file, computed as llama-perplexity does.
-    ///
-    /// Example: rlx perplexity -f wiki.txt -c 128
+    #[command(after_help = PERPLEXITY_EXAMPLES)]
     Perplexity(cmd::perplexity::PerplexityArgs),
     /// Text to token ids.
-    ///
-    /// Example: rlx tokenize --text "Hello world" --ids
+    #[command(after_help = TOKENIZE_EXAMPLES)]
     Tokenize(cmd::tokenize::TokenizeArgs),
     /// Token ids to text.
-    ///
-    /// Example: rlx detokenize --tokens 2,9259,1902
+    #[command(after_help = DETOKENIZE_EXAMPLES)]
     Detokenize(cmd::tokenize::DetokenizeArgs),
 }
+
+// Each subcommand's help ends with a few commands people run.
+const RUN_EXAMPLES: &str = "Examples:
+  rlx run --raw \"Once upon a time, in a small village by the sea,\" -n 64 --temp 0 --repeat-penalty 1.3
+  rlx run -m unsloth/gemma-3-270m-it-GGUF \"Write a haiku about the sea\" --temp 0.7 --seed 1
+  rlx run -m unsloth/gemma-3-270m-it-GGUF --json-schema '{\"type\": \"object\"}' \"Describe a cat as JSON\"";
+
+const CHAT_EXAMPLES: &str = "Examples:
+  rlx chat -m unsloth/gemma-3-270m-it-GGUF --system \"Answer briefly.\"
+  echo \"Name three colours.\" | rlx chat -m unsloth/gemma-3-270m-it-GGUF -n 64
+  rlx chat -m ./my-finetune.gguf --chat-template ./my-template.jinja";
+
+const SERVE_EXAMPLES: &str = "Examples:
+  rlx serve --port 8080 -c 8192
+  curl localhost:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}'
+  rlx serve -m unsloth/gemma-3-270m-it-GGUF --host 0.0.0.0 --api-key \"$KEY\" --parallel 4";
+
+const BENCH_EXAMPLES: &str = "Examples:
+  rlx bench -p 512 -n 128 -r 5 -t 2
+  rlx bench --batch 1,4,16 -p 128 -n 64
+  rlx bench -m model.gguf --device cuda -p 512,2048 -n 128 --json";
+
+const PERPLEXITY_EXAMPLES: &str = "Examples:
+  rlx perplexity -f tests/fixtures/text/ppl.txt -c 128
+  rlx perplexity -m model-q4_k_m.gguf -f wiki.test.raw -c 512 --chunks 20";
+
+const QUANTIZE_EXAMPLES: &str = "Examples:
+  rlx quantize model-f16.gguf model-q4_k_m.gguf --type Q4_K_M
+  rlx quantize ./gemma-3-1b-it/ gemma-3-1b-it-q8_0.gguf --type Q8_0
+  rlx quantize model-f16.gguf model-q4_0.gguf --type Q4_0 --pure -t 8";
+
+const MODELS_EXAMPLES: &str = "Examples:
+  rlx models
+  rlx run -m gemma3:270m \"Hello\"    (a name from the list)";
 
 const PULL_EXAMPLES: &str = "Examples:
   rlx pull hf.co/unsloth/gemma-3-270m-it-GGUF:Q8_0
   rlx pull ggml-org/gemma-3-4b-it-GGUF/gemma-3-4b-it-Q8_0.gguf
   rlx pull gemma3:270m
   rlx run -m ggml-org/gemma-3-1b-it-GGUF --pull \"Hello\"";
+
+const TOKENIZE_EXAMPLES: &str = "Examples:
+  rlx tokenize --text \"Hello world\" --ids
+  rlx tokenize --text \"<start_of_turn>user\" --special --json
+  printf '\"Hello\"\\n\"world\"\\n' | rlx tokenize --jsonl";
+
+const DETOKENIZE_EXAMPLES: &str = "Examples:
+  rlx detokenize --tokens 2,9259,1902
+  rlx detokenize --tokens 2,105,2364 --special
+  rlx tokenize --text \"Hello world\" --ids | rlx detokenize";
+
+const SCORE_EXAMPLES: &str = "Examples:
+  rlx score --tokens 2,818,5279 --out logits.npy
+  rlx score -m model.gguf --tokens 2,818,5279 --top 5 --json";
+
+const GENERATE_EXAMPLES: &str = "Examples:
+  rlx generate --tokens 2,818,5279,529,7001,563 -n 16 --temp 0 --json
+  rlx generate -m model.gguf --tokens 2,818 -n 32 --temp 0.8 --seed 1";
+
+const INFO_EXAMPLES: &str = "Examples:
+  rlx info ~/.cache/rlx/models/gemma-3-270m-q4_k_m.gguf
+  rlx info model.gguf --json | jq '.metadata[\"general.name\"]'
+  rlx info ./gemma-3-1b-it/";
 
 /// llama.cpp's single-dash flags of several letters (which clap's short
 /// flags cannot spell) as rlx's long ones, so its users' commands work.
@@ -257,5 +313,26 @@ mod tests {
             "{help}"
         );
         assert!(at("Scripting and parity tools:") < at("  info "), "{help}");
+    }
+
+    #[test]
+    fn every_subcommand_help_ends_with_examples() {
+        for sub in Cli::command().get_subcommands() {
+            let name = sub.get_name();
+            let examples = sub
+                .get_after_help()
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            let commands = examples
+                .lines()
+                .filter(|l| l.starts_with("  ") && l.contains("rlx "))
+                .count();
+            assert!(
+                examples.starts_with("Examples:\n") && commands >= 2,
+                "rlx {name} --help should end with two or three examples, not {examples:?}"
+            );
+            let help = sub.clone().render_long_help().to_string();
+            assert!(help.trim_end().ends_with(examples.trim_end()), "{help}");
+        }
     }
 }

@@ -243,3 +243,40 @@ fn a_checkpoint_directory_works_with_every_command() {
     assert!(info.contains("gemma3.block_count"), "{info}");
     let _ = std::fs::remove_file(out);
 }
+
+/// A first run on a machine without the default model says how to get it:
+/// the fetch script of a checkout, or a real Hugging Face repo to pull.
+#[test]
+fn a_missing_default_model_says_how_to_get_one() {
+    let home = std::env::temp_dir().join(format!("rlx-empty-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let rlx_in_empty_home = || {
+        let mut c = rlx();
+        c.env("HOME", &home)
+            .env("OLLAMA_MODELS", home.join("ollama"));
+        for k in ["RLX_HOME", "HF_HOME", "HF_HUB_CACHE"] {
+            c.env_remove(k);
+        }
+        c
+    };
+    let out = rlx_in_empty_home().args(["run", "Hello"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for hint in [
+        "default model",
+        "bash scripts/fetch-model.sh",
+        "rlx pull unsloth/gemma-3-270m-it-GGUF",
+        "rlx models",
+    ] {
+        assert!(err.contains(hint), "{hint:?} not in {err}");
+    }
+    // Not a name no hub has.
+    assert!(!err.contains("rlx pull gemma-3-270m-q4_k_m"), "{err}");
+    let out = rlx_in_empty_home().arg("models").output().unwrap();
+    let list = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        list.contains("scripts/fetch-model.sh") && list.contains("rlx pull"),
+        "{list}"
+    );
+    let _ = std::fs::remove_dir_all(&home);
+}

@@ -4,7 +4,7 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::Stdio;
+use std::process::{Child, ChildStderr, Stdio};
 
 use common::{rlx, tiny};
 
@@ -22,12 +22,14 @@ fn post(addr: &str, path: &str, body: &str) -> String {
     out
 }
 
-#[test]
-fn serve_answers_chat_completions_on_the_port_it_prints() {
+/// `rlx serve` on the tiny model with `extra` flags, on a free port, once
+/// `/health` says the model is in: the process, its address and its stderr.
+fn start(extra: &[&str]) -> (Child, String, BufReader<ChildStderr>) {
     let mut child = rlx()
         .args(["serve", "-m"])
         .arg(tiny())
         .args(["--port", "0", "-t", "1", "-c", "128"])
+        .args(extra)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -60,14 +62,25 @@ fn serve_answers_chat_completions_on_the_port_it_prints() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert!(ready, "the server never became ready");
+    (child, addr, stderr)
+}
+
+/// A 200 reply's JSON body.
+fn body(reply: &str) -> serde_json::Value {
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    serde_json::from_str(&reply[reply.find("\r\n\r\n").unwrap() + 4..]).unwrap()
+}
+
+#[test]
+fn serve_answers_chat_completions_on_the_port_it_prints() {
+    let (mut child, addr, mut stderr) = start(&[]);
+    let mut line = String::new();
     let reply = post(
         &addr,
         "/v1/chat/completions",
         r#"{"messages":[{"role":"user","content":"Hello"}],"max_tokens":4,"temperature":0}"#,
     );
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    let body = &reply[reply.find("\r\n\r\n").unwrap() + 4..];
-    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    let v = body(&reply);
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["model"], "model-f32");
     // The request is logged on stderr (after the line saying it is ready).
@@ -88,4 +101,39 @@ fn serve_answers_chat_completions_on_the_port_it_prints() {
     }
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// `--chat-template FILE` replaces the file's own template for every chat
+/// route: a template that ignores the conversation makes every prompt the
+/// same tokens, and Ollama's `/api/show` gives its source.
+#[test]
+fn serve_renders_chats_with_the_given_template() {
+    let fixed = "The capital of France is";
+    let template = std::env::temp_dir().join(format!("rlx-serve-template-{}", std::process::id()));
+    let source = format!("{{{{ bos_token }}}}{fixed}");
+    std::fs::write(&template, &source).unwrap();
+    let tokens = common::ok(
+        rlx()
+            .args(["tokenize", "--ids", "--text", fixed, "-m"])
+            .arg(tiny()),
+    );
+    let want = String::from_utf8(tokens.stdout)
+        .unwrap()
+        .trim()
+        .split(',')
+        .count();
+    let (mut child, addr, _stderr) = start(&["--chat-template", template.to_str().unwrap()]);
+    for content in ["Hello", "A much longer message than the other one"] {
+        let request = serde_json::json!({
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 1,
+        });
+        let v = body(&post(&addr, "/v1/chat/completions", &request.to_string()));
+        assert_eq!(v["usage"]["prompt_tokens"], want, "{v}");
+    }
+    let shown = body(&post(&addr, "/api/show", r#"{"model": "model-f32"}"#));
+    assert_eq!(shown["template"], source.as_str());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_file(template);
 }

@@ -33,9 +33,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::{DefaultBodyLimit, Request};
+use axum::handler::Handler;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use rlx_gemma::sampling::SamplerConfig;
 use rlx_gemma::Model;
@@ -71,6 +72,9 @@ pub struct ServerOptions {
     pub max_body_bytes: usize,
     /// Serve the chat page at `/` (its files need no API key).
     pub webui: bool,
+    /// The chat template, instead of the model file's own (or the built-in
+    /// format for its vocabulary where it has none).
+    pub chat_template: Option<Arc<ChatTemplate>>,
 }
 
 impl ServerOptions {
@@ -84,6 +88,7 @@ impl ServerOptions {
             api_key: None,
             max_body_bytes: 4 << 20,
             webui: true,
+            chat_template: None,
         }
     }
 }
@@ -142,7 +147,7 @@ pub struct Server {
     engine: Engine,
     /// The vocabulary compiled for structured output, built at start.
     vocab: rlx_guide::Vocabulary,
-    template: ChatTemplate,
+    template: Arc<ChatTemplate>,
     /// How this model calls tools: Gemma 4's syntax when its vocabulary
     /// has the tool tokens and its file a chat template to declare tools
     /// with, JSON replies otherwise.
@@ -199,7 +204,10 @@ impl Server {
         opts: ServerOptions,
     ) -> Result<Server, ServerError> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(model.file())?);
-        let template = ChatTemplate::from_gguf(model.file())?;
+        let template = match &opts.chat_template {
+            Some(t) => Arc::clone(t),
+            None => Arc::new(ChatTemplate::from_gguf(model.file())?),
+        };
         let vocab = rlx_guide::Vocabulary::new(Arc::clone(&tokenizer))?;
         let has = |piece: &str| tokenizer.id_of(piece).is_some();
         let tool_tokens = has(gemma4::CALL_OPEN) && has(gemma4::CALL_CLOSE) && has(gemma4::QUOTE);
@@ -257,25 +265,10 @@ impl Server {
                 router = router.route(path, get(move || async move { webui::file(path) }));
             }
         }
+        for route in api() {
+            router = router.route(route.path, route.handler);
+        }
         router
-            .route("/health", get(health))
-            .route("/metrics", get(metrics_text))
-            .route("/v1/models", get(models))
-            .route("/v1/chat/completions", post(chat))
-            .route("/v1/completions", post(completions))
-            .route("/tokenize", post(tokenize))
-            .route("/detokenize", post(detokenize))
-            .route("/v1/responses", post(responses::create))
-            .route("/v1/messages", post(anthropic::messages))
-            .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-            .route("/api/generate", post(ollama::generate))
-            .route("/api/chat", post(ollama::chat))
-            .route("/api/tags", get(ollama::tags))
-            .route("/api/show", post(ollama::show))
-            .route("/api/ps", get(ollama::ps))
-            .route("/api/version", get(ollama::version))
-            .route("/api/embed", post(ollama::embed))
-            .route("/api/embeddings", post(ollama::embed))
             .fallback(not_found)
             .layer(axum::middleware::from_fn_with_state(
                 Arc::clone(&self),
@@ -284,6 +277,64 @@ impl Server {
             .layer(DefaultBodyLimit::max(limit))
             .with_state(self)
     }
+}
+
+/// One route of the API: what the router serves and what [`routes`] lists.
+struct Route {
+    method: &'static str,
+    path: &'static str,
+    handler: MethodRouter<Arc<Server>>,
+}
+
+fn at_get<H: Handler<T, Arc<Server>>, T: 'static>(path: &'static str, handler: H) -> Route {
+    Route {
+        method: "GET",
+        path,
+        handler: get(handler),
+    }
+}
+
+fn at_post<H: Handler<T, Arc<Server>>, T: 'static>(path: &'static str, handler: H) -> Route {
+    Route {
+        method: "POST",
+        path,
+        handler: post(handler),
+    }
+}
+
+/// The API's routes, in the order docs/SERVER.md gives them.
+fn api() -> Vec<Route> {
+    vec![
+        at_post("/v1/chat/completions", chat),
+        at_post("/v1/completions", completions),
+        at_get("/v1/models", models),
+        at_post("/v1/responses", responses::create),
+        at_post("/v1/messages", anthropic::messages),
+        at_post("/v1/messages/count_tokens", anthropic::count_tokens),
+        at_post("/api/generate", ollama::generate),
+        at_post("/api/chat", ollama::chat),
+        at_get("/api/tags", ollama::tags),
+        at_post("/api/show", ollama::show),
+        at_get("/api/ps", ollama::ps),
+        at_get("/api/version", ollama::version),
+        at_post("/api/embed", ollama::embed),
+        at_post("/api/embeddings", ollama::embed),
+        at_post("/tokenize", tokenize),
+        at_post("/detokenize", detokenize),
+        at_get("/health", health),
+        at_get("/metrics", metrics_text),
+    ]
+}
+
+/// Every `(method, path)` the server answers: the API's routes, then the
+/// chat page's files (served unless turned off). The router is built from
+/// the same table, so this list is what it serves.
+pub fn routes() -> Vec<(&'static str, &'static str)> {
+    api()
+        .into_iter()
+        .map(|r| (r.method, r.path))
+        .chain(webui::paths().map(|p| ("GET", p)))
+        .collect()
 }
 
 /// Serves on `listener` at once: until `load` yields the server, `/health`

@@ -144,16 +144,45 @@ impl Tuning {
     }
 }
 
+/// The built-in formats by name, as `--chat-template NAME` takes them.
+pub const BUILTIN_TEMPLATES: [&str; 2] = ["gemma", "gemma4"];
+
 impl ChatTemplate {
     /// The file's `tokenizer.chat_template`, or a built-in Gemma format when
     /// it has none: the Gemma 4 one if the vocabulary has `<|turn>`,
     /// otherwise the Gemma 1 to 3 one. `bos_token` and `eos_token` are the
     /// vocabulary's pieces.
     pub fn from_gguf(file: &GgufFile) -> Result<ChatTemplate, TokenizerError> {
-        let pieces = file
-            .get("tokenizer.ggml.tokens")
-            .and_then(|v| v.as_array())
-            .and_then(|a| a.as_strings());
+        let pieces = vocabulary(file);
+        let template = match file.get(TEMPLATE_KEY) {
+            Some(v) => {
+                let source = v.as_str().ok_or_else(|| TokenizerError::BadMetadata {
+                    key: TEMPLATE_KEY.to_owned(),
+                    reason: format!("expected a string, found {}", v.type_description()),
+                })?;
+                ChatTemplate::from_jinja_named(TEMPLATE_KEY, source, "", "")?
+            }
+            None if pieces.is_some_and(|p| p.iter().any(|t| t == "<|turn>")) => {
+                ChatTemplate::gemma4()
+            }
+            None => ChatTemplate::gemma(),
+        };
+        Ok(template.with_special_tokens_of(file))
+    }
+
+    /// A built-in format by its name in [`BUILTIN_TEMPLATES`].
+    pub fn builtin(name: &str) -> Option<ChatTemplate> {
+        match name {
+            "gemma" => Some(ChatTemplate::gemma()),
+            "gemma4" => Some(ChatTemplate::gemma4()),
+            _ => None,
+        }
+    }
+
+    /// This template with `bos_token` and `eos_token` set to the pieces of
+    /// the file's BOS and EOS ids (`<bos>` and `<eos>` where it has none).
+    pub fn with_special_tokens_of(mut self, file: &GgufFile) -> ChatTemplate {
+        let pieces = vocabulary(file);
         let piece_at = |key: &str, fallback: &str| -> String {
             file.get(key)
                 .and_then(|v| v.as_u64())
@@ -161,28 +190,9 @@ impl ChatTemplate {
                 .cloned()
                 .unwrap_or_else(|| fallback.to_owned())
         };
-        let bos = piece_at("tokenizer.ggml.bos_token_id", "<bos>");
-        let eos = piece_at("tokenizer.ggml.eos_token_id", "<eos>");
-        match file.get(TEMPLATE_KEY) {
-            Some(v) => {
-                let source = v.as_str().ok_or_else(|| TokenizerError::BadMetadata {
-                    key: TEMPLATE_KEY.to_owned(),
-                    reason: format!("expected a string, found {}", v.type_description()),
-                })?;
-                ChatTemplate::from_jinja_named(TEMPLATE_KEY, source, &bos, &eos)
-            }
-            None => {
-                let gemma4 = pieces.is_some_and(|p| p.iter().any(|t| t == "<|turn>"));
-                let mut t = if gemma4 {
-                    ChatTemplate::gemma4()
-                } else {
-                    ChatTemplate::gemma()
-                };
-                t.bos_token = bos;
-                t.eos_token = eos;
-                Ok(t)
-            }
-        }
+        self.bos_token = piece_at("tokenizer.ggml.bos_token_id", "<bos>");
+        self.eos_token = piece_at("tokenizer.ggml.eos_token_id", "<eos>");
+        self
     }
 
     /// A Jinja template; syntax errors are reported here, with their line.
@@ -194,7 +204,9 @@ impl ChatTemplate {
         ChatTemplate::from_jinja_named("chat template", source, bos_token, eos_token)
     }
 
-    fn from_jinja_named(
+    /// [`ChatTemplate::from_jinja`], its errors naming where the template
+    /// came from (a file's path, a metadata key).
+    pub fn from_jinja_named(
         name: &str,
         source: &str,
         bos_token: &str,
@@ -233,6 +245,17 @@ impl ChatTemplate {
             format: Format::Gemma4,
             bos_token: "<bos>".to_owned(),
             eos_token: "<eos>".to_owned(),
+        }
+    }
+
+    /// Where the template came from: a built-in format's name (`gemma`,
+    /// `gemma4`), or the name a Jinja template was given (a metadata key or
+    /// a file's path).
+    pub fn name(&self) -> &str {
+        match &self.format {
+            Format::Jinja { name, .. } => name,
+            Format::Gemma => "gemma",
+            Format::Gemma4 => "gemma4",
         }
     }
 
@@ -420,6 +443,13 @@ impl ChatTemplate {
         }
         out
     }
+}
+
+/// The file's vocabulary pieces, by id.
+fn vocabulary(file: &GgufFile) -> Option<&[String]> {
+    file.get("tokenizer.ggml.tokens")
+        .and_then(|v| v.as_array())
+        .and_then(|a| a.as_strings())
 }
 
 /// The text of a JSON message's `content`: a string, or its text parts joined.
@@ -651,6 +681,33 @@ mod tests {
         ] {
             assert_eq!(Tuning::of(&file_with(&metadata)), want, "{metadata:?}");
         }
+    }
+
+    #[test]
+    fn builtin_formats_are_found_by_the_names_they_give() {
+        for name in BUILTIN_TEMPLATES {
+            let t = ChatTemplate::builtin(name).unwrap();
+            assert_eq!(t.name(), name);
+            assert!(t.is_builtin());
+        }
+        assert!(ChatTemplate::builtin("chatml").is_none());
+        // A file without a template gets the Gemma 1-3 format, with its
+        // vocabulary's BOS piece.
+        let tokens = rlx_gguf::Array::String(vec!["<pad>".into(), "<eos>".into(), "<s>".into()]);
+        let file = file_with(&[
+            ("tokenizer.ggml.tokens", GValue::Array(tokens)),
+            ("tokenizer.ggml.bos_token_id", GValue::U32(2)),
+        ]);
+        let t = ChatTemplate::from_gguf(&file).unwrap();
+        assert_eq!(t.name(), "gemma");
+        let opts = ChatOptions::default();
+        let text = t.render(&[ChatMessage::user("hi")], &opts).unwrap();
+        assert!(text.starts_with("<s><start_of_turn>user"), "{text}");
+        let jinja = ChatTemplate::from_jinja_named("x.jinja", "[{{ bos_token }}]", "", "")
+            .unwrap()
+            .with_special_tokens_of(&file);
+        assert_eq!(jinja.name(), "x.jinja");
+        assert_eq!(jinja.render(&[], &opts).unwrap(), "[<s>]");
     }
 
     fn conv() -> Vec<ChatMessage> {

@@ -29,7 +29,7 @@ mod special;
 mod spm;
 mod vocab;
 
-pub use chat::{ChatMessage, ChatOptions, ChatTemplate, Tuning, GEMMA_TEMPLATE};
+pub use chat::{ChatMessage, ChatOptions, ChatTemplate, Tuning, BUILTIN_TEMPLATES, GEMMA_TEMPLATE};
 pub use decode::StreamDecoder;
 pub use error::TokenizerError;
 pub use vocab::{TokenKind, TokenizerModel};

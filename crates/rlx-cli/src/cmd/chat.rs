@@ -9,9 +9,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use rlx_gemma::generate::{generate_constrained, Generation, GenerationOptions, Piece};
 use rlx_gemma::{ModelError, SessionOptions};
-use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, Tokenizer};
+use rlx_tokenizer::{ChatMessage, ChatOptions, Tokenizer};
 
-use super::common::ModelArgs;
+use super::common::{chat_template, tuning_note, ModelArgs, TemplateArgs};
 use super::sample_args::{draft_session, SampleArgs};
 
 #[derive(clap::Args)]
@@ -20,6 +20,8 @@ pub struct ChatArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sample: SampleArgs,
+    #[command(flatten)]
+    pub template: TemplateArgs,
     /// System message.
     #[arg(long)]
     pub system: Option<String>,
@@ -33,9 +35,11 @@ const HELP: &str =
 /save FILE (write the conversation as JSON), /help, /quit; Ctrl-C stops a reply";
 
 pub fn run(args: &ChatArgs) -> Result<()> {
+    let chosen = args.template.chosen()?;
+    let chosen_given = chosen.is_some();
     let model = args.model.load_for(Some(args.ctx))?;
     let tok = Tokenizer::from_gguf(model.file())?;
-    let template = ChatTemplate::from_gguf(model.file())?;
+    let template = chat_template(chosen, model.file())?;
     let mut session = model.session(SessionOptions {
         context: Some(args.ctx),
         kv_types: args.model.kv_types(&model),
@@ -61,7 +65,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let mut system = args.system.clone();
     let mut history: Vec<ChatMessage> = Vec::new();
     let mut err = std::io::stderr();
-    if let Some(note) = super::common::tuning_note(model.file(), &args.model.model) {
+    if let Some(note) = tuning_note(model.file(), &args.model.model, &template, chosen_given) {
         writeln!(err, "{note}")?;
     }
     writeln!(err, "rlx chat — {HELP}")?;

@@ -4,9 +4,11 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use rlx_gemma::{Device, GpuLayers, Model, ModelOptions, Offload};
+use rlx_gguf::GgufFile;
 use rlx_runtime::cpu::features::Isa;
 use rlx_runtime::Precision;
 use rlx_runtime::{KvChoice, KvDType, KvTypes};
+use rlx_tokenizer::{ChatTemplate, Tuning, BUILTIN_TEMPLATES};
 
 /// The model used when `-m` is not given (fetched by scripts/fetch-model.sh).
 pub const DEFAULT_MODEL: &str = "gemma-3-270m-q4_k_m";
@@ -238,7 +240,6 @@ impl ModelArgs {
     }
 }
 
-/// A path as given, or a file of that name in the model cache.
 /// `n` bytes in the largest binary unit that keeps a whole number before
 /// the point, with `decimals` after it (`394.2 KiB`; `15 B`).
 pub fn human_bytes(n: u64, decimals: usize) -> String {
@@ -256,27 +257,96 @@ pub fn human_bytes(n: u64, decimals: usize) -> String {
     }
 }
 
-/// A line for chat and the server when the file's model was not tuned for
-/// chat, or its chat template is Gemma's built-in one; `None` when the file
-/// carries its own template.
-pub fn tuning_note(file: &rlx_gguf::GgufFile, given: &std::path::Path) -> Option<String> {
-    use rlx_tokenizer::Tuning;
+/// `--chat-template`, on the commands that wrap prompts in a chat template.
+#[derive(clap::Args, Clone, Debug)]
+pub struct TemplateArgs {
+    /// The chat template, instead of the file's own or the one guessed
+    /// from its vocabulary: a Jinja file (as Hugging Face's
+    /// `chat_template.jinja`: `messages`, `add_generation_prompt`,
+    /// `bos_token`), or a built-in format by name: `gemma` (Gemma 1 to 3n
+    /// turns) or `gemma4` (Gemma 4 turns, without tools). A name comes
+    /// before a file of that name (write `./gemma` for the file).
+    #[arg(long = "chat-template", value_name = "FILE|NAME")]
+    pub chat_template: Option<String>,
+}
+
+impl TemplateArgs {
+    /// The template asked for, checked before any model loads: a built-in
+    /// format, or a Jinja file read and compiled.
+    pub fn chosen(&self) -> Result<Option<ChatTemplate>> {
+        let Some(value) = &self.chat_template else {
+            return Ok(None);
+        };
+        if let Some(t) = ChatTemplate::builtin(value) {
+            return Ok(Some(t));
+        }
+        if !std::path::Path::new(value).is_file() {
+            bail!(
+                "--chat-template {value}: no such file, nor a built-in template (the built-in ones: {})",
+                BUILTIN_TEMPLATES.join(", ")
+            );
+        }
+        let source = std::fs::read_to_string(value)
+            .with_context(|| format!("--chat-template: cannot read {value}"))?;
+        // BOS and EOS are the model's, set once it is loaded.
+        Ok(Some(ChatTemplate::from_jinja_named(
+            value, &source, "<bos>", "<eos>",
+        )?))
+    }
+}
+
+/// The template chat turns are rendered with: the one `--chat-template`
+/// chose (with the file's BOS and EOS), else the file's own, else Gemma's
+/// built-in format for its vocabulary.
+pub fn chat_template(chosen: Option<ChatTemplate>, file: &GgufFile) -> Result<ChatTemplate> {
+    Ok(match chosen {
+        Some(t) => t.with_special_tokens_of(file),
+        None => ChatTemplate::from_gguf(file)?,
+    })
+}
+
+/// A line for chat, the server and `rlx run` (where it applies `template`)
+/// when the file's model was not tuned for chat, or its template was
+/// guessed; `None` when the file carries its own template or
+/// `--chat-template` chose one (`chosen`) for an instruction-tuned model.
+pub fn tuning_note(
+    file: &GgufFile,
+    given: &std::path::Path,
+    template: &ChatTemplate,
+    chosen: bool,
+) -> Option<String> {
     let name = given.display();
+    let guessed = format!(
+        "built-in `{}` template, guessed from its vocabulary, wraps the turns \
+         (--chat-template FILE|NAME overrides it)",
+        template.name()
+    );
     match Tuning::of(file) {
         Tuning::Chat => None,
-        Tuning::InstructWithoutTemplate => Some(format!(
-            "note: {name} has no chat template; using Gemma's built-in one"
-        )),
+        Tuning::InstructWithoutTemplate if chosen => None,
+        Tuning::InstructWithoutTemplate => {
+            Some(format!("note: {name} has no chat template: the {guessed}"))
+        }
         Tuning::Base => Some(format!(
             "note: {name} is a base model (no chat template, and nothing in its name says \
              instruction-tuned): it continues text rather than following instructions, and a \
              system prompt does not change that. Continue a text with `rlx run --raw \"...\"`, \
-             or use an instruction-tuned file: `rlx models`, \
-             `rlx pull hf.co/ggml-org/gemma-3-270m-it-GGUF`"
+             or use an instruction-tuned model: `rlx models` lists those found, \
+             `rlx pull {INSTRUCT_MODEL}` fetches one, then `-m {INSTRUCT_MODEL}`.{}",
+            if chosen {
+                String::new()
+            } else {
+                format!(" The {guessed}.")
+            }
         )),
     }
 }
 
+/// An instruction-tuned Gemma 3 270M (Q4_K_M by default) on Hugging Face,
+/// suggested where the default base model cannot follow instructions.
+pub const INSTRUCT_MODEL: &str = "unsloth/gemma-3-270m-it-GGUF";
+
+/// A path as given, or the model a name means (`super::stores::resolve`).
 pub fn resolve_model(given: &std::path::Path) -> Result<PathBuf> {
     super::stores::resolve(given, &super::stores::Roots::from_env())
 }

@@ -4,6 +4,7 @@ use std::io::Write;
 
 use anyhow::Result;
 
+use super::common::INSTRUCT_MODEL;
 use super::stores::{list, Roots};
 
 pub fn run() -> Result<()> {
@@ -13,7 +14,7 @@ pub fn run() -> Result<()> {
     if found.is_empty() {
         writeln!(
             out,
-            "no models in rlx's cache ({}), Ollama, LM Studio or the Hugging Face cache (fetch one with rlx pull NAME, the default one with scripts/fetch-model.sh)",
+            "no models in rlx's cache ({}), Ollama, LM Studio or the Hugging Face cache (fetch the default one from a checkout of rlx with `bash scripts/fetch-model.sh`, others with `rlx pull ORG/REPO`, e.g. `rlx pull {INSTRUCT_MODEL}`)",
             roots
                 .rlx
                 .as_ref()

@@ -9,10 +9,10 @@ use rlx_gemma::generate::{
     generate_constrained, Constraint, Finish, Generation, GenerationOptions, Piece,
 };
 use rlx_gemma::SessionOptions;
-use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Tokenizer};
+use rlx_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, EncodeOptions, Tokenizer, Tuning};
 use serde_json::json;
 
-use super::common::ModelArgs;
+use super::common::{chat_template, tuning_note, ModelArgs, TemplateArgs};
 use super::sample_args::{draft_session, SampleArgs};
 
 #[derive(clap::Args)]
@@ -21,15 +21,19 @@ pub struct RunArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sample: SampleArgs,
+    #[command(flatten)]
+    pub template: TemplateArgs,
     /// The prompt (or use -p, -f, or stdin).
     pub prompt: Option<String>,
+    /// The prompt, as a flag.
     #[arg(short = 'p', long = "prompt", conflicts_with = "prompt")]
     pub prompt_flag: Option<String>,
     /// Read the prompt from a file.
     #[arg(short = 'f', long)]
     pub file: Option<PathBuf>,
-    /// Do not apply the chat template.
-    #[arg(long)]
+    /// Do not apply the chat template: the model continues the prompt as
+    /// it stands (what a base model does well).
+    #[arg(long, conflicts_with = "chat_template")]
     pub raw: bool,
     /// System message (chat template only).
     #[arg(long)]
@@ -115,24 +119,21 @@ fn spec(args: &RunArgs) -> Result<Option<rlx_guide::Spec>> {
     Ok(None)
 }
 
-/// Prompt tokens: through the chat template for instruction-tuned models
-/// (Gemma's built-in one where the file has none), else the raw text with
-/// BOS.
+/// Prompt tokens: through `template` when there is one, else the raw
+/// text with BOS.
 pub fn prompt_tokens(
     tok: &Tokenizer,
-    file: &rlx_gguf::GgufFile,
+    template: Option<&ChatTemplate>,
     messages: &[ChatMessage],
-    raw: bool,
 ) -> Result<Vec<u32>> {
-    if raw || rlx_tokenizer::Tuning::of(file) == rlx_tokenizer::Tuning::Base {
+    let Some(template) = template else {
         let text: String = messages
             .iter()
             .map(|m| m.content.as_str())
             .collect::<Vec<_>>()
             .join("\n\n");
         return Ok(tok.encode(&text, EncodeOptions::default()));
-    }
-    let template = ChatTemplate::from_gguf(file)?;
+    };
     let rendered = template.render(
         messages,
         &ChatOptions {
@@ -159,6 +160,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         }
     };
     let spec = spec(args)?;
+    let chosen = args.template.chosen()?;
     let t_load = Instant::now();
     let spinner = super::progress::spinner("loading model");
     let model = args.model.load_for(args.ctx)?;
@@ -187,16 +189,20 @@ pub fn run(args: &RunArgs) -> Result<()> {
         messages.push(ChatMessage::system(sys.clone()));
     }
     messages.push(ChatMessage::user(prompt));
-    if !args.raw {
-        let guessed = rlx_tokenizer::Tuning::of(model.file())
-            == rlx_tokenizer::Tuning::InstructWithoutTemplate;
-        if let Some(note) =
-            super::common::tuning_note(model.file(), &args.model.model).filter(|_| guessed)
-        {
+    // A base model continues the raw text unless a template is asked for.
+    let chosen_given = chosen.is_some();
+    let base = Tuning::of(model.file()) == Tuning::Base;
+    let template = if args.raw || (base && !chosen_given) {
+        None
+    } else {
+        Some(chat_template(chosen, model.file())?)
+    };
+    if let Some(t) = &template {
+        if let Some(note) = tuning_note(model.file(), &args.model.model, t, chosen_given) {
             eprintln!("{note}");
         }
     }
-    let ids = prompt_tokens(&tok, model.file(), &messages, args.raw)?;
+    let ids = prompt_tokens(&tok, template.as_ref(), &messages)?;
     let context = Some(args.ctx.unwrap_or(ids.len() + args.sample.n));
     let mut session = model.session(SessionOptions {
         context,

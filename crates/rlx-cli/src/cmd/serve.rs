@@ -5,7 +5,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use rlx_server::{EngineOptions, RequestLog, Server, ServerOptions};
 
-use super::common::ModelArgs;
+use super::common::{chat_template, tuning_note, ModelArgs, TemplateArgs};
 use super::sample_args::SampleArgs;
 
 #[derive(clap::Args)]
@@ -16,6 +16,8 @@ pub struct ServeArgs {
     /// `max_tokens`).
     #[command(flatten)]
     pub sample: SampleArgs,
+    #[command(flatten)]
+    pub template: TemplateArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -48,15 +50,16 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     if args.ctx == 0 || args.parallel == Some(0) {
         anyhow::bail!("-c and --parallel must be at least 1");
     }
-    // A missing file is an error before anything listens.
+    // A missing file or template is an error before anything listens.
     super::common::resolve_model(&args.model.model)?;
+    let chosen = args.template.chosen()?;
     let name = args
         .model
         .model
         .file_stem()
         .map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned());
     let parallel = args.parallel.unwrap_or((args.ctx / 2048).clamp(1, 16));
-    let opts = ServerOptions {
+    let mut opts = ServerOptions {
         sampling: args.sample.sampler_config(),
         max_tokens: args.sample.n,
         on_request: Some(Arc::new(|r: &RequestLog| eprintln!("{r}"))),
@@ -71,9 +74,12 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     // The model loads while the port already answers /health with 503.
     let load = move || -> Result<Server> {
         let model = model_args.load_for(Some(ctx))?;
-        if let Some(note) = super::common::tuning_note(model.file(), &model_args.model) {
+        let chosen_given = chosen.is_some();
+        let template = chat_template(chosen, model.file())?;
+        if let Some(note) = tuning_note(model.file(), &model_args.model, &template, chosen_given) {
             eprintln!("{note}");
         }
+        opts.chat_template = Some(Arc::new(template));
         let tok = rlx_tokenizer::Tokenizer::from_gguf(model.file())?;
         let draft = sample.draft_model(&model_args, &tok, Some(ctx))?;
         let context = (ctx / parallel)

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
+use super::common::{DEFAULT_MODEL, INSTRUCT_MODEL};
 use super::remote::{self, OLLAMA_HOST};
 
 /// Where each store lives.
@@ -136,6 +137,17 @@ fn slashed(p: &Path) -> String {
 pub fn resolve(given: &Path, roots: &Roots) -> Result<PathBuf> {
     match find(given, roots)? {
         Some(path) => Ok(path),
+        None if given == Path::new(DEFAULT_MODEL) => bail!(
+            "the default model, {DEFAULT_MODEL} (Gemma 3 270M, a base model), is not in rlx's cache ({}). \
+             Fetch it from a checkout of rlx with `bash scripts/fetch-model.sh`, or use another \
+             model with -m: `rlx pull {INSTRUCT_MODEL}` fetches an instruction-tuned one from \
+             Hugging Face, then `rlx run -m {INSTRUCT_MODEL} \"...\"`; `rlx models` lists the \
+             models found",
+            roots
+                .rlx
+                .as_ref()
+                .map_or("neither RLX_HOME nor HOME is set".into(), |d| d.display().to_string())
+        ),
         None => {
             let name = given.to_string_lossy();
             bail!(
