@@ -11,7 +11,7 @@ own time taken off). With --stamps, the kernel is also built with clock
 stamps at its phases and the working block's phases are printed. Every
 variant's output is checked against a NumPy reference first.
 
-    python3 scripts/cuda-attn-bench.py build DIR [--nvrtc libnvrtc.so] [--base REV]   # here: cubins
+    python3 scripts/cuda-attn-bench.py build DIR [--nvrtc libnvrtc.so] [--base REV] [--rev NAME=REV]...
     python3 scripts/cuda-attn-bench.py run DIR [--shapes 1b,4b] [--ctx 16,64,192,1024,4096]
 
 `build` compiles kernels.cu (and, with stamps, a copy with clock stamps
@@ -109,14 +109,17 @@ def build(a):
     out = pathlib.Path(a.dir)
     out.mkdir(parents=True, exist_ok=True)
     sources = {"new": SRC.read_text()}
-    if a.base:
-        rel = SRC.resolve().relative_to(ROOT)
-        sources["base"] = subprocess.check_output(["git", "-C", str(ROOT), "show", f"{a.base}:{rel}"],
-                                                  text=True)
+    rel = SRC.resolve().relative_to(ROOT)
+    # Other revisions' kernels.cu beside the working tree's: NAME=REV.
+    for spec in ([f"base={a.base}"] if a.base else []) + (a.rev or []):
+        tag, rev = spec.split("=", 1)
+        sources[tag] = subprocess.check_output(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"],
+                                               text=True)
     variants = {}
     for tag, src in sources.items():
         variants[tag] = src
-        variants[f"{tag}-stamps"] = stamped(src)
+        if not a.no_stamps:
+            variants[f"{tag}-stamps"] = stamped(src)
     for name, text in variants.items():
         (out / f"{name}.cubin").write_bytes(compile_cubin(a.nvrtc, text))
         print(f"{name}: {out / (name + '.cubin')}")
@@ -264,6 +267,8 @@ def main():
     b.add_argument("dir")
     b.add_argument("--nvrtc", default="libnvrtc.so")
     b.add_argument("--base", help="a git revision whose kernels.cu is built too, as base")
+    b.add_argument("--rev", action="append", help="NAME=REV: another revision's kernels.cu, as NAME")
+    b.add_argument("--no-stamps", action="store_true", help="no stamped copies")
     r = sub.add_parser("run")
     r.add_argument("dir")
     r.add_argument("--shapes", default="1b,4b")
