@@ -19,11 +19,10 @@ written in by text substitution) for sm_90 with NVRTC, so the GPU machine
 neither runs NVRTC nor translates PTX; `run` needs CuPy and a GPU.
 """
 import argparse
-import ctypes
+import importlib.util
 import os
 import pathlib
 import subprocess
-import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SRC = pathlib.Path(os.environ.get("KSRC", ROOT / "crates/rlx-runtime/src/cuda/kernels.cu"))
@@ -84,25 +83,12 @@ def stamped(src):
     return head + STAMP_DEF + src + tail
 
 
-def compile_cubin(nvrtc, src, arch="sm_90"):
-    lib = ctypes.CDLL(nvrtc)
-    prog = ctypes.c_void_p()
-    check = lambda rc, what: rc == 0 or sys.exit(f"{what}: NVRTC error {rc}")
-    check(lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"kernels.cu", 0, None, None),
-          "create")
-    opts = [f"--gpu-architecture={arch}".encode()]
-    arr = (ctypes.c_char_p * len(opts))(*opts)
-    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
-    size = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetProgramLog(prog, log)
-    if rc != 0:
-        sys.exit(f"compile failed:\n{log.value.decode(errors='replace')}")
-    lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-    cubin = ctypes.create_string_buffer(size.value)
-    check(lib.nvrtcGetCUBIN(prog, cubin), "cubin")
-    return cubin.raw
+def compile_cubin(nvrtc, src):
+    """The source as an sm_90 cubin, compiled as scripts/cuda-sass.py does."""
+    spec = importlib.util.spec_from_file_location("cuda_sass", ROOT / "scripts/cuda-sass.py")
+    sass = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass)
+    return sass.compile_cubin(nvrtc, "sm_90", src)[0]
 
 
 def build(a):

@@ -21,10 +21,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.environ.get("KSRC", os.path.join(ROOT, "crates/rlx-runtime/src/cuda/kernels.cu"))
 
 
-def compile_cubin(nvrtc, arch):
+def compile_cubin(nvrtc, arch, src=None):
+    """kernels.cu (or the source text `src`) as a cubin, with ptxas's log."""
     lib = ctypes.CDLL(nvrtc)
     prog = ctypes.c_void_p()
-    src = open(SRC, "rb").read()
+    src = open(SRC, "rb").read() if src is None else src.encode()
     check = lambda rc, what: rc == 0 or sys.exit(f"{what}: NVRTC error {rc}")
     check(lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"kernels.cu", 0, None, None), "create")
     opts = [f"--gpu-architecture={arch}".encode(), b"--ptxas-options=-v"]

@@ -5,11 +5,10 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use common::{json, ok, real_model, rlx, tiny};
+use common::{json, ok, real_model, rlx, tiny, with_stdin};
 
 /// The text every prompt becomes under [`fixed_template`].
 const FIXED: &str = "The capital of France is";
@@ -78,22 +77,13 @@ fn a_builtin_name_applies_that_format_and_no_guess_is_noted() {
 
 /// `rlx chat` with `stdin` piped in: its stderr.
 fn chat(model: &Path, extra: &[&str], stdin: &str) -> String {
-    let mut child = rlx()
-        .args(["chat", "-n", "2", "--temp", "0", "-t", "1", "-m"])
-        .arg(model)
-        .args(extra)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = with_stdin(
+        rlx()
+            .args(["chat", "-n", "2", "--temp", "0", "-t", "1", "-m"])
+            .arg(model)
+            .args(extra),
+        stdin.as_bytes(),
+    );
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(out.status.success(), "{err}");
     err

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{json, ok, real_model, rlx, tiny};
+use common::{json, ok, real_model, rlx, tiny, with_stdin};
 
 #[test]
 fn run_streams_text_and_reports_json() {
@@ -50,22 +50,13 @@ fn tokenize_and_detokenize_round_trip() {
         "The capital of France is"
     );
     // --jsonl: one array per line, the model loaded once.
-    let mut child = rlx()
-        .args(["tokenize", "-m"])
-        .arg(real_model())
-        .arg("--jsonl")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"\"Hello world\"\n\"\"\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = with_stdin(
+        rlx()
+            .args(["tokenize", "-m"])
+            .arg(real_model())
+            .arg("--jsonl"),
+        b"\"Hello world\"\n\"\"\n",
+    );
     let lines: Vec<&str> = std::str::from_utf8(&out.stdout).unwrap().lines().collect();
     assert_eq!(lines, ["[2,9259,1902]", "[2]"]);
 }
