@@ -37,6 +37,14 @@ impl Arch {
     }
 }
 
+/// What llama.cpp's converter calls a Gemma 4 assistant drafter.
+pub const ASSISTANT_ARCH: &str = "gemma4-assistant";
+
+/// Why a Gemma 4 assistant drafter is refused, whichever way it comes in.
+pub const ASSISTANT_UNSUPPORTED: &str = "a Gemma 4 assistant drafter (it drafts for a Gemma 4 \
+     target from the target's hidden states and K/V cache, and does not run on its own); \
+     drafting with one";
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ConfigError {
     #[error("general.architecture is {0:?}; supported: gemma, gemma2, gemma3, gemma3n, gemma4")]
@@ -253,6 +261,12 @@ impl GemmaConfig {
             .ok_or_else(|| ConfigError::Missing {
                 key: "general.architecture".into(),
             })?;
+        if arch_name == ASSISTANT_ARCH {
+            return Err(ConfigError::Unsupported {
+                arch: ASSISTANT_ARCH,
+                what: ASSISTANT_UNSUPPORTED.into(),
+            });
+        }
         let arch = Arch::from_name(arch_name)
             .ok_or_else(|| ConfigError::UnsupportedArch(arch_name.to_owned()))?;
         let m = Meta {

@@ -161,3 +161,28 @@ fn nonsense_metadata_is_refused_by_key() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+#[test]
+fn an_assistant_drafter_is_refused_as_one() {
+    let dir = fixtures().join("tiny/gemma4-assistant");
+    let file = GgufFile::open(dir.join("model-f32.gguf")).unwrap();
+    let e = GemmaConfig::from_gguf(&file).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ConfigError::Unsupported {
+                arch: "gemma4-assistant",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("assistant drafter"), "{e}");
+    let e = rlx_gemma::hf::open(&dir.join("hf"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("gemma4_assistant") && e.contains("not supported yet"),
+        "{e}"
+    );
+}

@@ -57,6 +57,16 @@ pub fn open(dir: &Path) -> Result<GgufFile, HfError> {
         path: dir.join("config.json"),
         msg: "missing".into(),
     })?;
+    // An assistant keeps its target's settings as its text_config.
+    if config.get("model_type").and_then(Json::as_str) == Some("gemma4_assistant") {
+        return Err(HfError::Config {
+            key: "model_type".into(),
+            msg: format!(
+                "\"gemma4_assistant\": {} is not supported yet",
+                crate::config::ASSISTANT_UNSUPPORTED
+            ),
+        });
+    }
     // Multimodal checkpoints keep the language model's settings apart.
     let text_config = config.get("text_config").unwrap_or(&config);
     let model_type = text_config
