@@ -34,7 +34,6 @@ Everything is seeded and single-threaded; two runs give byte-identical files on 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import ctypes
 import importlib.util
@@ -202,24 +201,8 @@ def hf_step(A, T, tok: int, h, P: int, kv: dict):
     return r.logits[0, 0].float(), r.last_hidden_state[0, 0].float()
 
 
-@contextlib.contextmanager
-def ggml_gelu():
-    """transformers with ggml's CPU GELU (input rounded to f16, f16 table; 0 below -10, x above 10),
-    as make_tiny_models.hf_logits_f16_gelu: explains llama.cpp's last digits."""
-    from transformers.activations import ACT2FN
-    t = _t()
-    cls = type(ACT2FN["gelu_pytorch_tanh"])
-    orig = cls.forward
-
-    def f16_gelu(self, x):
-        y = t.nn.functional.gelu(x.half().float(), approximate="tanh").half().float()
-        return t.where(x <= -10, t.zeros_like(x), t.where(x >= 10, x, y))
-
-    cls.forward = f16_gelu
-    try:
-        yield
-    finally:
-        cls.forward = orig
+# transformers with ggml's CPU GELU: explains llama.cpp's last digits.
+ggml_gelu = M.ggml_gelu
 
 
 def hf_chain(A, T, tok: int, h, P: int, kv: dict, k: int = K_DRAFT):

@@ -25,6 +25,7 @@ Everything is seeded; re-running gives byte-identical outputs on the same machin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import hashlib
 import json
@@ -312,9 +313,10 @@ def gemma3n_as_llama_cpp(hf_dir: Path, model, prompts) -> dict[str, np.ndarray]:
         G.Gemma3nTextMLP._gaussian_topk = orig
 
 
-def hf_logits_f16_gelu(model, prompts) -> dict[str, np.ndarray]:
-    """HF logits with ggml's CPU GELU emulated: for -10 < x < 10 the input is rounded to f16 and the
-    result read from an f16 table (GGML_GELU_FP16); x <= -10 gives 0, x >= 10 gives x."""
+@contextlib.contextmanager
+def ggml_gelu():
+    """transformers with ggml's CPU GELU emulated: for -10 < x < 10 the input is rounded to f16 and
+    the result read from an f16 table (GGML_GELU_FP16); x <= -10 gives 0, x >= 10 gives x."""
     from transformers.activations import ACT2FN
     t = _torch()
     cls = type(ACT2FN["gelu_pytorch_tanh"])
@@ -326,9 +328,15 @@ def hf_logits_f16_gelu(model, prompts) -> dict[str, np.ndarray]:
 
     cls.forward = f16_gelu
     try:
-        return hf_logits(model, prompts)
+        yield
     finally:
         cls.forward = orig
+
+
+def hf_logits_f16_gelu(model, prompts) -> dict[str, np.ndarray]:
+    """HF logits with ggml's CPU GELU (`ggml_gelu`)."""
+    with ggml_gelu():
+        return hf_logits(model, prompts)
 
 
 # --------------------------------------------------------------------------------------------
