@@ -5,6 +5,9 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod cmd;
+// docs/CLI.md and docs/SERVER.md against the definitions.
+#[cfg(test)]
+mod docs_check;
 
 #[derive(Parser)]
 #[command(name = "rlx", version, about = "Gemma inference from GGUF files")]

@@ -1,16 +1,16 @@
-//! docs/CLI.md and docs/SERVER.md against the code, both ways: the flags
-//! each subcommand's `--help` lists (clap's own definitions) and the routes
-//! the server's router is built from (`rlx_server::routes`).
+//! docs/CLI.md and docs/SERVER.md against the code, both ways: each
+//! subcommand's visible flags (clap's definitions) and the routes the
+//! server's router is built from (`rlx_server::routes`).
 //!
 //! CLI.md's convention: a `## ` heading names the subcommands its section
 //! covers (`## rlx run`, `## Model options (run, chat, …)`), and the first
 //! column of a section's tables lists that section's flags.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::{ok, rlx};
+use clap::CommandFactory;
+
+use crate::Cli;
 
 fn doc(name: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -19,26 +19,11 @@ fn doc(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn stdout(args: &[&str]) -> String {
-    String::from_utf8(ok(rlx().args(args)).stdout).unwrap()
-}
-
-/// The subcommands `rlx --help` lists (under every heading), without `help`.
+/// The subcommands, without `help`.
 fn subcommands() -> Vec<String> {
-    let help = stdout(&["--help"]);
-    let listing = help
-        .split("\nOptions:")
-        .next()
-        .unwrap()
-        .split_once("Commands:")
-        .unwrap()
-        .1;
-    listing
-        .lines()
-        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| *n != "help")
-        .map(str::to_owned)
+    Cli::command()
+        .get_subcommands()
+        .map(|s| s.get_name().to_owned())
         .collect()
 }
 
@@ -63,7 +48,7 @@ fn long_flags(text: &str) -> Vec<String> {
     out
 }
 
-/// A subcommand's long flags and their visible aliases, from `--help`.
+/// A subcommand's visible long flags and their visible aliases.
 struct Flags {
     long: BTreeSet<String>,
     aliases: BTreeSet<String>,
@@ -76,23 +61,19 @@ impl Flags {
 }
 
 fn flags_of(sub: &str) -> Flags {
-    let help = stdout(&[sub, "--help"]);
-    let mut long = BTreeSet::new();
-    let mut aliases = BTreeSet::new();
-    for line in help.lines() {
-        // Option lines are indented 2 (`  -m, --model`) or 6 (`      --pull`)
-        // spaces; their descriptions 10.
-        let definition = line.starts_with("  -") || line.starts_with("      --");
-        if definition {
-            long.extend(long_flags(line.split(" <").next().unwrap()));
-        }
-        if let Some((_, list)) = line.split_once("[alias") {
-            aliases.extend(long_flags(list));
-        }
+    let cmd = Cli::command();
+    let sub = cmd.find_subcommand(sub).expect("a subcommand");
+    let shown = || sub.get_arguments().filter(|a| !a.is_hide_set());
+    Flags {
+        long: shown()
+            .filter_map(|a| a.get_long())
+            .map(str::to_owned)
+            .collect(),
+        aliases: shown()
+            .flat_map(|a| a.get_visible_aliases().unwrap_or_default())
+            .map(str::to_owned)
+            .collect(),
     }
-    // Every subcommand has it; the docs need not list it under each.
-    long.remove("help");
-    Flags { long, aliases }
 }
 
 /// A markdown table row's cells (`\|` inside a cell is no separator).
